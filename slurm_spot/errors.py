@@ -1,0 +1,71 @@
+"""The exception tree of slurm-spot.
+
+Every error the package raises on purpose derives from :class:`SlurmSpotError`. The CLI maps
+:class:`BadInputError` (and its children) to exit code 2 and every other ``SlurmSpotError`` to
+exit code 1, printing the message, which always names what is wrong and where.
+"""
+
+from __future__ import annotations
+
+
+class SlurmSpotError(Exception):
+    """Root of every error slurm-spot raises on purpose."""
+
+
+class BadInputError(SlurmSpotError):
+    """Input from a person or a file is wrong (exit code 2 on the CLI)."""
+
+
+class ConfigError(BadInputError):
+    """``spot.yaml`` is unreadable or invalid.
+
+    Attributes:
+        path: the file that was read.
+        problems: one line per problem, each naming the field (dotted path) and the reason.
+    """
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{path}: invalid configuration:\n{lines}")
+
+
+class HostlistError(BadInputError):
+    """A hostlist expression cannot be expanded; the message names the bad part."""
+
+
+class UnknownNodeError(BadInputError):
+    """A node name is not part of any configured node set."""
+
+
+class SlurmCommandError(SlurmSpotError):
+    """A Slurm command failed or timed out.
+
+    Attributes:
+        argv: the command line that was run.
+        returncode: its exit status (``None`` when it timed out or could not start).
+        stderr: what it printed on standard error (stripped).
+    """
+
+    def __init__(self, argv: list[str], returncode: int | None, stderr: str) -> None:
+        self.argv = argv
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        status = "timed out" if returncode is None else f"exited {returncode}"
+        super().__init__(f"{' '.join(argv)} {status}: {self.stderr or '(no error output)'}")
+
+
+class ProviderError(SlurmSpotError):
+    """A cloud provider call failed.
+
+    Attributes:
+        code: the provider's error code as it sent it (``InsufficientInstanceCapacity``,
+            ``ZONE_RESOURCE_POOL_EXHAUSTED``), or ``"Unknown"``.
+        error_class: the :class:`~slurm_spot.providers.base.ErrorClass` value it maps to.
+    """
+
+    def __init__(self, code: str, message: str, error_class: str = "unknown") -> None:
+        self.code = code
+        self.error_class = error_class
+        super().__init__(f"{code}: {message}")

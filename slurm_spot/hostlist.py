@@ -1,0 +1,68 @@
+"""Hostlist expressions (``gpu-[001-003,010],cpu-[1-2]``), expanded and compressed.
+
+Built on python-hostlist, whose expansion matches ``scontrol show hostnames`` for every
+expression Slurm passes to ResumeProgram/SuspendProgram; this module adds validation and
+errors that name the bad part.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import hostlist as _hostlist
+
+from slurm_spot.errors import HostlistError
+
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _split_top_level(expr: str) -> list[str]:
+    """Split on commas that are not inside brackets."""
+    parts, depth, current = [], 0, []
+    for ch in expr:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return parts
+
+
+def expand(expr: str) -> list[str]:
+    """Expand a hostlist expression into node names, in order, without duplicates.
+
+    Args:
+        expr: e.g. ``"nodeA,nodeB[001,003]"``; surrounding whitespace is ignored.
+
+    Returns:
+        ``["nodeA", "nodeB001", "nodeB003"]``.
+
+    Raises:
+        HostlistError: empty input, unbalanced brackets, a reversed or non-numeric range, or a
+            character that cannot appear in a node name; the message quotes the bad part.
+    """
+    text = expr.strip()
+    if not text:
+        raise HostlistError("empty hostlist: expected node names such as 'spot-[1-4]'")
+    for part in _split_top_level(text):
+        try:
+            names = _hostlist.expand_hostlist(part)
+        except _hostlist.BadHostlist as exc:
+            raise HostlistError(f"bad hostlist {expr!r}: part {part!r}: {exc}") from None
+        for name in names:
+            if not _NODE_NAME.match(name):
+                raise HostlistError(
+                    f"bad hostlist {expr!r}: part {part!r} gives {name!r}, not a valid node name"
+                )
+    return list(dict.fromkeys(_hostlist.expand_hostlist(text)))
+
+
+def compress(names: Iterable[str]) -> str:
+    """Compress node names into one hostlist expression (``["n1", "n2"]`` -> ``"n[1-2]"``)."""
+    return str(_hostlist.collect_hostlist(list(names)))

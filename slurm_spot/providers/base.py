@@ -1,0 +1,204 @@
+"""The provider contract: typed records and the protocol every cloud module implements.
+
+A provider owns the instances behind cloud nodes. Its state of record is the cloud itself
+(tags/labels: cluster, node name, node set, market), never a local file, so a restarted
+controller, a re-run hook or two hooks at once neither leak nor duplicate instances.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Protocol, runtime_checkable
+
+from slurm_spot.config import NodeSetConfig
+
+# Tag / label keys every provider writes on its instances (label-safe: lowercase, dashes).
+TAG_CLUSTER = "slurm-spot-cluster"
+TAG_NODE = "slurm-spot-node"
+TAG_NODE_SET = "slurm-spot-node-set"
+TAG_MARKET = "slurm-spot-market"
+
+
+class ErrorClass(str, enum.Enum):
+    """What a launch error means for the next step (see cases/cloud-errors.yaml).
+
+    - CAPACITY: this pool (instance type x zone x market) has none now; try the next pool,
+      cool this one down, power the nodes down with a ``(Code:X)`` reason; never fail the job.
+    - QUOTA: a regional limit; launch up to the headroom, back off longer.
+    - CONFIG: the request is wrong; stop retrying this node set until the config changes.
+    - THROTTLE: the API is rate limiting; retry the same request with jittered back-off.
+    - AUTH: credentials or permissions; like CONFIG.
+    - UNKNOWN: look instances up by node tag before any retry (one may exist); bounded retries.
+    """
+
+    CAPACITY = "capacity"
+    QUOTA = "quota"
+    CONFIG = "config"
+    THROTTLE = "throttle"
+    AUTH = "auth"
+    UNKNOWN = "unknown"
+
+
+def normalize_code(code: str) -> str:
+    """Error codes compare case-insensitively and without separators
+    (``QUOTA_EXCEEDED`` == ``quotaExceeded``)."""
+    return re.sub(r"[^a-z0-9]", "", code.lower())
+
+
+def classify(code: str, table: Mapping[str, ErrorClass]) -> ErrorClass:
+    """Look ``code`` up in a provider's table (keys in any spelling); UNKNOWN if absent."""
+    normalized = {normalize_code(k): v for k, v in table.items()}
+    return normalized.get(normalize_code(code), ErrorClass.UNKNOWN)
+
+
+class InstanceState(str, enum.Enum):
+    """Provider-neutral life-cycle state of an instance."""
+
+    PENDING = "pending"  # requested, booting (EC2 pending, GCE PROVISIONING/STAGING)
+    RUNNING = "running"
+    STOPPING = "stopping"  # shutting down, stopping, suspending
+    STOPPED = "stopped"
+    TERMINATED = "terminated"
+
+    @property
+    def is_alive(self) -> bool:
+        """PENDING and RUNNING count as alive: the instance is, or will be, a node."""
+        return self in (InstanceState.PENDING, InstanceState.RUNNING)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One instance as the provider reports it.
+
+    Attributes:
+        instance_id: the provider's id (``i-0abc...``, GCE instance name, local ``loc-...``).
+        node: the Slurm node name from the node tag, or None for an untagged instance.
+        node_set: node set name from its tag, or None.
+        state: life-cycle state.
+        market: ``"spot"`` or ``"on-demand"``.
+        instance_type: ``g5.xlarge``, ``a2-highgpu-1g``, ``local``.
+        zone: availability zone / GCE zone / ``local``.
+        launch_time: when it was created (timezone-aware UTC).
+        private_ip: address Slurm should use as NodeAddr, if known.
+        hostname: NodeHostName, if known.
+        state_reason: provider's reason for the last state change
+            (``Server.SpotInstanceTermination``, ``preempted``), or "".
+    """
+
+    instance_id: str
+    node: str | None
+    node_set: str | None
+    state: InstanceState
+    market: str
+    instance_type: str
+    zone: str
+    launch_time: datetime
+    private_ip: str | None = None
+    hostname: str | None = None
+    state_reason: str = ""
+
+    def age_s(self, now: datetime | None = None) -> float:
+        """Seconds since launch."""
+        now = now or datetime.now(timezone.utc)
+        return (now - self.launch_time).total_seconds()
+
+    @property
+    def was_reclaimed(self) -> bool:
+        """True if the provider took the instance back (spot interruption)."""
+        reason = self.state_reason.lower()
+        return "spot" in reason or "preempt" in reason or "reclaim" in reason
+
+    def to_json(self) -> dict[str, object]:
+        """The fields ``slurm-spot instances --json`` prints, the same for every provider."""
+        return {
+            "instance_id": self.instance_id,
+            "node": self.node,
+            "node_set": self.node_set,
+            "state": self.state.value,
+            "market": self.market,
+            "instance_type": self.instance_type,
+            "zone": self.zone,
+            "launch_time": self.launch_time.isoformat(),
+            "private_ip": self.private_ip,
+            "state_reason": self.state_reason,
+        }
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Start one instance for each of ``nodes``, all of node set ``node_set``.
+
+    ``client_token`` is stable for the same (cluster, nodes) so a re-run is idempotent where
+    the API supports tokens.
+    """
+
+    cluster: str
+    node_set: NodeSetConfig
+    nodes: tuple[str, ...]
+    client_token: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchFailure:
+    """Nodes that got no instance, with the provider's code and our class for it."""
+
+    nodes: tuple[str, ...]
+    code: str
+    message: str
+    error_class: ErrorClass
+    pool: str = ""  # "<instance type>/<zone>/<market>" that failed, for cooldowns
+
+    @property
+    def reason(self) -> str:
+        """The Slurm node reason: ``(Code:<code>)<message>``, one line, at most 200 chars."""
+        text = " ".join(f"(Code:{self.code}){self.message}".split())
+        return text[:200]
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """What a launch produced: instances (each with ``node`` set) and failures."""
+
+    launched: tuple[Instance, ...] = ()
+    failed: tuple[LaunchFailure, ...] = ()
+    api_calls: int = 0
+    failed_pools: tuple[str, ...] = field(default_factory=tuple)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """What slurm-spot needs from a cloud. Implementations: local, aws, gcp."""
+
+    name: str
+
+    def launch(self, request: LaunchRequest) -> LaunchResult:
+        """Start instances for ``request.nodes``; never more than one alive per node.
+
+        Nodes that already have an alive instance are returned as launched without a new
+        request. Errors for some nodes become ``LaunchResult.failed`` entries; the call raises
+        only for errors that stop everything (credentials, a broken endpoint).
+
+        Raises:
+            ProviderError: nothing could be attempted.
+        """
+        ...
+
+    def terminate(self, nodes: Sequence[str]) -> list[Instance]:
+        """Terminate every instance tagged with one of ``nodes`` (duplicates too).
+
+        Idempotent: already-gone instances are skipped. Returns what was terminated.
+        """
+        ...
+
+    def terminate_instances(self, instance_ids: Sequence[str]) -> None:
+        """Terminate instances by id; unknown or gone ids are ignored."""
+        ...
+
+    def list_instances(self) -> list[Instance]:
+        """Every instance of this cluster (by cluster tag), alive or recently ended, in one
+        paginated listing."""
+        ...

@@ -1,0 +1,309 @@
+"""The only code that runs Slurm commands (``scontrol``, ``sinfo``, ``squeue``, ``sbatch``).
+
+Every call is an argv list with a timeout, through one :class:`CommandRunner`, so tests can
+substitute a fake runner. A failing command raises :class:`~slurm_spot.errors.SlurmCommandError`
+carrying its stderr; nothing is swallowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from slurm_spot.errors import SlurmCommandError
+from slurm_spot.hostlist import compress
+from slurm_spot.slurm.states import (
+    JobState,
+    NodeState,
+    parse_job_state,
+    parse_node_state,
+    parse_oneline,
+)
+
+DEFAULT_TIMEOUT_S = 30.0
+# scontrol accepts a hostlist of any length, but keep each argv well under ARG_MAX.
+_MAX_NODES_PER_UPDATE = 2000
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command printed and returned."""
+
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandRunner(Protocol):
+    """Runs one argv list; raises SlurmCommandError on timeout or a missing program."""
+
+    def __call__(self, argv: list[str], timeout_s: float) -> CommandResult: ...
+
+
+def run_command(argv: list[str], timeout_s: float) -> CommandResult:
+    """Run ``argv`` (no shell), capture its output; a timeout raises SlurmCommandError."""
+    try:
+        proc = subprocess.run(  # noqa: S603 - argv list, no shell
+            argv, capture_output=True, text=True, timeout=timeout_s, check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmCommandError(argv, None, f"no answer within {timeout_s:g} s") from exc
+    except OSError as exc:
+        raise SlurmCommandError(argv, None, f"cannot run {argv[0]}: {exc.strerror}") from exc
+    return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node as ``scontrol show node`` reports it.
+
+    ``addr``/``hostname`` are NodeAddr/NodeHostName; ``reason`` is the free text without the
+    ``[user@time]`` suffix Slurm appends; ``jobs`` is filled by :meth:`SlurmClient.nodes` from
+    squeue (running and completing jobs only).
+    """
+
+    name: str
+    state: NodeState
+    reason: str = ""
+    addr: str = ""
+    hostname: str = ""
+    partitions: tuple[str, ...] = ()
+    jobs: tuple[int, ...] = ()
+    boot_time: str = ""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as ``squeue --json`` reports it. ``nodes`` is the allocated hostlist."""
+
+    job_id: int
+    state: JobState
+    name: str = ""
+    reason: str = ""
+    nodes: str = ""
+    partition: str = ""
+    restarts: int = 0
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    user: str = ""
+    flags: frozenset[str] = field(default_factory=frozenset)
+
+
+def _strip_reason(reason: str) -> str:
+    """Drop the ``[user@2026-01-01T00:00:00]`` suffix that scontrol appends to a reason."""
+    text = reason.strip()
+    if text.endswith("]") and " [" in text:
+        text = text[: text.rindex(" [")]
+    return "" if text == "none" else text
+
+
+class SlurmClient:
+    """Access to a Slurm cluster through its command-line tools.
+
+    Args:
+        bin_dir: directory of scontrol/sinfo/squeue/sbatch (absolute: hooks run with no PATH).
+        runner: how to run a command (default: :func:`run_command`).
+        timeout_s: per-command timeout in seconds.
+    """
+
+    def __init__(
+        self,
+        bin_dir: str | os.PathLike[str] = "/usr/bin",
+        runner: CommandRunner = run_command,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.bin_dir = Path(bin_dir)
+        self._run = runner
+        self.timeout_s = timeout_s
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def run(self, tool: str, *args: str, check: bool = True) -> CommandResult:
+        """Run Slurm tool ``tool`` with ``args``.
+
+        Raises:
+            SlurmCommandError: non-zero exit (when ``check``), timeout, or missing program.
+        """
+        argv = [str(self.bin_dir / tool), *args]
+        result = self._run(argv, self.timeout_s)
+        if check and result.returncode != 0:
+            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+        return result
+
+    # -- nodes ------------------------------------------------------------------------------
+    def nodes(self, names: Iterable[str] | None = None, with_jobs: bool = True) -> list[Node]:
+        """Nodes as ``scontrol -o show node`` reports them (all nodes, or ``names``).
+
+        Raises:
+            SlurmCommandError: scontrol failed (slurmctld down, unknown node name, ...).
+        """
+        args = ["-o", "show", "node"]
+        wanted = list(names) if names is not None else None
+        if wanted is not None:
+            if not wanted:
+                return []
+            args.append(compress(wanted))
+        out = self.run("scontrol", *args).stdout
+        job_map = self._jobs_by_node() if with_jobs else {}
+        nodes = []
+        for line in out.splitlines():
+            if not line.startswith("NodeName="):
+                continue
+            fields = parse_oneline(line)
+            name = fields["NodeName"]
+            nodes.append(
+                Node(
+                    name=name,
+                    state=parse_node_state(fields.get("State", "UNKNOWN")),
+                    reason=_strip_reason(fields.get("Reason", "")),
+                    addr=fields.get("NodeAddr", ""),
+                    hostname=fields.get("NodeHostName", ""),
+                    partitions=tuple(p for p in fields.get("Partitions", "").split(",") if p),
+                    jobs=tuple(job_map.get(name, ())),
+                    boot_time=fields.get("BootTime", ""),
+                )
+            )
+        return nodes
+
+    def _jobs_by_node(self) -> dict[str, list[int]]:
+        out = self.run("squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A %N").stdout
+        from slurm_spot.hostlist import expand
+
+        result: dict[str, list[int]] = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) != 2:
+                continue
+            for node in expand(parts[1]):
+                result.setdefault(node, []).append(int(parts[0]))
+        return result
+
+    def update_nodes(self, names: Sequence[str], **settings: str) -> None:
+        """``scontrol update nodename=<hostlist> key=value ...`` in as few calls as possible.
+
+        Keys are scontrol's (``state``, ``reason``, ``nodeaddr``, ``nodehostname``, ...).
+        ``nodeaddr``/``nodehostname`` are per node, so those go one node per call unless all
+        values are lists given through :meth:`set_addresses`.
+
+        Raises:
+            SlurmCommandError: scontrol refused; its stderr is in the message.
+        """
+        names = list(names)
+        for i in range(0, len(names), _MAX_NODES_PER_UPDATE):
+            chunk = names[i : i + _MAX_NODES_PER_UPDATE]
+            args = ["update", f"nodename={compress(chunk)}"]
+            args += [f"{key}={value}" for key, value in settings.items()]
+            self.run("scontrol", *args)
+
+    def set_addresses(self, addresses: dict[str, tuple[str, str]]) -> None:
+        """Record NodeAddr and NodeHostName: ``{node: (addr, hostname)}``.
+
+        scontrol takes comma lists matched to the hostlist's order, so this is one call per
+        chunk of nodes, not one per node.
+        """
+        names = sorted(addresses, key=_natural_key)
+        for i in range(0, len(names), _MAX_NODES_PER_UPDATE):
+            chunk = names[i : i + _MAX_NODES_PER_UPDATE]
+            self.run(
+                "scontrol", "update", f"nodename={','.join(chunk)}",
+                f"nodeaddr={','.join(addresses[n][0] for n in chunk)}",
+                f"nodehostname={','.join(addresses[n][1] for n in chunk)}",
+            )
+
+    def set_state(self, names: Sequence[str], state: str, reason: str | None = None) -> None:
+        """Set ``state`` (DOWN, DRAIN, RESUME, POWER_DOWN, POWER_DOWN_FORCE, IDLE, ...).
+
+        DOWN and DRAIN require a reason in Slurm; it is passed as one argv element, so it may
+        hold spaces.
+        """
+        settings = {"state": state}
+        if reason is not None:
+            settings["reason"] = reason
+        self.update_nodes(names, **settings)
+
+    # -- jobs -------------------------------------------------------------------------------
+    def jobs(self, job_ids: Iterable[int] | None = None) -> list[Job]:
+        """Jobs from ``squeue --json`` (all, or ``job_ids``); finished jobs drop out.
+
+        Raises:
+            SlurmCommandError: squeue failed.
+        """
+        args = ["--json"]
+        if job_ids is not None:
+            ids = [str(j) for j in job_ids]
+            if not ids:
+                return []
+            args += ["--jobs", ",".join(ids)]
+        data = json.loads(self.run("squeue", *args).stdout or "{}")
+        return [_job_from_json(obj) for obj in data.get("jobs", [])]
+
+    def requeue(self, job_id: int | str) -> bool:
+        """``scontrol requeue <job>``. Returns False if the job was already pending/requeued.
+
+        Raises:
+            SlurmCommandError: any other refusal.
+        """
+        result = self.run("scontrol", "requeue", str(job_id), check=False)
+        if result.returncode == 0:
+            return True
+        text = (result.stderr + result.stdout).lower()
+        if "pending" in text or "already" in text:
+            return False
+        raise SlurmCommandError(result.argv, result.returncode, result.stderr)
+
+    def expedite(self, job_id: int | str) -> None:
+        """Clear a requeued job's ~121 s requeue delay: ``scontrol update jobid=N StartTime=now``."""
+        self.run("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+
+    def signal_steps(self, job_id: int, signal: str) -> None:
+        """Send ``signal`` to every step of ``job_id`` (``scancel -s SIG --full`` reaches the
+        batch shell too; without ``--full`` only steps get it)."""
+        self.run("scancel", "-s", signal, str(job_id))
+
+    def ping(self) -> bool:
+        """True if slurmctld answers ``scontrol ping``."""
+        result = self.run("scontrol", "ping", check=False)
+        return result.returncode == 0 and "UP" in result.stdout
+
+
+def _natural_key(name: str) -> tuple[str, int]:
+    head = name.rstrip("0123456789")
+    tail = name[len(head):]
+    return head, int(tail) if tail else -1
+
+
+def _number(value: object) -> int | None:
+    """squeue --json numbers: plain ints (22.05) or ``{"set": true, "number": N}`` (23.02+)."""
+    if isinstance(value, dict):
+        return int(value["number"]) if value.get("set") else None
+    if value is None or value == "":
+        return None
+    return int(value)  # type: ignore[call-overload]
+
+
+def _job_from_json(obj: dict) -> Job:
+    state = parse_job_state(obj.get("job_state", "UNKNOWN") or "PENDING")
+    return Job(
+        job_id=int(obj["job_id"]),
+        state=state,
+        name=str(obj.get("name", "")),
+        reason=str(obj.get("state_reason", "")),
+        nodes=str(obj.get("nodes", "")),
+        partition=str(obj.get("partition", "")),
+        restarts=_number(obj.get("restart_cnt")) or 0,
+        array_job_id=_number(obj.get("array_job_id")) or None,
+        array_task_id=_number(obj.get("array_task_id")),
+        user=str(obj.get("user_name", "")),
+        flags=state.flags,
+    )
+
+
+def parse_job_json(obj: dict) -> Job:
+    """One job object of ``squeue --json`` (22.05 or 23.02+) as a :class:`Job`."""
+    return _job_from_json(obj)
