@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from slurm_spot.errors import ConfigError
 
@@ -41,6 +49,9 @@ class LocalProviderConfig(_Model):
     slurmd: str = Field("/usr/sbin/slurmd", description="absolute path of slurmd")
     port_base: int = Field(17000, ge=1024, le=65000, description="node i listens on port_base+i")
     boot_delay_s: float = Field(1.0, ge=1.0, description="seconds between request and slurmd start")
+    slurmd_timeout_s: int = Field(300, ge=10, description="SlurmdTimeout of the local cluster")
+    kill_wait_s: int = Field(30, ge=1, description="KillWait of the local cluster")
+    notice_poll_s: float = Field(1.0, gt=0, description="how often a local watcher polls")
 
 
 class AwsProviderConfig(_Model):
@@ -210,6 +221,12 @@ class SpotConfig(_Model):
     state_dir: Path = Path("/var/lib/slurm-spot")
     log_dir: Path = Path("/var/log/slurm-spot")
     slurm_bin_dir: Path = Path("/usr/bin")
+    _source_path: Path = PrivateAttr(default=DEFAULT_CONFIG_PATH)
+
+    @property
+    def source_path(self) -> Path:
+        """The file this configuration was read from (absolute), for child processes."""
+        return self._source_path
 
     @model_validator(mode="after")
     def _cross_references(self) -> SpotConfig:
@@ -341,7 +358,9 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(str(file), [f"{where}: not valid YAML: {problem}"]) from None
-    return parse_config(data, str(file))
+    config = parse_config(data, str(file))
+    config._source_path = file.absolute()
+    return config
 
 
 def _describe(exc: ValidationError) -> list[str]:

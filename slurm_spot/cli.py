@@ -1,0 +1,59 @@
+"""The ``slurm-spot`` command line: a click group; each command lives in ``commands/``.
+
+Exit codes: 0 success, 1 an operation failed (provider, Slurm), 2 bad input (a malformed
+hostlist, an unknown node, an invalid config, a usage error). Messages name what is wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from slurm_spot import __version__
+from slurm_spot.commands import register
+from slurm_spot.commands.common import AppContext
+from slurm_spot.errors import BadInputError, SlurmSpotError
+
+
+class _Group(click.Group):
+    """Maps slurm-spot errors to exit codes and one-line messages (no tracebacks)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BadInputError as exc:
+            click.echo(f"slurm-spot: error: {exc}", err=True)
+            ctx.exit(2)
+        except SlurmSpotError as exc:
+            click.echo(f"slurm-spot: failed: {exc}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "SLURM_SPOT",
+                                           "help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="slurm-spot")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="spot.yaml to use (default: $SLURM_SPOT_CONFIG, spot.yaml beside "
+                   "$SLURM_CONF, /etc/slurm/spot.yaml).")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
+    """Spot GPU instances as a Slurm cloud partition, with jobs that survive interruptions."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    ctx.obj = AppContext(config_path)
+
+
+register(cli)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    cli.main(args=argv, prog_name="slurm-spot")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])

@@ -1,0 +1,90 @@
+"""``slurm-spot config check`` and ``slurm-spot render``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from slurm_spot.checks import check_config
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.errors import ConfigError
+from slurm_spot.render import render, slurm_version, write_rendered
+
+
+@click.group("config")
+def config_group() -> None:
+    """Inspect the configuration (spot.yaml)."""
+
+
+@config_group.command("check")
+@json_option
+@pass_app
+def check_command(app: AppContext, as_json: bool) -> None:
+    """Validate spot.yaml: exit 0 if good, 2 with every problem (file, field, reason) if not."""
+    config = app.config
+    problems = check_config(config)
+    if problems:
+        raise ConfigError(str(config.source_path), problems)
+    summary = {
+        "config": str(config.source_path),
+        "cluster": config.cluster,
+        "node_sets": {ns.name: ns.hostlist for ns in config.node_sets},
+        "partitions": [p.name for p in config.partitions],
+        "nodes": len(config.all_nodes()),
+    }
+    if as_json:
+        print_json({"ok": True, **summary})
+    else:
+        click.echo(f"{config.source_path}: OK ({summary['nodes']} nodes in "
+                   f"{len(config.node_sets)} node set(s), partitions: "
+                   f"{', '.join(summary['partitions'])})")  # type: ignore[arg-type]
+
+
+@click.command("render")
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write slurm-spot.conf and gres.conf here (default: print them).")
+@click.option("--hooks-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the slurm-spot-* hook executables are (default: this install's).")
+@click.option("--slurm-version", "version_text", default=None,
+              help="Render for this Slurm release (e.g. 23.11); default: the installed one.")
+@json_option
+@pass_app
+def render_command(app: AppContext, output_dir: Path | None, hooks_dir: Path | None,
+                   version_text: str | None, as_json: bool) -> None:
+    """Render the slurm.conf fragment (slurm-spot.conf) and gres.conf from spot.yaml."""
+    config = app.config
+    problems = check_config(config)
+    if problems:
+        raise ConfigError(str(config.source_path), problems)
+    version = _parse_version(version_text) if version_text else slurm_version(
+        str(config.slurm_bin_dir / "sinfo"))
+    rendered = render(config, hooks_dir=hooks_dir, version=version)
+    if output_dir is None:
+        if as_json:
+            print_json(rendered.files)
+        else:
+            for name, text in sorted(rendered.files.items()):
+                click.echo(f"# ===== {name} =====")
+                click.echo(text, nl=False)
+        return
+    written = write_rendered(rendered, output_dir)
+    if as_json:
+        print_json({"written": [str(p) for p in written]})
+    else:
+        for path in written:
+            click.echo(f"wrote {path}")
+        click.echo(f"Add 'Include {output_dir / 'slurm-spot.conf'}' to slurm.conf, then "
+                   "'scontrol reconfigure'.")
+
+
+def _parse_version(text: str) -> tuple[int, int]:
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a Slurm version such as 23.11",
+                                 param_hint="--slurm-version") from None
+
+
+COMMANDS = [config_group, render_command]

@@ -1,0 +1,53 @@
+"""``slurm-spot events``: the decisions slurm-spot took, oldest first."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+
+import click
+
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.events import read_events
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """``10m``, ``2h``, ``1d``, ``30s`` ago, or an ISO 8601 time (UTC if no zone).
+
+    Raises:
+        click.BadParameter: neither form.
+    """
+    now = now or datetime.now(timezone.utc)
+    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if match:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
+        return now - timedelta(**{unit: int(match.group(1))})
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use e.g. 10m, 2h, 1d or 2026-03-01T08:00:00",
+                                 param_hint="--since") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+@click.command("events")
+@click.option("--since", default=None, help="Only events after this (10m, 2h, ISO time).")
+@click.option("--node", default=None, help="Only events of this node.")
+@json_option
+@pass_app
+def events_command(app: AppContext, since: str | None, node: str | None, as_json: bool) -> None:
+    """Show slurm-spot's events (launches, terminations, notices, requeues, cooldowns)."""
+    after = parse_since(since) if since else None
+    found = [e for e in read_events(app.config.log_dir, after) if node in (None, e.get("node"))]
+    if as_json:
+        print_json(found)
+        return
+    for event in found:
+        jobs = ",".join(str(j) for j in event.get("job_ids", []) or [])  # type: ignore[union-attr]
+        click.echo(" ".join(str(x) for x in (
+            event.get("time"), event.get("source"), event.get("action"), event.get("node") or "-",
+            event.get("instance") or "-", f"jobs={jobs}" if jobs else "", event.get("reason") or "",
+        ) if x != ""))
+
+
+COMMANDS = [events_command]

@@ -1,0 +1,141 @@
+"""``slurm-spot local up|down|status|launch|preempt``: the local spot cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from slurm_spot import localcluster
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.config import LocalProviderConfig, SpotConfig
+from slurm_spot.errors import BadInputError
+from slurm_spot.providers.base import LaunchRequest
+from slurm_spot.providers.local import LocalProvider
+
+_conf_dir_option = click.option(
+    "--conf-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/slurm"),
+    show_default=True, help="Where slurm.conf, slurm-spot.conf, gres.conf and spot.yaml go.")
+
+
+def _local_provider(config: SpotConfig, node: str) -> LocalProvider:
+    node_set = config.node_set_of(node)
+    if node_set is None:
+        raise BadInputError(f"node {node!r} belongs to no node set of {config.source_path}")
+    settings = config.providers[node_set.provider]
+    if not isinstance(settings, LocalProviderConfig):
+        raise BadInputError(f"node {node!r} is not a local-provider node")
+    return LocalProvider(config, node_set.provider, settings)
+
+
+def _config(app: AppContext, conf_dir: Path) -> SpotConfig:
+    if app._config is None:
+        app._config = localcluster.prepare_config(app.config_path, conf_dir)
+    return app._config
+
+
+@click.group("local")
+def local_group() -> None:
+    """A real Slurm on this machine whose cloud nodes are local slurmd 'instances'."""
+
+
+@local_group.command("up")
+@_conf_dir_option
+@click.option("--keep-state", is_flag=True, help="Keep slurmctld's saved jobs and nodes.")
+@click.option("--no-reconcile", is_flag=True, help="Do not start the reconciler.")
+@json_option
+@pass_app
+def up_command(app: AppContext, conf_dir: Path, keep_state: bool, no_reconcile: bool,
+               as_json: bool) -> None:
+    """Start munge, slurmctld (and the reconciler) for the local spot cluster."""
+    config = _config(app, conf_dir)
+    record = localcluster.up(config, conf_dir, keep_state=keep_state, reconcile=not no_reconcile)
+    if as_json:
+        print_json(record)
+        return
+    parts = ", ".join(f"{p.name} ({', '.join(p.node_sets)})" for p in config.partitions)
+    click.echo(f"local spot cluster {config.cluster!r} is up: partitions {parts}")
+    if conf_dir != Path("/etc/slurm"):
+        click.echo(f"export SLURM_CONF={conf_dir / 'slurm.conf'}")
+    click.echo("try: sbatch --wait -p "
+               f"{config.partitions[0].name} -N 2 --wrap hostname")
+
+
+@local_group.command("down")
+@_conf_dir_option
+@json_option
+@pass_app
+def down_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
+    """Stop every instance, the reconciler, slurmctld and munged (if 'up' started it)."""
+    stopped = localcluster.down(_config(app, conf_dir))
+    if as_json:
+        print_json({"stopped": stopped})
+    else:
+        click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@local_group.command("status")
+@_conf_dir_option
+@json_option
+@pass_app
+def status_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
+    """Show what runs: daemons and instances."""
+    info = localcluster.status(_config(app, conf_dir))
+    if as_json:
+        print_json(info)
+        return
+    console = Console()
+    console.print(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
+                  f"{'up' if info['reconciler'] else 'down'}   munge: "
+                  f"{'up' if info['munge'] else 'down'}")
+    table = Table("instance", "node", "state", "market", "launched")
+    for inst in info["instances"]:  # type: ignore[attr-defined]
+        table.add_row(inst["instance_id"], inst["node"], inst["state"], inst["market"],
+                      inst["launch_time"])
+    console.print(table)
+
+
+@local_group.command("launch")
+@click.argument("node")
+@_conf_dir_option
+@json_option
+@pass_app
+def launch_command(app: AppContext, node: str, conf_dir: Path, as_json: bool) -> None:
+    """Start an instance for NODE that Slurm did not ask for (chaos testing)."""
+    config = _config(app, conf_dir)
+    provider = _local_provider(config, node)
+    node_set = config.node_set_of(node)
+    assert node_set is not None
+    result = provider.launch(LaunchRequest(config.cluster, node_set, (node,)))
+    inst = result.launched[0]
+    if as_json:
+        print_json(inst.to_json())
+    else:
+        click.echo(f"launched {inst.instance_id} for {node}")
+
+
+@local_group.command("preempt")
+@click.argument("node")
+@click.option("--notice", "notice_s", type=float, default=30.0, show_default=True,
+              help="Seconds of notice before the instance is killed (0: no notice).")
+@_conf_dir_option
+@json_option
+@pass_app
+def preempt_command(app: AppContext, node: str, notice_s: float, conf_dir: Path,
+                    as_json: bool) -> None:
+    """Publish an interruption notice for NODE, then kill its instance when it runs out."""
+    if notice_s < 0:
+        raise click.BadParameter("must be >= 0 seconds", param_hint="--notice")
+    config = _config(app, conf_dir)
+    deadline = _local_provider(config, node).preempt(node, notice_s)
+    if as_json:
+        print_json({"node": node, "notice_s": notice_s, "deadline": deadline.isoformat()})
+    elif notice_s:
+        click.echo(f"notice published for {node}; its instance is killed at {deadline:%H:%M:%S}")
+    else:
+        click.echo(f"killed the instance of {node} without notice")
+
+
+COMMANDS = [local_group]

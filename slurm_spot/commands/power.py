@@ -1,0 +1,135 @@
+"""``slurm-spot resume|suspend|resume-fail HOSTLIST``: the power-saving hooks.
+
+slurmctld runs them through ``resume_scripts/`` with ``--detach``: the hook validates its
+input, copies ``SLURM_RESUME_FILE`` (a /proc fd path that vanishes with the hook), then
+returns at once while a detached child does the slow work (Slurm 23.02+ kills the hook's
+process group at ResumeTimeout) and logs to ``<log_dir>/hooks.log``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+
+import click
+
+from slurm_spot import power
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.config import SpotConfig
+from slurm_spot.hostlist import expand
+
+log = logging.getLogger("slurm_spot.hooks")
+
+
+def _detach(config: SpotConfig, name: str) -> bool:
+    """Fork a detached worker. True in the worker, False in the parent (which should exit)."""
+    config.log_dir.mkdir(parents=True, exist_ok=True)
+    if os.fork() > 0:
+        return False
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    log_fd = os.open(config.log_dir / "hooks.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    logging.basicConfig(level=logging.INFO, force=True, stream=sys.stderr,
+                        format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(message)s")
+    return True
+
+
+def _keep_resume_file(config: SpotConfig) -> None:
+    """Copy ``SLURM_RESUME_FILE`` (JSON of the jobs behind a resume) before it disappears."""
+    source = os.environ.get("SLURM_RESUME_FILE")
+    if not source:
+        return
+    target = config.log_dir / "resume-files" / f"resume-{time.time():.3f}-{os.getpid()}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copyfile(source, target)
+    except OSError as exc:
+        log.warning("could not copy SLURM_RESUME_FILE %s: %s", source, exc)
+
+
+def _run_hook(
+    app: AppContext, name: str, hostlist: str, detach: bool, as_json: bool,
+    action: Callable[[], power.PowerResult],
+) -> None:
+    config = app.config
+    power.group_by_node_set(config, hostlist)  # validate before detaching: exit 2 on bad input
+    if detach:
+        if name == "resume":
+            _keep_resume_file(config)
+        if not _detach(config, name):
+            return
+        log.info("%s %s", name, hostlist)
+    result = action()
+    for failure in result.failed:
+        log.warning("%s: %s", ",".join(failure.nodes), failure.reason)
+    for error in result.errors:
+        log.error("%s", error)
+    if detach:
+        log.info("%s %s done: %d launched, %d terminated, %d failed", name, hostlist,
+                 len(result.launched), len(result.terminated), len(result.failed))
+        os._exit(0)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        for inst in result.launched:
+            click.echo(f"launched {inst.node} {inst.instance_id} ({inst.market}, {inst.zone})")
+        for inst in result.terminated:
+            click.echo(f"terminated {inst.node} {inst.instance_id}")
+        for failure in result.failed:
+            click.echo(f"failed {','.join(failure.nodes)} {failure.reason}", err=True)
+        if not (result.launched or result.terminated or result.failed):
+            click.echo(f"nothing to do for {len(expand(hostlist))} node(s)")
+    for error in result.errors:
+        click.echo(f"slurm-spot: error: {error}", err=True)
+    if result.errors:
+        raise SystemExit(1)
+
+
+_detach_option = click.option(
+    "--detach", is_flag=True,
+    help="Return at once and do the work in a detached process (how slurmctld runs hooks).")
+
+
+@click.command("resume")
+@click.argument("hostlist")
+@_detach_option
+@json_option
+@pass_app
+def resume_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) -> None:
+    """ResumeProgram: launch instances for HOSTLIST (e.g. 'gpu-[1-4]')."""
+    _run_hook(app, "resume", hostlist, detach, as_json,
+              lambda: power.resume(app.config, hostlist, app.slurm()))
+
+
+@click.command("suspend")
+@click.argument("hostlist")
+@_detach_option
+@json_option
+@pass_app
+def suspend_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) -> None:
+    """SuspendProgram: terminate the instances behind HOSTLIST (idempotent)."""
+    _run_hook(app, "suspend", hostlist, detach, as_json,
+              lambda: power.suspend(app.config, hostlist))
+
+
+@click.command("resume-fail")
+@click.argument("hostlist")
+@_detach_option
+@json_option
+@pass_app
+def resume_fail_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) -> None:
+    """ResumeFailProgram: terminate what is behind nodes that failed to resume (idempotent)."""
+    _run_hook(app, "resume-fail", hostlist, detach, as_json,
+              lambda: power.resume_fail(app.config, hostlist))
+
+
+COMMANDS = [resume_command, suspend_command, resume_fail_command]

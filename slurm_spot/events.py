@@ -1,0 +1,84 @@
+"""Decisions as events: one JSON object per line in ``<log_dir>/events.jsonl``.
+
+Every action slurm-spot takes on a node or an instance (launch, terminate, drain, requeue,
+cooldown, ...) is appended here by the process that took it, so ``slurm-spot events`` shows
+one timeline across hooks, the reconciler and the watchers. Appends are single ``write()``
+calls on an ``O_APPEND`` file, so concurrent writers never interleave within a line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+EVENTS_FILE = "events.jsonl"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One decision. ``time`` is ISO 8601 UTC; ``source`` is the component (resume, suspend,
+    resume-fail, reconcile, watch, preempt)."""
+
+    action: str
+    source: str
+    node: str | None = None
+    instance: str | None = None
+    reason: str | None = None
+    job_ids: tuple[int, ...] = ()
+    time: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["job_ids"] = list(self.job_ids)
+        if not data["extra"]:
+            data.pop("extra")
+        return json.dumps(data, sort_keys=True)
+
+
+def emit(log_dir: Path, event: Event) -> None:
+    """Append ``event`` to the log dir's events file (created with mode 0644)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    line = (event.to_json() + "\n").encode()
+    fd = os.open(log_dir / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def record(
+    log_dir: Path,
+    source: str,
+    action: str,
+    nodes: Sequence[str | None] = (None,),
+    **fields: object,
+) -> None:
+    """Emit one event per node with the same ``action`` and fields."""
+    for node in nodes:
+        emit(log_dir, Event(action=action, source=source, node=node, **fields))  # type: ignore[arg-type]
+
+
+def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[str, object]]:
+    """Events from the file, oldest first; lines that are not JSON are skipped."""
+    path = log_dir / EVENTS_FILE
+    if not path.exists():
+        return
+    with open(path) as fh:
+        for line in fh:
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            if since is not None:
+                try:
+                    when = datetime.fromisoformat(str(data.get("time")))
+                except ValueError:
+                    continue
+                if when < since:
+                    continue
+            yield data

@@ -1,0 +1,308 @@
+"""The ``local`` provider: each "instance" is a ``slurmd -D -N <node>`` on this machine.
+
+An instance runs in its own UTS namespace (its own hostname) and time namespace (its own boot
+time, which slurmctld compares with the resume request; see docs/local-slurm.md), next to a
+``slurm-spot watch`` of its own, as a cloud instance would. It starts ``boot_delay_s`` (>= 1 s)
+after the request, like a real boot. Terminating it SIGKILLs every process in its UTS
+namespace: slurmd, slurmstepd, the job's processes and the watcher, as a reclaim would.
+
+State of record: one JSON file per instance under ``<state_dir>/local/instances``, written
+under a lock, so two hooks at once never start two instances for one node. A simulated spot
+market publishes notices under ``<state_dir>/local/notices`` (:meth:`LocalProvider.preempt`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from slurm_spot.config import LocalProviderConfig, SpotConfig
+from slurm_spot.errors import BadInputError
+from slurm_spot.providers.base import (
+    Instance,
+    InstanceState,
+    LaunchRequest,
+    LaunchResult,
+)
+
+LOOPBACK = "127.0.0.1"
+RECORD_KEEP_S = 3600.0
+RECLAIM_REASON = "Server.SpotInstanceTermination: reclaimed by the simulated spot market"  # ended instances stay listed this long, for the reconciler and status
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks), or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19])
+
+
+def _uts_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+def _pids_in_uts_ns(ns: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _uts_ns(int(entry)) == ns:
+            pids.append(int(entry))
+    return pids
+
+
+class LocalProvider:
+    """Instances as local slurmd processes (see the module docstring).
+
+    Args:
+        config: the whole configuration (state_dir, cluster, node sets).
+        name: the provider's name in ``providers:``.
+        settings: its settings (slurmd path, port base, boot delay in seconds).
+    """
+
+    def __init__(self, config: SpotConfig, name: str, settings: LocalProviderConfig) -> None:
+        self.config = config
+        self.name = name
+        self.settings = settings
+        self.root = config.state_dir / "local"
+        self.records = self.root / "instances"
+        self.notices = self.root / "notices"
+
+    # -- records ----------------------------------------------------------------------------
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.records.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
+
+    def _read(self, path: Path) -> dict | None:
+        try:
+            return dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def _write(self, record: dict) -> None:
+        path = self.records / f"{record['instance_id']}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, sort_keys=True))
+        os.replace(tmp, path)
+
+    def _alive(self, record: dict) -> bool:
+        if record.get("state") == InstanceState.TERMINATED.value:
+            return False
+        pid = int(record["pid"])
+        return _proc_start_ticks(pid) == record.get("start_ticks") and not _is_zombie(pid)
+
+    def _to_instance(self, record: dict) -> Instance:
+        alive = self._alive(record)
+        launched = datetime.fromisoformat(record["launch_time"])
+        booted = time.time() - launched.timestamp() >= self.settings.boot_delay_s
+        state = InstanceState.TERMINATED
+        if alive:
+            state = InstanceState.RUNNING if booted else InstanceState.PENDING
+        return Instance(
+            instance_id=record["instance_id"],
+            node=record.get("node"),
+            node_set=record.get("node_set"),
+            state=state,
+            market=record.get("market", "spot"),
+            instance_type="local",
+            zone="local",
+            launch_time=launched,
+            private_ip=LOOPBACK,
+            hostname=record.get("node"),
+            state_reason=record.get("state_reason", "" if alive else "Instance process exited"),
+        )
+
+    def _records(self) -> list[dict]:
+        if not self.records.is_dir():
+            return []
+        found = [self._read(p) for p in sorted(self.records.glob("*.json"))]
+        return [r for r in found if r is not None]
+
+    # -- Provider protocol ------------------------------------------------------------------
+    def list_instances(self) -> list[Instance]:
+        """Every local instance of the cluster, alive or ended within the last hour."""
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=RECORD_KEEP_S)
+        result = []
+        for record in self._records():
+            instance = self._to_instance(record)
+            if instance.state.is_alive or instance.launch_time > cutoff:
+                result.append(instance)
+        return result
+
+    def launch(self, request: LaunchRequest) -> LaunchResult:
+        """Start one slurmd per node that has no alive instance yet (idempotent).
+
+        Raises:
+            BadInputError: a node is not part of the request's node set.
+        """
+        valid = set(request.node_set.node_names)
+        for node in request.nodes:
+            if node not in valid:
+                raise BadInputError(f"node {node!r} is not in node set {request.node_set.name!r}")
+        launched: list[Instance] = []
+        with self._locked():
+            alive = {r["node"]: r for r in self._records() if self._alive(r)}
+            for node in request.nodes:
+                if node in alive:
+                    launched.append(self._to_instance(alive[node]))
+                    continue
+                record = self._start(node, request.node_set.name, request.node_set.market)
+                launched.append(self._to_instance(record))
+        return LaunchResult(launched=tuple(launched), api_calls=1)
+
+    def _start(self, node: str, node_set: str, market: str) -> dict:
+        instance_id = f"loc-{secrets.token_hex(6)}"
+        log_dir = self.config.log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "slurm_spot.providers.local_boot", "--config",
+                str(self.config.source_path), node, instance_id]
+        with open(log_dir / f"instance-{node}.log", "ab") as log:
+            proc = subprocess.Popen(  # noqa: S603 - argv list
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True, close_fds=True,
+                env={**os.environ, "SLURM_SPOT_STATE_DIR": str(self.config.state_dir)},
+            )
+        record = {
+            "instance_id": instance_id,
+            "node": node,
+            "node_set": node_set,
+            "market": market,
+            "launch_time": datetime.now(timezone.utc).isoformat(),
+            "pid": proc.pid,
+            "start_ticks": _proc_start_ticks(proc.pid),
+            "state": InstanceState.PENDING.value,
+            "cluster": self.config.cluster,
+        }
+        self._write(record)
+        return record
+
+    def terminate(self, nodes: Sequence[str]) -> list[Instance]:
+        """SIGKILL every instance of ``nodes`` (all of them if a node has several)."""
+        wanted = set(nodes)
+        ids = [r["instance_id"] for r in self._records() if r.get("node") in wanted]
+        return self._kill(ids, reason="Terminated by slurm-spot")
+
+    def terminate_instances(self, instance_ids: Sequence[str]) -> None:
+        """SIGKILL instances by id; unknown or ended ids are ignored."""
+        self._kill(list(instance_ids), reason="Terminated by slurm-spot")
+
+    def reclaim(self, node: str, instance_id: str | None = None) -> list[Instance]:
+        """Simulate the provider taking a spot instance back (its state reason says so).
+
+        Only ``instance_id`` if given (a notice names one instance: a newer instance for the
+        same node is not touched), else every instance of ``node``.
+        """
+        ids = [
+            r["instance_id"] for r in self._records()
+            if r.get("node") == node and instance_id in (None, r["instance_id"])
+        ]
+        return self._kill(ids, reason=RECLAIM_REASON)
+
+    def _kill(self, instance_ids: list[str], reason: str) -> list[Instance]:
+        ended = []
+        with self._locked():
+            for instance_id in instance_ids:
+                record = self._read(self.records / f"{instance_id}.json")
+                if record is None or record.get("state") == InstanceState.TERMINATED.value:
+                    continue
+                if self._alive(record):
+                    _kill_instance_processes(int(record["pid"]))
+                    record["state_reason"] = reason
+                record["state"] = InstanceState.TERMINATED.value
+                self._write(record)
+                self._clear_notice(record["node"])
+                ended.append(self._to_instance(record))
+        return ended
+
+    # -- the simulated spot market ----------------------------------------------------------
+    def notice_path(self, node: str) -> Path:
+        """Where the notice for ``node`` is published (read by the local notice source)."""
+        return self.notices / f"{node}.json"
+
+    def _clear_notice(self, node: str) -> None:
+        self.notice_path(node).unlink(missing_ok=True)
+
+    def preempt(self, node: str, notice_s: float) -> datetime:
+        """Publish an interruption notice for ``node``, then reclaim it after ``notice_s``.
+
+        Returns the deadline (UTC). With ``notice_s == 0`` the instance is killed at once, with
+        no notice, as a spot reclaim without warning.
+
+        Raises:
+            BadInputError: ``node`` has no alive instance.
+        """
+        alive = [r for r in self._records() if r.get("node") == node and self._alive(r)]
+        if not alive:
+            raise BadInputError(f"node {node!r} has no running local instance to preempt")
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=notice_s)
+        if notice_s <= 0:
+            self.reclaim(node, alive[0]["instance_id"])
+            return deadline
+        self.notices.mkdir(parents=True, exist_ok=True)
+        tmp = self.notice_path(node).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"action": "terminate", "time": deadline.isoformat()}))
+        os.replace(tmp, self.notice_path(node))
+        argv = [sys.executable, "-m", "slurm_spot.providers.local_boot", "--config",
+                str(self.config.source_path), "--reclaim-after", str(notice_s), node,
+                alive[0]["instance_id"]]
+        subprocess.Popen(  # noqa: S603 - argv list
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+            env={**os.environ, "SLURM_SPOT_STATE_DIR": str(self.config.state_dir)},
+        )
+        return deadline
+
+    def instance_record(self, instance_id: str) -> dict | None:
+        """The raw record of one instance (for the boot helper)."""
+        return self._read(self.records / f"{instance_id}.json")
+
+    def mark_started(self, instance_id: str, **fields: object) -> None:
+        """Merge ``fields`` into an instance record (the boot helper writes its ports)."""
+        with self._locked():
+            record = self._read(self.records / f"{instance_id}.json")
+            if record is not None:
+                self._write({**record, **fields})
+
+
+def _kill_instance_processes(pid: int) -> None:
+    """SIGKILL the instance's process group and everything in its UTS namespace."""
+    ns = _uts_ns(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if ns and ns != _uts_ns(os.getpid()):
+        for other in _pids_in_uts_ns(ns):
+            try:
+                os.kill(other, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for _ in range(50):  # reap-free wait: up to 0.5 s for the leader to vanish
+        if _proc_start_ticks(pid) is None or _is_zombie(pid):
+            break
+        time.sleep(0.01)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"

@@ -1,0 +1,188 @@
+"""``slurm-spot render``: the slurm.conf fragment and gres.conf for the configured node sets.
+
+The lines are built by pure functions (tested against golden files) and poured into the jinja2
+templates under ``templates/``. Keys and their meaning: slurm.conf(5) and gres.conf(5).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sysconfig
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from slurm_spot import __version__
+from slurm_spot.config import LocalProviderConfig, NodeSetConfig, PartitionConfig, SpotConfig
+from slurm_spot.errors import BadInputError
+from slurm_spot.hostlist import compress
+
+HOOK_NAMES = ("resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog")
+FRAGMENT_NAME = "slurm-spot.conf"
+GRES_NAME = "gres.conf"
+
+
+def template_env() -> jinja2.Environment:
+    """The jinja2 environment over the packaged templates (found in an installed wheel too)."""
+    folder = resources.files("slurm_spot.templates")
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(lambda name: folder.joinpath(name).read_text()),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - config files, not HTML
+    )
+
+
+def hook_paths(hooks_dir: Path | None = None) -> dict[str, str]:
+    """Absolute paths of the installed hook executables, keyed ``resume``, ``resume_fail``...
+
+    They are installed next to the interpreter's scripts (``<venv>/bin/slurm-spot-resume``)
+    with an absolute shebang, because slurmctld runs them with an empty environment.
+    """
+    folder = hooks_dir or Path(sysconfig.get_path("scripts"))
+    return {name.replace("-", "_"): str(folder / f"slurm-spot-{name}") for name in HOOK_NAMES}
+
+
+def slurm_version(sinfo: str = "sinfo") -> tuple[int, int] | None:
+    """(major, minor) of the installed Slurm from ``sinfo --version``, or None if absent."""
+    try:
+        out = subprocess.run(  # noqa: S603 - argv list
+            [sinfo, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"(\d+)\.(\d+)", out)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def node_lines(config: SpotConfig) -> list[str]:
+    """``NodeName=`` lines: one per node set, or one per node for the local provider (each
+    local slurmd needs its own ``Port``)."""
+    lines = []
+    for ns in config.node_sets:
+        common = _node_attributes(ns)
+        provider = config.providers[ns.provider]
+        if isinstance(provider, LocalProviderConfig):
+            for i, node in enumerate(ns.node_names, start=1):
+                port = provider.port_base + _node_offset(config, ns) + i
+                lines.append(
+                    f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} {common}"
+                )
+        else:
+            lines.append(f"NodeName={ns.hostlist} {common}")
+    return lines
+
+
+def _node_offset(config: SpotConfig, node_set: NodeSetConfig) -> int:
+    offset = 0
+    for ns in config.node_sets:
+        if ns.name == node_set.name:
+            return offset
+        offset += ns.count
+    return offset
+
+
+def _node_attributes(ns: NodeSetConfig) -> str:
+    parts = [f"CPUs={ns.cpus}", f"RealMemory={ns.memory_mib}"]
+    if ns.gpus:
+        parts.append(f"Gres=gpu:{ns.gpus.type}:{ns.gpus.count}")
+    features = [ns.name, ns.market, *ns.features]
+    parts.append(f"Feature={','.join(dict.fromkeys(features))}")
+    parts.append(f"Weight={ns.weight}")
+    parts.append("State=CLOUD")
+    return " ".join(parts)
+
+
+def partition_lines(config: SpotConfig, version: tuple[int, int] | None) -> list[str]:
+    """``PartitionName=`` lines.
+
+    Raises:
+        BadInputError: a partition overrides SuspendTime/ResumeTimeout but the installed Slurm
+            is older than 23.02, which has no such partition options (slurm.conf(5)).
+    """
+    return [_partition_line(config, part, version) for part in config.partitions]
+
+
+def _partition_line(
+    config: SpotConfig, part: PartitionConfig, version: tuple[int, int] | None
+) -> str:
+    nodes = compress(n for name in part.node_sets for n in config.node_set(name).node_names)
+    line = f"PartitionName={part.name} Nodes={nodes} MaxTime={part.max_time} State=UP"
+    if part.default:
+        line += " Default=YES"
+    overrides = {"SuspendTime": part.suspend_time_s, "ResumeTimeout": part.resume_timeout_s}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if version is not None and version < (23, 2):
+            raise BadInputError(
+                f"partitions: {part.name}: {key} per partition needs Slurm 23.02 or newer; "
+                f"this Slurm is {version[0]}.{version[1]:02d}. Remove the override or set it "
+                "under 'power:'."
+            )
+        line += f" {key}={value}"
+    return line
+
+
+def gres_lines(config: SpotConfig) -> list[str]:
+    """gres.conf lines for every node set with GPUs (``File=/dev/nvidia[0-N]``)."""
+    lines = []
+    for ns in config.node_sets:
+        if ns.gpus:
+            last = ns.gpus.count - 1
+            files = "/dev/nvidia0" if last == 0 else f"/dev/nvidia[0-{last}]"
+            lines.append(f"NodeName={ns.hostlist} Name=gpu Type={ns.gpus.type} File={files}")
+    return lines
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The rendered files: name -> text."""
+
+    files: dict[str, str]
+
+
+def render(
+    config: SpotConfig,
+    hooks_dir: Path | None = None,
+    version: tuple[int, int] | None = None,
+) -> Rendered:
+    """Render ``slurm-spot.conf`` and ``gres.conf`` (pure: writes nothing).
+
+    Raises:
+        BadInputError: see :func:`partition_lines`.
+    """
+    env = template_env()
+    gres = gres_lines(config)
+    context = {
+        "version": __version__,
+        "config_path": str(config.source_path),
+        "hooks": hook_paths(hooks_dir),
+        "power": config.power,
+        "node_lines": node_lines(config),
+        "partition_lines": partition_lines(config, version),
+        "gres_types": ["gpu"] if gres else [],
+        "gres_lines": gres,
+    }
+    return Rendered(
+        {
+            FRAGMENT_NAME: env.get_template("slurm-spot.conf.j2").render(context),
+            GRES_NAME: env.get_template("gres.conf.j2").render(context),
+        }
+    )
+
+
+def write_rendered(rendered: Rendered, output_dir: Path) -> list[Path]:
+    """Write each file atomically (temp file + rename) into ``output_dir``; returns paths."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in sorted(rendered.files.items()):
+        path = output_dir / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        written.append(path)
+    return written
