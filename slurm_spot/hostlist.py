@@ -51,6 +51,8 @@ def expand(expr: str) -> list[str]:
     if not text:
         raise HostlistError("empty hostlist: expected node names such as 'spot-[1-4]'")
     for part in _split_top_level(text):
+        if not part.strip():
+            raise HostlistError(f"bad hostlist {expr!r}: empty element between commas")
         try:
             names = _hostlist.expand_hostlist(part)
         except _hostlist.BadHostlist as exc:

@@ -13,6 +13,7 @@ _MODULES = (
     "watch",
     "events",
     "jobhooks",
+    "instances",
 )
 
 

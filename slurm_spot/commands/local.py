@@ -138,4 +138,27 @@ def preempt_command(app: AppContext, node: str, notice_s: float, conf_dir: Path,
         click.echo(f"killed the instance of {node} without notice")
 
 
+@local_group.command("capacity")
+@click.argument("node_set")
+@click.argument("limit", required=False, type=click.IntRange(min=0))
+@_conf_dir_option
+@json_option
+@pass_app
+def capacity_command(app: AppContext, node_set: str, limit: int | None, conf_dir: Path,
+                     as_json: bool) -> None:
+    """Limit NODE_SET to LIMIT alive instances in the simulated spot market (no LIMIT: lift
+    the limit). Launches beyond it fail with InsufficientInstanceCapacity."""
+    config = _config(app, conf_dir)
+    try:
+        ns = config.node_set(node_set)
+    except KeyError:
+        raise BadInputError(f"node set {node_set!r} is not defined in {config.source_path}") from None
+    provider = _local_provider(config, ns.node_names[0])
+    provider.set_capacity(node_set, limit)
+    if as_json:
+        print_json({"node_set": node_set, "limit": limit})
+    else:
+        click.echo(f"{node_set}: " + ("no limit" if limit is None else f"at most {limit} instance(s)"))
+
+
 COMMANDS = [local_group]

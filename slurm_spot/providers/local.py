@@ -29,14 +29,17 @@ from pathlib import Path
 from slurm_spot.config import LocalProviderConfig, SpotConfig
 from slurm_spot.errors import BadInputError
 from slurm_spot.providers.base import (
+    ErrorClass,
     Instance,
     InstanceState,
+    LaunchFailure,
     LaunchRequest,
     LaunchResult,
 )
 
 LOOPBACK = "127.0.0.1"
 RECORD_KEEP_S = 3600.0
+CAPACITY_CODE = "InsufficientInstanceCapacity"
 RECLAIM_REASON = "Server.SpotInstanceTermination: reclaimed by the simulated spot market"  # ended instances stay listed this long, for the reconciler and status
 
 
@@ -157,15 +160,49 @@ class LocalProvider:
             if node not in valid:
                 raise BadInputError(f"node {node!r} is not in node set {request.node_set.name!r}")
         launched: list[Instance] = []
+        short: list[str] = []
         with self._locked():
             alive = {r["node"]: r for r in self._records() if self._alive(r)}
+            in_set = sum(1 for r in alive.values() if r.get("node_set") == request.node_set.name)
+            limit = self.capacity().get(request.node_set.name)
             for node in request.nodes:
                 if node in alive:
                     launched.append(self._to_instance(alive[node]))
                     continue
+                if limit is not None and in_set >= limit:
+                    short.append(node)
+                    continue
                 record = self._start(node, request.node_set.name, request.node_set.market)
                 launched.append(self._to_instance(record))
-        return LaunchResult(launched=tuple(launched), api_calls=1)
+                in_set += 1
+        failed = ()
+        if short:
+            failed = (LaunchFailure(
+                tuple(short), CAPACITY_CODE,
+                f"simulated spot market has capacity for {limit} instance(s) of "
+                f"{request.node_set.name}", ErrorClass.CAPACITY,
+                pool=f"local/local/{request.node_set.market}"),)
+        return LaunchResult(launched=tuple(launched), failed=failed, api_calls=1)
+
+    # -- simulated capacity -----------------------------------------------------------------
+    def capacity(self) -> dict[str, int]:
+        """Capacity limits of the simulated market: ``{node set: max alive instances}``."""
+        try:
+            data = json.loads((self.root / "capacity.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return {str(k): int(v) for k, v in data.items()}
+
+    def set_capacity(self, node_set: str, limit: int | None) -> None:
+        """Limit node set ``node_set`` to ``limit`` alive instances (None: unlimited).
+        Launches beyond it fail with ``InsufficientInstanceCapacity``, like EC2's."""
+        with self._locked():
+            limits = self.capacity()
+            if limit is None:
+                limits.pop(node_set, None)
+            else:
+                limits[node_set] = limit
+            (self.root / "capacity.json").write_text(json.dumps(limits))
 
     def _start(self, node: str, node_set: str, market: str) -> dict:
         instance_id = f"loc-{secrets.token_hex(6)}"

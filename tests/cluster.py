@@ -1,0 +1,147 @@
+"""A real local Slurm cluster for end-to-end tests (munge + slurmctld + local instances).
+
+Only one slurmctld can listen on this machine, so a cluster holds an exclusive file lock for
+its whole life: concurrent test runs wait for each other instead of colliding.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+LOCK_PATH = Path("/tmp/slurm-spot-test-cluster.lock")
+
+
+def base_config(root: Path, **overrides: object) -> dict:
+    """A small, fast test cluster: 4 one-CPU nodes, short timers."""
+    config: dict = {
+        "cluster": "test",
+        "providers": {"local": {"type": "local", "slurmd_timeout_s": 300, "kill_wait_s": 5,
+                                "notice_poll_s": 0.5}},
+        "node_sets": [{"name": "spot", "provider": "local", "count": 4, "cpus": 1}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"], "default": True}],
+        "power": {"suspend_time_s": 10, "suspend_timeout_s": 10, "resume_timeout_s": 60},
+        "reconcile": {"interval_s": 5, "orphan_grace_s": 20, "cooldown_s": 60},
+        "state_dir": str(root / "state"),
+        "log_dir": str(root / "log"),
+        "checkpoint": {"root": str(root / "checkpoints")},
+    }
+    config.update(overrides)
+    return config
+
+
+class Cluster:
+    """Handle on a running local cluster: run slurm-spot and Slurm commands against it."""
+
+    def __init__(self, root: Path, config: dict, reconcile: bool = False) -> None:
+        self.root = root
+        self.conf_dir = root / "etc"
+        self.config_data = config
+        self.reconcile = reconcile
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf_dir / "slurm.conf")}
+        self.env.pop("SLURM_SPOT_CONFIG", None)
+        self._lock = None
+
+    @property
+    def spot_yaml(self) -> Path:
+        return self.conf_dir / "spot.yaml"
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.config_data["log_dir"])
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.config_data["state_dir"])
+
+    def spot(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run ``slurm-spot --config <spot.yaml> ARGS``."""
+        argv = [sys.executable, "-m", "slurm_spot", "--config", str(self.spot_yaml), *args]
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{argv} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def slurm(self, tool: str, *args: str, check: bool = True, timeout: float = 60) -> str:
+        proc = subprocess.run([tool, *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{tool} {args} -> {proc.returncode}\n{proc.stderr}")
+        return proc.stdout
+
+    def start(self) -> None:
+        LOCK_PATH.touch(exist_ok=True)
+        self._lock = open(LOCK_PATH, "w")  # noqa: SIM115 - held for the cluster's life
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        _stop_strays()
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        source = self.root / "spot-source.yaml"
+        source.write_text(yaml.safe_dump(self.config_data))
+        args = ["--config", str(source), "local", "up", "--conf-dir", str(self.conf_dir)]
+        if not self.reconcile:
+            args.append("--no-reconcile")
+        proc = subprocess.run([sys.executable, "-m", "slurm_spot", *args], env=self.env,
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            self.stop()
+            raise AssertionError(f"local up failed: {proc.stdout}\n{proc.stderr}")
+
+    def stop(self) -> None:
+        try:
+            if self.spot_yaml.exists():
+                self.spot("local", "down", "--conf-dir", str(self.conf_dir), check=False)
+        finally:
+            if self._lock is not None:
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+                self._lock.close()
+                self._lock = None
+
+    # -- helpers ------------------------------------------------------------------------
+    def node(self, name: str) -> dict[str, str]:
+        from slurm_spot.slurm.states import parse_oneline
+
+        return parse_oneline(self.slurm("scontrol", "-o", "show", "node", name).strip())
+
+    def job(self, job_id: int | str) -> dict[str, str]:
+        from slurm_spot.slurm.states import parse_oneline
+
+        out = self.slurm("scontrol", "-o", "show", "job", str(job_id), check=False).strip()
+        return parse_oneline(out) if out.startswith("JobId=") else {}
+
+    def sbatch(self, *args: str) -> int:
+        out = self.slurm("sbatch", "--parsable", *args)
+        return int(out.strip().split(";")[0])
+
+    def instances(self) -> list[dict]:
+        return json.loads(self.spot("instances", "--json").stdout)
+
+    def events(self) -> list[dict]:
+        return json.loads(self.spot("events", "--json").stdout)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.5,
+             what: str = "condition") -> object:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _stop_strays() -> None:
+    """A slurmctld or slurmd left by a crashed earlier run would hold the ports."""
+    for name in ("slurmctld", "slurmd"):
+        subprocess.run(["pkill", "-9", "-x", name], capture_output=True, check=False)
+    time.sleep(0.2)

@@ -1,0 +1,32 @@
+"""`slurm-spot local down` stops everything that `local up` and the hooks started."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.cluster import Cluster, base_config, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def test_local_down_leaves_nothing_running(tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.mktemp("downtest")
+    other = Cluster(root, base_config(root), reconcile=True)
+    other.start()
+    try:
+        other.spot("resume", "spot-1")
+        wait_for(lambda: _slurmd_count() >= 1, timeout=10, what="slurmd started")
+    finally:
+        other.stop()
+    left = subprocess.run(["pgrep", "-a", "-f", "slurmctld|slurmd|slurm_spot|slurm-spot"],
+                          capture_output=True, text=True).stdout
+    mine = [line for line in left.splitlines() if str(root) in line or "slurmd" in line
+            or "slurmctld" in line]
+    assert mine == []
+
+
+def _slurmd_count() -> int:
+    out = subprocess.run(["pgrep", "-c", "-x", "slurmd"], capture_output=True, text=True).stdout
+    return int(out.strip() or 0)

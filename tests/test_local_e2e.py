@@ -1,0 +1,96 @@
+"""End to end on a real slurmctld: the local spot partition powers up, runs, powers down."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from tests.cluster import Cluster, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def slurmd_count() -> int:
+    out = subprocess.run(["pgrep", "-c", "-x", "slurmd"], capture_output=True, text=True).stdout
+    return int(out.strip() or 0)
+
+
+def node_state(cluster: Cluster, node: str) -> str:
+    return cluster.node(node)["State"]
+
+
+def test_job_powers_nodes_up_runs_and_they_power_down(cluster: Cluster) -> None:
+    out = cluster.root / "hostname.out"
+    cluster.slurm("sbatch", "--wait", "-p", "spot", "-N", "2", "-o", str(out),
+                  "--wrap", "srun hostname | sort", timeout=120)
+    assert out.read_text().split() == ["spot-1", "spot-2"]
+    alive = {i["node"] for i in cluster.instances()}
+    assert alive == {"spot-1", "spot-2"}
+    # SuspendTime=10 s, SuspendTimeout=10 s: idle nodes go idle% then idle~, slurmd gone.
+    wait_for(lambda: all("POWERED_DOWN" in node_state(cluster, n) for n in ("spot-1", "spot-2")),
+             timeout=60, what="nodes powered down")
+    wait_for(lambda: slurmd_count() == 0, timeout=15, what="slurmd processes gone")
+    assert cluster.instances() == []
+    actions = [(e["action"], e["node"]) for e in cluster.events()]
+    assert ("launched", "spot-1") in actions and ("terminated", "spot-1") in actions
+
+
+def test_capacity_failure_sets_code_reason_and_requeues_within_seconds(cluster: Cluster) -> None:
+    cluster.spot("local", "capacity", "spot", "1", "--conf-dir", str(cluster.conf_dir))
+    try:
+        job = cluster.sbatch("-p", "spot", "-N", "2", "--requeue", "-o", "/dev/null",
+                             "--wrap", "srun sleep 30")
+        submitted = time.monotonic()
+        wait_for(lambda: cluster.job(job).get("Restarts", "0") != "0", timeout=30,
+                 what="job requeued")
+        requeue_s = time.monotonic() - submitted
+        assert requeue_s < 20, f"requeued after {requeue_s:.1f} s"
+        failed = [n for n in ("spot-1", "spot-2") if "(Code:" in cluster.node(n).get("Reason", "")]
+        assert len(failed) == 1
+        node = cluster.node(failed[0])
+        assert node["Reason"].startswith("(Code:InsufficientInstanceCapacity)")
+        # DOWN, then powered down: back to idle~, never left in plain DOWN.
+        wait_for(lambda: node_state(cluster, failed[0]).startswith("IDLE")
+                 and "POWERED_DOWN" in node_state(cluster, failed[0]),
+                 timeout=30, what=f"{failed[0]} back to idle~")
+        assert len([i for i in cluster.instances() if i["state"] in ("pending", "running")]) <= 1
+    finally:
+        cluster.spot("local", "capacity", "spot", "--conf-dir", str(cluster.conf_dir))
+        subprocess.run(["scancel", "-u", "root"], env=cluster.env, check=False)
+
+
+def test_resume_twice_starts_no_second_instance(cluster: Cluster) -> None:
+    wait_for(lambda: "POWERED_DOWN" in node_state(cluster, "spot-3"), timeout=60,
+             what="spot-3 idle~")
+    first = cluster.spot("resume", "spot-3", "--json")
+    second = cluster.spot("resume", "spot-3", "--json")
+    try:
+        ids = {i["instance_id"] for i in cluster.instances() if i["node"] == "spot-3"}
+        assert len(ids) == 1
+        assert '"launched"' in first.stdout and list(ids)[0] in second.stdout
+    finally:
+        cluster.spot("suspend", "spot-3")
+    assert [i for i in cluster.instances() if i["node"] == "spot-3"] == []
+    cluster.spot("suspend", "spot-3")  # idempotent: nothing behind the node, still fine
+
+
+def test_hook_rejects_bad_input_with_exit_2(cluster: Cluster) -> None:
+    bad = cluster.spot("resume", "spot-[1-", check=False)
+    assert bad.returncode == 2 and "spot-[1-" in bad.stderr
+    unknown = cluster.spot("suspend", "spot-9", check=False)
+    assert unknown.returncode == 2 and "spot-9" in unknown.stderr
+    assert cluster.instances() == [] or all(i["node"] != "spot-9" for i in cluster.instances())
+
+
+def test_hostnames_match_scontrol(cluster: Cluster) -> None:
+    import yaml
+
+    from slurm_spot.hostlist import expand
+    from tests.conftest import DATA
+
+    cases = yaml.safe_load((DATA / "hostlists.yaml").read_text())["expand"]
+    for case in cases:
+        real = cluster.slurm("scontrol", "show", "hostnames", case["in"]).split()
+        assert expand(case["in"]) == real

@@ -1,0 +1,169 @@
+"""The power-saving hooks against a fake provider and a fake scontrol that keeps node state."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+
+import pytest
+
+from slurm_spot import power
+from slurm_spot.config import SpotConfig, parse_config
+from slurm_spot.errors import HostlistError, UnknownNodeError
+from slurm_spot.providers.base import (
+    ErrorClass,
+    Instance,
+    InstanceState,
+    LaunchFailure,
+    LaunchRequest,
+    LaunchResult,
+)
+from slurm_spot.slurm.client import CommandResult, SlurmClient
+
+
+def make_config(tmp_path) -> SpotConfig:
+    return parse_config({
+        "cluster": "c1",
+        "providers": {"cloud": {"type": "local"}, "other": {"type": "local"}},
+        "node_sets": [
+            {"name": "gpu", "provider": "cloud", "count": 4},
+            {"name": "cpu", "provider": "other", "count": 2},
+        ],
+        "partitions": [{"name": "p", "node_sets": ["gpu", "cpu"]}],
+        "log_dir": str(tmp_path / "log"),
+        "state_dir": str(tmp_path / "state"),
+    })
+
+
+class FakeCloud:
+    """A provider that keeps instances in memory and can run out of capacity."""
+
+    name = "fake"
+
+    def __init__(self, capacity: int = 100) -> None:
+        self.instances: list[Instance] = []
+        self.capacity = capacity
+        self.requests: list[LaunchRequest] = []
+
+    def launch(self, request: LaunchRequest) -> LaunchResult:
+        self.requests.append(request)
+        launched, short = [], []
+        alive = {i.node: i for i in self.instances if i.state.is_alive}
+        for node in request.nodes:
+            if node in alive:
+                launched.append(alive[node])
+            elif len([i for i in self.instances if i.state.is_alive]) >= self.capacity:
+                short.append(node)
+            else:
+                inst = Instance(f"i-{len(self.instances)}", node, request.node_set.name,
+                                InstanceState.PENDING, "spot", "t", "z",
+                                datetime.now(timezone.utc), f"10.0.0.{len(self.instances) + 1}",
+                                f"ip-{node}")
+                self.instances.append(inst)
+                launched.append(inst)
+        failed = (LaunchFailure(tuple(short), "InsufficientInstanceCapacity", "no g5 in us-east-1a",
+                                ErrorClass.CAPACITY),) if short else ()
+        return LaunchResult(tuple(launched), failed)
+
+    def terminate(self, nodes):  # type: ignore[no-untyped-def]
+        ended = []
+        for k, inst in enumerate(self.instances):
+            if inst.node in nodes and inst.state.is_alive:
+                self.instances[k] = replace(inst, state=InstanceState.TERMINATED)
+                ended.append(self.instances[k])
+        return ended
+
+    def terminate_instances(self, ids):  # type: ignore[no-untyped-def]
+        pass
+
+    def list_instances(self):  # type: ignore[no-untyped-def]
+        return list(self.instances)
+
+
+class FakeScontrol:
+    """Records every argv and keeps per-node settings, as scontrol update would."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.nodes: dict[str, dict[str, str]] = {}
+
+    def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
+        from slurm_spot.hostlist import expand
+
+        self.calls.append(argv)
+        if argv[1:2] == ["update"]:
+            names = expand(argv[2].split("=", 1)[1])
+            settings = dict(a.split("=", 1) for a in argv[3:])
+            for i, node in enumerate(names):
+                per_node = {k: (v.split(",")[i] if k in ("nodeaddr", "nodehostname") else v)
+                            for k, v in settings.items()}
+                self.nodes.setdefault(node, {}).update(per_node)
+        return CommandResult(argv, 0, "", "")
+
+
+@pytest.fixture
+def setup(tmp_path):  # type: ignore[no-untyped-def]
+    config = make_config(tmp_path)
+    clouds = {"cloud": FakeCloud(), "other": FakeCloud()}
+    scontrol = FakeScontrol()
+    return config, clouds, scontrol, SlurmClient("/usr/bin", runner=scontrol)
+
+
+def test_resume_launches_one_request_per_node_set_and_records_addresses(setup) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, scontrol, slurm = setup
+    result = power.resume(config, "gpu-[1-3],cpu-1", slurm, lambda c, name: clouds[name])
+    assert [r.nodes for r in clouds["cloud"].requests] == [("gpu-1", "gpu-2", "gpu-3")]
+    assert [r.nodes for r in clouds["other"].requests] == [("cpu-1",)]
+    assert sorted(i.node for i in result.launched) == ["cpu-1", "gpu-1", "gpu-2", "gpu-3"]
+    assert scontrol.nodes["gpu-2"]["nodeaddr"] == "10.0.0.2"
+    assert scontrol.nodes["gpu-2"]["nodehostname"] == "ip-gpu-2"
+    # One scontrol call for the addresses of a whole node set, not one per node.
+    updates = [c for c in scontrol.calls if any(a.startswith("nodeaddr=") for a in c)]
+    assert len(updates) == 2
+
+
+def test_resume_twice_starts_no_second_instance(setup) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, _, slurm = setup
+    power.resume(config, "gpu-[1-2]", slurm, lambda c, name: clouds[name])
+    power.resume(config, "gpu-[1-2]", slurm, lambda c, name: clouds[name])
+    assert len(clouds["cloud"].instances) == 2
+
+
+def test_capacity_failure_sets_down_with_code_then_powers_down(setup) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, scontrol, slurm = setup
+    clouds["cloud"].capacity = 1
+    result = power.resume(config, "gpu-[1-3]", slurm, lambda c, name: clouds[name])
+    assert [i.node for i in result.launched] == ["gpu-1"]
+    assert result.failed[0].nodes == ("gpu-2", "gpu-3")
+    states = [(c[2], c[3]) for c in scontrol.calls if c[1] == "update" and c[3].startswith("state=")]
+    assert states == [("nodename=gpu-[2-3]", "state=DOWN"), ("nodename=gpu-[2-3]", "state=POWER_DOWN")]
+    assert scontrol.nodes["gpu-3"]["reason"] == (
+        "(Code:InsufficientInstanceCapacity)no g5 in us-east-1a")
+    assert "state" not in scontrol.nodes.get("gpu-1", {})
+
+
+def test_unknown_node_changes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, scontrol, slurm = setup
+    with pytest.raises(UnknownNodeError, match="gpu-9"):
+        power.resume(config, "gpu-[1-2],gpu-9", slurm, lambda c, name: clouds[name])
+    with pytest.raises(HostlistError):
+        power.resume(config, "gpu-[1-", slurm, lambda c, name: clouds[name])
+    assert clouds["cloud"].instances == [] and scontrol.calls == []
+
+
+def test_suspend_terminates_every_instance_and_is_idempotent(setup) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, _, slurm = setup
+    power.resume(config, "gpu-[1-2],cpu-[1-2]", slurm, lambda c, name: clouds[name])
+    first = power.suspend(config, "gpu-[1-2],cpu-1", lambda c, name: clouds[name])
+    second = power.suspend(config, "gpu-[1-2],cpu-1", lambda c, name: clouds[name])
+    assert sorted(i.node for i in first.terminated) == ["cpu-1", "gpu-1", "gpu-2"]
+    assert second.terminated == [] and second.errors == []
+    alive = [i.node for c in clouds.values() for i in c.instances if i.state.is_alive]
+    assert alive == ["cpu-2"]
+
+
+def test_reason_is_one_bounded_line() -> None:
+    failure = LaunchFailure(("n-1",), "SpotMaxPriceTooLow", "offered 0.1\nrequired " + "9" * 500,
+                            ErrorClass.CONFIG)
+    assert "\n" not in failure.reason and len(failure.reason) <= 200
+    assert failure.reason.startswith("(Code:SpotMaxPriceTooLow)offered 0.1 required")
