@@ -85,7 +85,8 @@ def test_operation_error_reaches_the_user_with_code_class_and_reason(
         assert bulk_calls == 1  # fail fast, no retry of the same pool
         assert result.failed_pools == (f"n1-standard-4/{ZONE}/spot",)
         assert sleeps == []
-    else:  # throttle and unknown: bounded retries with jittered back-off
+    else:  # throttle and unknown: bounded retries with jittered back-off, no pool blamed
+        assert result.failed_pools == ()
         assert bulk_calls == provider.max_attempts
         assert sleeps == [provider.backoff_s * 0.75, provider.backoff_s * 2 * 0.75]
         ids = {c["query"]["requestId"] for c in fake.calls("bulkInsert")}

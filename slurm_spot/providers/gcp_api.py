@@ -1,0 +1,261 @@
+"""The only code that touches google-cloud-compute: a thin adapter whose methods take and
+return REST JSON dicts and typed records, never SDK objects.
+
+The library is imported when a :class:`ComputeApi` is built (``google.cloud.compute_v1``
+costs ~1.7 s). Traps of the library this adapter avoids (docs/testing-clouds.md):
+
+- ``insert()`` / ``bulk_insert()`` poll the public endpoint whatever the client options say:
+  the ``*_unary()`` calls are used and operations are waited on here
+  (``zoneOperations.wait`` / ``regionOperations.wait``);
+- an operation's errors are read from ``operation.error.errors[*].code`` (the library raises
+  only when ``httpErrorStatusCode`` is set);
+- get/list/wait retry 503s for 600 s by default: every call passes ``retry=`` and ``timeout=``.
+
+Credentials: AnonymousCredentials when ``api_endpoint`` is a plain-http loopback URL (tests);
+else ``credentials_file`` when set (a service-account key or an authorized-user file);
+else Application Default Credentials. No credential material is ever logged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+from slurm_spot.config import GcpProviderConfig
+from slurm_spot.errors import ProviderError
+from slurm_spot.providers.gcp_errors import GceError, errors_from_resource, most_specific
+from slurm_spot.providers.gcp_requests import parse_timestamp, short_name
+
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+PAGE_SIZE = 500
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class OperationStatus:
+    """A zone or region operation (GCE ``Operation``) as far as slurm-spot needs it.
+
+    Attributes:
+        name: operation name.
+        scope: ``zones/<zone>`` or ``regions/<region>``.
+        done: status is DONE.
+        errors: ``error.errors`` (empty when it succeeded or is still running).
+        insert_time: when GCE accepted the request (aware UTC), or None.
+    """
+
+    name: str
+    scope: str
+    done: bool
+    errors: tuple[GceError, ...] = ()
+    insert_time: datetime | None = None
+
+
+class GceCallError(ProviderError):
+    """An API call failed at the HTTP level (or never reached the API).
+
+    Attributes:
+        http_status: the HTTP status, or None when the endpoint could not be reached.
+        errors: the ``error.errors`` entries (``reason`` as code).
+    """
+
+    def __init__(self, http_status: int | None, errors: tuple[GceError, ...], message: str):
+        self.http_status = http_status
+        self.errors = errors
+        best = most_specific(errors) or (errors[0] if errors else GceError("UNKNOWN", message))
+        super().__init__(best.code, best.message or message, best.error_class.value)
+
+
+def operation_from_resource(resource: Mapping[str, Any]) -> OperationStatus:
+    """Parse an ``Operation`` (REST JSON) into an :class:`OperationStatus` (pure)."""
+    scope = (f"zones/{short_name(resource['zone'])}" if resource.get("zone")
+             else f"regions/{short_name(resource.get('region'))}")
+    return OperationStatus(
+        name=str(resource.get("name", "")),
+        scope=scope,
+        done=resource.get("status") == "DONE",
+        errors=errors_from_resource(resource.get("error")),
+        insert_time=parse_timestamp(resource.get("insertTime")),
+    )
+
+
+class ComputeApi:
+    """Counted, bounded calls to the Compute Engine API of one project.
+
+    Args:
+        settings: project, region, ``api_endpoint`` and ``credentials_file``.
+        call_timeout_s: HTTP timeout of each call, seconds.
+        read_retry_s: how long reads (list, wait) retry 429/500/503, seconds.
+
+    Raises:
+        ProviderError: (``auth``) the credentials file cannot be read.
+    """
+
+    def __init__(self, settings: GcpProviderConfig, call_timeout_s: float = 30.0,
+                 read_retry_s: float = 20.0) -> None:
+        from google.api_core import exceptions, retry
+        from google.api_core.client_options import ClientOptions
+        from google.auth import exceptions as auth_errors
+        from google.cloud import compute_v1
+
+        self._v1 = compute_v1
+        self._exceptions = exceptions
+        self._auth_errors = auth_errors
+        self.project = settings.project
+        self.calls = 0
+        self.call_timeout_s = call_timeout_s
+        self._read_retry = retry.Retry(
+            predicate=retry.if_exception_type(
+                exceptions.ServiceUnavailable, exceptions.InternalServerError,
+                exceptions.TooManyRequests),
+            initial=0.5, maximum=4.0, multiplier=2.0, timeout=read_retry_s)
+        kwargs: dict[str, Any] = {"transport": "rest", "credentials": _credentials(settings)}
+        if settings.api_endpoint:
+            kwargs["client_options"] = ClientOptions(api_endpoint=settings.api_endpoint)
+        self._instances = compute_v1.InstancesClient(**kwargs)
+        self._region_instances = compute_v1.RegionInstancesClient(**kwargs)
+        self._zone_ops = compute_v1.ZoneOperationsClient(**kwargs)
+        self._region_ops = compute_v1.RegionOperationsClient(**kwargs)
+
+    def _call(self, fn: Callable[..., T], **kwargs: Any) -> T:
+        self.calls += 1
+        try:
+            return fn(**kwargs)
+        except self._exceptions.GoogleAPICallError as exc:
+            raise _call_error(exc) from None
+        except self._exceptions.RetryError as exc:
+            raise GceCallError(None, (), f"gave up retrying: {exc.cause}") from None
+        except self._auth_errors.GoogleAuthError as exc:
+            error = GceError("AUTH_ERROR", f"credentials refused: {type(exc).__name__}")
+            raise GceCallError(None, (error,), error.message) from None
+        except OSError as exc:  # requests' ConnectionError/Timeout derive from OSError
+            error = GceError("ENDPOINT_UNREACHABLE", f"cannot reach the Compute API: {exc}")
+            raise GceCallError(None, (error,), error.message) from None
+
+    def _dict(self, message: Any) -> dict[str, Any]:
+        text = type(message).to_json(message, use_integers_for_enums=False)
+        return json.loads(text)  # type: ignore[no-any-return]
+
+    def bulk_insert(self, body: Mapping[str, Any], zone: str | None, region: str,
+                    request_id: str) -> OperationStatus:
+        """``instances.bulkInsert`` in ``zone``, or ``regionInstances.bulkInsert`` in ``region``
+        when ``zone`` is None. Not retried here (the caller decides, reusing ``request_id``).
+
+        Raises:
+            GceCallError: the request was refused or the API was unreachable.
+        """
+        resource = self._v1.BulkInsertInstanceResource.from_json(json.dumps(body))
+        common = {"project": self.project, "request_id": request_id,
+                  "bulk_insert_instance_resource_resource": resource}
+        if zone:
+            request: Any = self._v1.BulkInsertInstanceRequest(zone=zone, **common)
+            method: Callable[..., Any] = self._instances.bulk_insert_unary
+        else:
+            request = self._v1.BulkInsertRegionInstanceRequest(region=region, **common)
+            method = self._region_instances.bulk_insert_unary
+        op = self._call(method, request=request, retry=None, timeout=self.call_timeout_s)
+        return operation_from_resource(self._dict(op))
+
+    def wait(self, op: OperationStatus, timeout_s: float) -> OperationStatus:
+        """One ``zoneOperations.wait`` / ``regionOperations.wait`` (returns when DONE or after
+        at most ``timeout_s`` seconds, or GCE's own ~2 min).
+
+        Raises:
+            GceCallError: the wait call itself failed.
+        """
+        kind, where = op.scope.split("/", 1)
+        client, key = (self._zone_ops, "zone") if kind == "zones" else (self._region_ops, "region")
+        result = self._call(client.wait, project=self.project, operation=op.name,
+                            retry=self._read_retry, timeout=max(timeout_s, 1.0), **{key: where})
+        return operation_from_resource(self._dict(result))
+
+    def list_instances(self, filter_: str) -> list[dict[str, Any]]:
+        """``instances.aggregatedList`` with ``filter_``, every page (one counted call each).
+
+        Raises:
+            GceCallError: a page could not be read.
+        """
+        request = self._v1.AggregatedListInstancesRequest(
+            project=self.project, filter=filter_, max_results=PAGE_SIZE)
+        found: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            request.page_token = token
+            page = self._call(self._instances.aggregated_list, request=request,
+                              retry=self._read_retry, timeout=self.call_timeout_s)
+            response = self._dict(next(iter(page.pages)))
+            for scoped in response.get("items", {}).values():
+                found.extend(scoped.get("instances", []))
+            token = response.get("nextPageToken", "")
+            if not token:
+                return found
+
+    def delete(self, zone: str, name: str, request_id: str = "") -> OperationStatus | None:
+        """``instances.delete``; None if the instance is already gone (404).
+
+        Raises:
+            GceCallError: any other refusal.
+        """
+        try:
+            request = self._v1.DeleteInstanceRequest(
+                project=self.project, zone=zone, instance=name,
+                **({"request_id": request_id} if request_id else {}))
+            op = self._call(self._instances.delete_unary, request=request, retry=None,
+                            timeout=self.call_timeout_s)
+        except GceCallError as exc:
+            if exc.http_status == 404:
+                return None
+            raise
+        return operation_from_resource(self._dict(op))
+
+
+def _call_error(exc: Any) -> GceCallError:
+    status = getattr(exc, "code", None)
+    items = [e for e in (getattr(exc, "errors", None) or []) if isinstance(e, Mapping)]
+    errors = errors_from_resource({"errors": items})
+    reason = getattr(exc, "reason", None)
+    if reason and not errors:
+        errors = (GceError(str(reason), str(getattr(exc, "message", ""))),)
+    return GceCallError(int(status) if status else None, errors, str(getattr(exc, "message", exc)))
+
+
+def _credentials(settings: GcpProviderConfig) -> Any:
+    endpoint = urlparse(settings.api_endpoint or "")
+    if endpoint.scheme == "http" and endpoint.hostname in LOOPBACK_HOSTS:
+        from google.auth.credentials import AnonymousCredentials
+
+        return AnonymousCredentials()
+    if settings.credentials_file:
+        return _file_credentials(settings.credentials_file)
+    return None
+
+
+def _file_credentials(path: Path) -> Any:
+    """A service-account key or an authorized-user file, loaded with the loader of its own
+    type (google-auth discourages the generic one for files of unknown origin)."""
+    from google.auth import exceptions
+    from google.oauth2 import credentials, service_account
+
+    def refuse(why: str) -> ProviderError:
+        return ProviderError("CREDENTIALS_FILE", f"cannot load {path}: {why}", "auth")
+
+    try:
+        kind = json.loads(path.read_text()).get("type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise refuse(type(exc).__name__) from None
+    try:
+        if kind == "service_account":
+            return service_account.Credentials.from_service_account_file(
+                str(path), scopes=[CLOUD_PLATFORM_SCOPE])
+        if kind == "authorized_user":
+            return credentials.Credentials.from_authorized_user_file(
+                str(path), scopes=[CLOUD_PLATFORM_SCOPE])
+    except (exceptions.GoogleAuthError, ValueError, KeyError) as exc:
+        raise refuse(type(exc).__name__) from None
+    raise refuse(f"unsupported credentials type {str(kind)[:40]!r} (use a service account key "
+                 "or an authorized-user file)")

@@ -1,0 +1,221 @@
+"""One launch of the ``gcp`` provider as a small state machine (see :mod:`gcp` for the
+flow): list, bulk insert per attempt, wait, list again, and decide by the most specific error
+code what to try next. Only :class:`GcpProvider` and :class:`ComputeApi` do I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from slurm_spot.config import NodeSetConfig
+from slurm_spot.errors import ProviderError
+from slurm_spot.providers.base import (
+    ErrorClass,
+    Instance,
+    LaunchFailure,
+    LaunchRequest,
+    LaunchResult,
+)
+from slurm_spot.providers.gcp_api import GceCallError, OperationStatus
+from slurm_spot.providers.gcp_errors import GceError, most_specific
+from slurm_spot.providers.gcp_requests import (
+    Attempt,
+    bulk_insert_body,
+    instance_name,
+    is_valid_instance_name,
+    request_id,
+)
+
+if TYPE_CHECKING:
+    from slurm_spot.providers.gcp import GcpProvider
+
+log = logging.getLogger("slurm_spot.providers.gcp")
+STOP_CLASSES = (ErrorClass.CONFIG, ErrorClass.AUTH)
+RETRY_CLASSES = (ErrorClass.THROTTLE, ErrorClass.UNKNOWN)
+MAX_REPLAYS = 8
+
+
+@dataclass
+class LaunchRun:
+    """The state of one :meth:`GcpProvider.launch`: nodes still pending, those launched or
+    failed, failed pools, the latest error, and the request-id salt."""
+
+    provider: GcpProvider
+    request: LaunchRequest
+    started: datetime
+    pending: list[str] = field(default_factory=list)
+    launched: dict[str, Instance] = field(default_factory=dict)
+    failed: list[LaunchFailure] = field(default_factory=list)
+    failed_pools: list[str] = field(default_factory=list)
+    last: tuple[GceError, str] | None = None
+    stopped: bool = False
+    salt: int = 0
+
+    @property
+    def node_set(self) -> NodeSetConfig:
+        """The node set being launched."""
+        return self.request.node_set
+
+    @property
+    def zones(self) -> list[str]:
+        """The node set's zones, in config order."""
+        assert self.node_set.gcp is not None
+        return list(self.node_set.gcp.zones)
+
+    def execute(self) -> None:
+        """Run the launch: invalid names fail at once, then list, clean up ended instances
+        of the requested nodes, and go through :meth:`plan` until nothing is pending."""
+        cluster = self.request.cluster
+        bad = [n for n in self.request.nodes
+               if not is_valid_instance_name(instance_name(cluster, n))]
+        if bad:
+            self.failed.append(LaunchFailure(
+                tuple(bad), "INVALID_INSTANCE_NAME", f"'{cluster}-<node>' is not a valid GCE "
+                "instance name (max 63 chars of [a-z0-9-])", ErrorClass.CONFIG))
+        self.pending = [n for n in self.request.nodes if n not in bad]
+        dead = self.refresh()
+        if dead:
+            self.provider.delete(dead, wait=True)
+        for market, machine_type in self.plan():
+            if not self.pending or self.stopped:
+                break
+            self.try_machine(market, machine_type)
+
+    def plan(self) -> list[tuple[str, str | None]]:
+        """(market, machine type) in the order tried: the node set's market, then its
+        fallback; within a market ``gcp.machine_type`` then ``instance_types`` (None: the
+        instance template's own)."""
+        opts = self.node_set.gcp
+        assert opts is not None
+        named = [opts.machine_type, *self.node_set.instance_types]
+        types: list[str | None] = list(dict.fromkeys(t for t in named if t)) or [None]
+        markets = [self.node_set.market]
+        if self.node_set.market == "spot" and self.node_set.fallback == "on-demand":
+            markets.append("on-demand")
+        return [(m, t) for m in markets for t in types]
+
+    def refresh(self) -> list[Instance]:
+        """List the node set; move nodes with an alive instance from pending to launched.
+        Returns ended instances of pending nodes."""
+        found = self.provider.node_set_instances(self.node_set)
+        dead: list[Instance] = []
+        for node in list(self.pending):
+            alive = [i for i in found.get(node, []) if i.state.is_alive]
+            if alive:
+                self.launched[node] = alive[0]
+                self.pending.remove(node)
+            else:
+                dead.extend(found.get(node, []))
+        return dead
+
+    def try_machine(self, market: str, machine_type: str | None) -> None:
+        """Bulk inserts for one (market, machine type) until nothing is pending or its
+        zones are used up; the error class of each decides the next step."""
+        zones, tries = self.zones, 0
+        while zones and self.pending and not self.stopped:
+            denied = tuple(z for z in self.zones if z not in zones)
+            attempt = Attempt(market, machine_type, tuple(zones), len(self.zones) > 1, denied)
+            error = self.bulk(attempt)
+            if error is None and not self.pending:
+                return
+            error = error or GceError("NOT_CREATED", "no error reported, yet no instance exists")
+            failed_zones = self.record(error, attempt)
+            cls = error.error_class
+            if self.stopped or cls in STOP_CLASSES:
+                self.stopped = True
+            elif cls is ErrorClass.CAPACITY:
+                zones = [z for z in zones if z not in failed_zones]
+            elif cls is ErrorClass.QUOTA:
+                return
+            elif tries + 1 < self.provider.max_attempts:  # throttle, unknown
+                tries += 1
+                self.salt += 1
+                self.provider.backoff(tries)
+            else:
+                self.stopped = True
+
+    def record(self, error: GceError, attempt: Attempt) -> list[str]:
+        """Keep ``error`` as the latest failure and, for capacity and quota, note its failed
+        pools (for cooldowns); return the zones it is about."""
+        zones = _failed_zones(error, attempt)
+        template = self.node_set.gcp.instance_template if self.node_set.gcp else None
+        pools = replace(attempt, zones=tuple(zones)).pools(template)
+        if error.error_class in (ErrorClass.CAPACITY, ErrorClass.QUOTA):
+            self.failed_pools.extend(p for p in pools if p not in self.failed_pools)
+        self.last = (error, pools[0] if pools else "")
+        log.warning("node set %s: %s on %s for %d node(s)", self.node_set.name, error.code,
+                    ",".join(pools), len(self.pending))
+        return zones
+
+    def bulk(self, attempt: Attempt) -> GceError | None:
+        """One bulk insert for the pending nodes; the most specific error, if any. Stops the
+        launch when the outcome is unknowable (operation not done, listing failed)."""
+        names = [instance_name(self.request.cluster, n) for n in self.pending]
+        settings = self.provider.settings
+        body = bulk_insert_body(settings.project, settings.region, self.request.cluster,
+                                self.node_set, names, attempt)
+        op = self.submit(body, attempt)
+        if isinstance(op, GceError):
+            self.stopped = op.error_class in RETRY_CLASSES  # retried enough already
+            return op
+        op = self.provider.wait(op)
+        self.stopped = not op.done  # still running: another request could duplicate it
+        try:
+            self.refresh()
+        except ProviderError as exc:
+            self.stopped = True
+            return GceError(exc.code, f"cannot list instances after {op.name}: {exc}")
+        return most_specific(op.errors)
+
+    def submit(self, body: dict[str, object], attempt: Attempt) -> OperationStatus | GceError:
+        """Send the bulk insert; retry throttled/unknown HTTP errors with the same request id
+        and re-send a stale replay with a new one. Returns the operation or the final error."""
+        token = self.request.client_token or ",".join(sorted(self.request.nodes))
+        zone = None if attempt.regional else attempt.zones[0]
+        stale_before = self.started - timedelta(seconds=self.provider.replay_window_s)
+        tries = 0
+        while True:
+            rid = request_id(f"{self.request.cluster}|{token}", attempt, self.salt)
+            try:
+                op = self.provider.api.bulk_insert(body, zone, self.provider.settings.region, rid)
+            except GceCallError as exc:
+                error = most_specific(exc.errors) or GceError(exc.code, str(exc))
+                tries += 1
+                if error.error_class not in RETRY_CLASSES or tries >= self.provider.max_attempts:
+                    return error
+                self.provider.backoff(tries)
+                continue
+            replayed = op.done and op.insert_time is not None and op.insert_time < stale_before
+            if replayed and self.salt < MAX_REPLAYS:
+                log.info("request id %s replayed an operation of %s: sending anew", rid,
+                         op.insert_time)
+                self.salt += 1
+                continue
+            return op
+
+    def result(self, api_calls: int) -> LaunchResult:
+        """The :class:`LaunchResult`: launched in request order; the nodes still pending fail
+        with the latest error (its code, class, message and first failed pool)."""
+        failed = list(self.failed)
+        if self.pending:
+            error, pool = self.last or (GceError("NOT_CREATED", "not attempted"), "")
+            failed.append(LaunchFailure(tuple(self.pending), error.code, error.message,
+                                        error.error_class, pool))
+        launched = tuple(self.launched[n] for n in self.request.nodes if n in self.launched)
+        return LaunchResult(launched, tuple(failed), api_calls, tuple(self.failed_pools))
+
+
+def _failed_zones(error: GceError, attempt: Attempt) -> list[str]:
+    """The zones a capacity error is about: ``errorInfo.metadatas.zone``, else the zone its
+    message names, else every zone of the attempt. Other classes: every zone."""
+    if error.error_class is ErrorClass.CAPACITY:
+        if error.zone and error.zone in attempt.zones:
+            return [error.zone]
+        named = re.search(r"zones/([a-z0-9-]+)", error.message)
+        if named and named.group(1) in attempt.zones:
+            return [named.group(1)]
+    return list(attempt.zones)

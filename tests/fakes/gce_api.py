@@ -1,0 +1,391 @@
+"""A small fake of the Compute Engine REST API (v1), for the real google-cloud-compute client.
+
+Serves on 127.0.0.1 (random port) from a thread; point the client at it with
+``ClientOptions(api_endpoint=fake.endpoint)``, ``transport="rest"``, AnonymousCredentials.
+
+Covers: instances insert, bulkInsert (zonal and regional), get, list (label filter, paging),
+aggregatedList (same), delete; zone/region operations get and wait. Request ids are honoured
+(the same ``requestId`` returns the first operation). Operations start RUNNING and are DONE
+from the ``polls_until_done``-th get/wait on (default: the first); their effects happen at once.
+
+Regional bulkInsert with a location policy picks the first ALLOW zone in name order (unlisted
+zones of the region are allowed only when nothing is ALLOWed) and does not try another zone
+by itself: a capacity error names that zone in ``errorInfo.metadatas.zone``.
+
+Errors: :meth:`FakeCompute.fail_operation` makes the next matching bulk insert end with
+``error.errors`` (codes in order); :meth:`FakeCompute.fail_http` makes the next calls of a
+method fail with an HTTP error; :attr:`FakeCompute.capacity` caps how many instances a zone
+still has room for.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+BASE = "/compute/v1/projects/"
+SELF = "https://www.googleapis.com/compute/v1/projects/"
+
+
+@dataclass
+class _OpFailure:
+    codes: list[str]
+    zone: str | None
+    market: str | None
+    times: int | None
+    message: str | None
+
+
+@dataclass
+class _HttpFailure:
+    method: str
+    status: int
+    reason: str
+    times: int
+
+
+@dataclass
+class FakeCompute:
+    """The fake's state; use as a context manager (starts and stops the server)."""
+
+    project: str = "test-project"
+    regions: dict[str, list[str]] = field(default_factory=lambda: {
+        "us-central1": ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"],
+        "europe-west4": ["europe-west4-a", "europe-west4-b", "europe-west4-c"]})
+    instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    operations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    templates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    capacity: dict[str, int] = field(default_factory=dict)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    clock_offset_s: float = 0.0
+    polls_until_done: int = 1
+    _polls: dict[str, int] = field(default_factory=dict)
+    _request_ids: dict[str, str] = field(default_factory=dict)
+    _op_failures: list[_OpFailure] = field(default_factory=list)
+    _http_failures: list[_HttpFailure] = field(default_factory=list)
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1000))
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _server: ThreadingHTTPServer | None = None
+
+    # -- life cycle --------------------------------------------------------------------------
+    def __enter__(self) -> FakeCompute:
+        handler = type("Handler", (_Handler,), {"fake": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:PORT`` of the running server."""
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    # -- injection and inspection --------------------------------------------------------------
+    def fail_operation(self, codes: str | list[str], zone: str | None = None,
+                       market: str | None = None, times: int | None = 1,
+                       message: str | None = None) -> None:
+        """The next ``times`` bulk inserts landing in ``zone`` (any if None) for ``market``
+        (``spot``/``on-demand``, any if None) create nothing and end with ``codes``
+        (``times=None``: always)."""
+        codes = [codes] if isinstance(codes, str) else codes
+        self._op_failures.append(_OpFailure(codes, zone, market, times, message))
+
+    def fail_http(self, method: str, status: int, reason: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` (``bulkInsert``, ``delete``,
+        ``aggregatedList``, ``list``, ``get``, ``wait``) fail with HTTP ``status``/``reason``."""
+        self._http_failures.append(_HttpFailure(method, status, reason, times))
+
+    def add_template(self, name: str, properties: dict[str, Any]) -> None:
+        """Register global instance template ``name`` (its ``properties``)."""
+        self.templates[name] = properties
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        """The requests received for ``method`` (``bulkInsert`` ...), each with ``path``,
+        ``query`` and ``body``."""
+        return [r for r in self.requests if r["method"] == method]
+
+    def all_instances(self) -> list[dict[str, Any]]:
+        """Every instance (REST JSON), sorted by zone and name."""
+        with self._lock:
+            return [json.loads(json.dumps(v)) for _, v in sorted(self.instances.items())]
+
+    def set_status(self, zone: str, name: str, status: str) -> None:
+        """Change an instance's status (``TERMINATED`` after a preemption with STOP ...)."""
+        self.instances[(zone, name)]["status"] = status
+
+    # -- helpers -----------------------------------------------------------------------------
+    def now(self) -> str:
+        stamp = datetime.now(timezone.utc) + timedelta(seconds=self.clock_offset_s)
+        return stamp.isoformat(timespec="milliseconds")
+
+    def new_operation(self, scope: str, kind: str, target: str, request_id: str | None,
+                      errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        name = f"operation-{next(self._ids)}"
+        op: dict[str, Any] = {
+            "kind": "compute#operation", "id": str(next(self._ids)), "name": name,
+            "operationType": kind, "status": "RUNNING", "progress": 0,
+            "insertTime": self.now(), "startTime": self.now(),
+            "targetLink": f"{SELF}{self.project}/{scope}/instances/{target}",
+            "selfLink": f"{SELF}{self.project}/{scope}/operations/{name}",
+            scope.split("/")[0][:-1]: f"{SELF}{self.project}/{scope}",
+        }
+        if request_id:
+            op["clientOperationId"] = request_id
+            self._request_ids[request_id] = name
+        if errors:
+            op["error"] = {"errors": errors}
+        self.operations[name] = op
+        return op
+
+    def take_op_failure(self, zone: str, market: str) -> _OpFailure | None:
+        for failure in self._op_failures:
+            if failure.zone in (None, zone) and failure.market in (None, market):
+                if failure.times is not None:
+                    failure.times -= 1
+                    if failure.times <= 0:
+                        self._op_failures.remove(failure)
+                return failure
+        return None
+
+    def take_http_failure(self, method: str) -> _HttpFailure | None:
+        for failure in self._http_failures:
+            if failure.method == method:
+                failure.times -= 1
+                if failure.times <= 0:
+                    self._http_failures.remove(failure)
+                return failure
+        return None
+
+    def bulk_insert(self, scope: str, body: dict[str, Any], request_id: str | None) -> dict:
+        if request_id in self._request_ids:
+            return self.operations[self._request_ids[request_id]]
+        zone = self._pick_zone(scope, body.get("locationPolicy") or {})
+        props = self._properties(body)
+        market = "spot" if props.get("scheduling", {}).get("provisioningModel") == "SPOT" \
+            else "on-demand"
+        names = list(body.get("perInstanceProperties") or {})
+        failure = self.take_op_failure(zone, market)
+        if failure is not None:
+            errors = [_error(c, zone, props, failure.message) for c in failure.codes]
+            return self.new_operation(scope, "bulkInsert", names[0], request_id, errors)
+        errors = []
+        for name in names:
+            if any(n == name and z == zone for z, n in self.instances):
+                errors.append({"code": "RESOURCE_ALREADY_EXISTS",
+                               "message": f"The resource '{name}' already exists"})
+            elif self.capacity.get(zone, 1 << 30) <= 0:
+                errors.append(_error("ZONE_RESOURCE_POOL_EXHAUSTED", zone, props, None))
+            else:
+                self.capacity[zone] = self.capacity.get(zone, 1 << 30) - 1
+                self.create(zone, name, props)
+        unique = {e["code"]: e for e in errors}
+        return self.new_operation(scope, "bulkInsert", names[0], request_id,
+                                  list(unique.values()))
+
+    def _pick_zone(self, scope: str, policy: dict[str, Any]) -> str:
+        kind, where = scope.split("/")
+        if kind == "zones":
+            return where
+        prefs = {k.split("/")[-1]: v.get("preference") for k, v in
+                 (policy.get("locations") or {}).items()}
+        allowed = [z for z, p in prefs.items() if p == "ALLOW"]
+        if not allowed:
+            allowed = [z for z in self.regions[where] if prefs.get(z) != "DENY"]
+        return sorted(allowed)[0]
+
+    def _properties(self, body: dict[str, Any]) -> dict[str, Any]:
+        props: dict[str, Any] = {}
+        template = body.get("sourceInstanceTemplate")
+        if template:
+            props.update(json.loads(json.dumps(self.templates[template.split("/")[-1]])))
+        props.update(body.get("instanceProperties") or {})
+        return props
+
+    def create(self, zone: str, name: str, props: dict[str, Any]) -> dict[str, Any]:
+        scope = f"{SELF}{self.project}/zones/{zone}"
+        number = next(self._ids)
+        instance = {
+            "kind": "compute#instance", "id": str(number), "name": name,
+            "zone": scope, "status": "RUNNING", "creationTimestamp": self.now(),
+            "machineType": f"{scope}/machineTypes/{props.get('machineType', 'n1-standard-1')}",
+            "labels": dict(props.get("labels") or {}),
+            "scheduling": dict(props.get("scheduling") or {}),
+            "guestAccelerators": list(props.get("guestAccelerators") or []),
+            "disks": list(props.get("disks") or []),
+            "networkInterfaces": [{**nic, "name": f"nic{i}",
+                                   "networkIP": f"10.128.{number // 250}.{number % 250 + 2}"}
+                                  for i, nic in enumerate(props.get("networkInterfaces")
+                                                          or [{}])],
+            "selfLink": f"{scope}/instances/{name}",
+        }
+        self.instances[(zone, name)] = instance
+        return instance
+
+    def matching(self, query: dict[str, str], zone: str | None) -> list[dict[str, Any]]:
+        wanted = re.findall(r'labels\.([a-z0-9_-]+)\s*=\s*"?([^"\s)]*)"?', query.get("filter", ""))
+        found = []
+        for (z, _), inst in sorted(self.instances.items()):
+            if zone is not None and z != zone:
+                continue
+            if all(inst["labels"].get(k) == v for k, v in wanted):
+                found.append(inst)
+        return found
+
+
+def _error(code: str, zone: str, props: dict[str, Any], message: str | None) -> dict[str, Any]:
+    text = message or (f"The zone 'projects/p/zones/{zone}' does not have enough resources "
+                       "available to fulfill the request.")
+    error: dict[str, Any] = {"code": code, "message": text}
+    if "RESOURCE_POOL" in code or code == "STOCKOUT":
+        error["errorDetails"] = [{"errorInfo": {
+            "reason": "resource_availability", "domain": "compute.googleapis.com",
+            "metadatas": {"zone": zone, "vmType": props.get("machineType", "")}}}]
+    return error
+
+
+def _page(items: list[Any], query: dict[str, str]) -> tuple[list[Any], str | None]:
+    start = int(query.get("pageToken") or 0)
+    size = int(query.get("maxResults") or 500)
+    end = start + size
+    return items[start:end], (str(end) if end < len(items) else None)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeCompute
+    ROUTES = [
+        ("POST", r"(zones|regions)/([^/]+)/instances/bulkInsert", "bulkInsert"),
+        ("POST", r"zones/([^/]+)/instances", "insert"),
+        ("GET", r"aggregated/instances", "aggregatedList"),
+        ("GET", r"zones/([^/]+)/instances", "list"),
+        ("GET", r"zones/([^/]+)/instances/([^/]+)", "get"),
+        ("DELETE", r"zones/([^/]+)/instances/([^/]+)", "delete"),
+        ("GET", r"(zones|regions)/([^/]+)/operations/([^/]+)", "getOperation"),
+        ("POST", r"(zones|regions)/([^/]+)/operations/([^/]+)/wait", "wait"),
+    ]
+
+    def log_message(self, *args: object) -> None:  # keep test output quiet
+        pass
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def do_DELETE(self) -> None:
+        self._route("DELETE")
+
+    def _route(self, verb: str) -> None:
+        url = urlparse(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+        prefix = f"{BASE}{self.fake.project}/"
+        if not url.path.startswith(prefix):
+            return self._error(404, "notFound", f"unknown project in {url.path}")
+        rest = url.path[len(prefix):]
+        for method_verb, pattern, method in self.ROUTES:
+            match = re.fullmatch(pattern, rest)
+            if method_verb == verb and match:
+                with self.fake._lock:
+                    self.fake.requests.append(
+                        {"method": method, "path": url.path, "query": query, "body": body})
+                    failure = self.fake.take_http_failure(method)
+                    if failure is not None:
+                        return self._error(failure.status, failure.reason, "injected")
+                    return getattr(self, "_" + method)(query, body, *match.groups())
+        return self._error(404, "notFound", f"no route for {verb} {url.path}")
+
+    def _send(self, payload: dict[str, Any], status: int = 200) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, reason: str, message: str) -> None:
+        self._send({"error": {"code": status, "message": message, "errors": [
+            {"message": message, "domain": "global", "reason": reason}]}}, status)
+
+    def _bulkInsert(self, query: dict, body: dict, kind: str, where: str) -> None:
+        template = body.get("sourceInstanceTemplate")
+        if template and template.split("/")[-1] not in self.fake.templates:
+            return self._error(404, "notFound", f"The resource '{template}' was not found")
+        self._send(self.fake.bulk_insert(f"{kind}/{where}", body, query.get("requestId")))
+
+    def _insert(self, query: dict, body: dict, zone: str) -> None:
+        self.fake.create(zone, body["name"], body)
+        self._send(self.fake.new_operation(f"zones/{zone}", "insert", body["name"],
+                                           query.get("requestId")))
+
+    def _aggregatedList(self, query: dict, body: dict) -> None:
+        items, token = _page(self.fake.matching(query, None), query)
+        scoped: dict[str, Any] = {}
+        for inst in items:
+            key = "zones/" + inst["zone"].split("/")[-1]
+            scoped.setdefault(key, {"instances": []})["instances"].append(inst)
+        payload: dict[str, Any] = {"kind": "compute#instanceAggregatedList", "items": scoped}
+        if token:
+            payload["nextPageToken"] = token
+        self._send(payload)
+
+    def _list(self, query: dict, body: dict, zone: str) -> None:
+        items, token = _page(self.fake.matching(query, zone), query)
+        payload: dict[str, Any] = {"kind": "compute#instanceList", "items": items}
+        if token:
+            payload["nextPageToken"] = token
+        self._send(payload)
+
+    def _get(self, query: dict, body: dict, zone: str, name: str) -> None:
+        inst = self.fake.instances.get((zone, name))
+        if inst is None:
+            return self._error(404, "notFound", f"The resource '{name}' was not found")
+        self._send(inst)
+
+    def _delete(self, query: dict, body: dict, zone: str, name: str) -> None:
+        if self.fake.instances.pop((zone, name), None) is None:
+            return self._error(404, "notFound", f"The resource '{name}' was not found")
+        self._send(self.fake.new_operation(f"zones/{zone}", "delete", name,
+                                           query.get("requestId")))
+
+    def _getOperation(self, query: dict, body: dict, kind: str, where: str, name: str) -> None:
+        op = self.fake.operations.get(name)
+        if op is None:
+            return self._error(404, "notFound", f"The resource '{name}' was not found")
+        polls = self.fake._polls[name] = self.fake._polls.get(name, 0) + 1
+        if polls >= self.fake.polls_until_done:
+            op.update(status="DONE", progress=100, endTime=op.get("endTime") or self.fake.now())
+        self._send(op)
+
+    def _wait(self, query: dict, body: dict, kind: str, where: str, name: str) -> None:
+        self._getOperation(query, body, kind, where, name)
+
+
+def gcp_config(fake: FakeCompute, node_sets: list[dict[str, Any]], cluster: str = "demo",
+               **top: Any) -> Any:
+    """A validated ``SpotConfig`` whose provider ``gcp`` points at ``fake``; each node set
+    gets ``provider: gcp`` and one partition holds them all."""
+    from slurm_spot.config import SpotConfig
+
+    return SpotConfig.model_validate({
+        "cluster": cluster,
+        "providers": {"gcp": {"type": "gcp", "project": fake.project, "region": "us-central1",
+                              "api_endpoint": fake.endpoint}},
+        "node_sets": [{"provider": "gcp", **ns} for ns in node_sets],
+        "partitions": [{"name": "cloud", "node_sets": [ns["name"] for ns in node_sets]}],
+        **top,
+    })
