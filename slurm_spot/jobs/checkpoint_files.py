@@ -1,0 +1,384 @@
+"""The on-disk side of checkpoints: layout, manifests, validation, atomic commit and pruning.
+
+No torch here, so the prologue, the CLI and tests can resolve checkpoints without it.
+
+Layout of a checkpoint directory (one per job, see :func:`~slurm_spot.jobs.jobenv.checkpoint_key`)::
+
+    step_000000500/            a committed checkpoint of step 500
+        state.pt               everything, one torch.save archive (non-sharded save), or
+        meta.pt + .metadata + __<rank>_0.distcp   a torch.distributed.checkpoint save + meta
+        manifest.json          written last: step, kind, world size, time, size+sha256 per file
+    step_000000750.tmp-1a2b3c4d/   a save in progress (or killed): never a candidate
+
+Commit protocol (:func:`new_temp_dir`, :func:`write_manifest`, :func:`commit`): write the data
+files into a temporary directory, fsync them, write ``manifest.json`` (itself through a
+temporary name) as the last file, fsync the directory, rename it to ``step_<9 digits>`` and
+fsync the parent. The rename is the commit point; a checkpoint counts only if its manifest is
+present and every listed file has the recorded size and sha256.
+
+Plain single-file checkpoints written by other code (``ckpt_000750.pt``: a name ending in a
+step number and ``.pt``/``.pth``/``.ckpt``) are candidates too; such a file is valid only if it is
+a complete zip archive (what ``torch.save`` writes) whose members all lie inside the file and,
+with checksum verification, pass their CRC check. A truncated archive lacks the end record.
+
+Resolving (:func:`find_latest_valid`, :func:`scan`) only reads: it never creates, renames or
+deletes anything, and it never follows symlinks (a ``last.ckpt`` pointer is not trusted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "slurm-spot-checkpoint/1"
+_DIR_RE = re.compile(r"^step_(?P<step>\d+)$")
+_TEMP_DIR_RE = re.compile(r"^step_\d+\.tmp-[0-9a-f]+$")
+_FILE_RE = re.compile(r"^(?!\.)(?P<stem>.*?)(?P<step>\d+)\.(?:pt|pth|ckpt)$")
+_TEMP_MARKERS = (".tmp", ".partial", ".incomplete", "~")
+_CHUNK = 1 << 20
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be written or read; the message names the path and the reason."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A directory entry that looks like a checkpoint: ``kind`` is ``dir`` (``step_N/``) or
+    ``file`` (a single ``*<N>.pt`` archive). ``step`` is parsed from the name."""
+
+    path: Path
+    step: int
+    kind: Literal["dir", "file"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A validated checkpoint.
+
+    Attributes:
+        path: the ``step_N`` directory or the single archive file.
+        step: its step number (from the name; equal to the manifest's for a directory).
+        kind: ``torch`` (``state.pt``), ``dcp`` (torch.distributed.checkpoint + ``meta.pt``)
+            or ``file`` (a single foreign archive).
+        manifest: the parsed manifest (``None`` for a single file).
+    """
+
+    path: Path
+    step: int
+    kind: Literal["torch", "dcp", "file"]
+    manifest: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of validating one candidate: ``reason`` is empty when it is valid."""
+
+    candidate: Candidate
+    reason: str
+
+    @property
+    def valid(self) -> bool:
+        return not self.reason
+
+
+def step_dir_name(step: int) -> str:
+    """``step_000000500`` for 500 (nine digits, so names sort like steps up to 10**9)."""
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {step}")
+    return f"step_{step:09d}"
+
+
+def _is_temp_name(name: str) -> bool:
+    return name.startswith(".") or any(marker in name for marker in _TEMP_MARKERS)
+
+
+def list_candidates(directory: str | os.PathLike[str]) -> list[Candidate]:
+    """Checkpoint-like entries of ``directory``, newest step first (a directory before a file
+    of the same step). Temp names, dotfiles and symlinks are never candidates. A missing
+    directory gives ``[]``. Reads only the directory listing."""
+    found: list[Candidate] = []
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for entry in entries:
+        if entry.is_symlink() or _is_temp_name(entry.name):
+            continue
+        dir_match = _DIR_RE.match(entry.name)
+        if dir_match and entry.is_dir(follow_symlinks=False):
+            found.append(Candidate(Path(entry.path), int(dir_match["step"]), "dir"))
+            continue
+        file_match = _FILE_RE.match(entry.name)
+        if file_match and entry.is_file(follow_symlinks=False):
+            found.append(Candidate(Path(entry.path), int(file_match["step"]), "file"))
+    found.sort(key=lambda c: (-c.step, c.kind != "dir", c.path.name))
+    return found
+
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """``(size in bytes, sha256 hex)`` of a regular file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of a checkpoint directory (not followed if a symlink).
+
+    Raises:
+        CheckpointError: missing, not a regular file, not JSON, or not a slurm-spot manifest.
+    """
+    path = directory / MANIFEST_NAME
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no manifest (the save did not finish)") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable manifest: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a {FORMAT} manifest")
+    if not isinstance(data.get("files"), dict) or not data["files"]:
+        raise CheckpointError(f"{path}: the manifest lists no files")
+    return data
+
+
+def _check_dir(candidate: Candidate, verify_checksums: bool) -> str:
+    try:
+        manifest = read_manifest(candidate.path)
+    except CheckpointError as exc:
+        return str(exc)
+    if manifest.get("step") != candidate.step:
+        return f"manifest step {manifest.get('step')!r} does not match the name's {candidate.step}"
+    for rel, expected in manifest["files"].items():
+        problem = _check_listed_file(candidate.path, rel, expected, verify_checksums)
+        if problem:
+            return problem
+    return ""
+
+
+def _check_listed_file(root: Path, rel: str, expected: Any, verify_checksums: bool) -> str:
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or ".." in parts or not isinstance(expected, dict):
+        return f"manifest entry {rel!r} is not a plain relative path with size and sha256"
+    path = root / rel
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return f"{rel}: listed in the manifest but missing"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{rel}: not a regular file"
+    if info.st_size != expected.get("size"):
+        return f"{rel}: {info.st_size} bytes, the manifest says {expected.get('size')}"
+    if verify_checksums and file_digest(path)[1] != expected.get("sha256"):
+        return f"{rel}: sha256 does not match the manifest"
+    return ""
+
+
+def _check_archive(path: Path, verify_checksums: bool) -> str:
+    """Why a single ``torch.save`` archive is unusable, or ``""``."""
+    try:
+        size = os.lstat(path).st_size
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            if not any(m.filename.endswith("data.pkl") for m in members):
+                return "a zip archive but not a torch.save one (no data.pkl)"
+            for m in members:
+                if m.header_offset + 30 + len(m.filename) + m.compress_size > size:
+                    return f"member {m.filename} extends past the end of the file (truncated)"
+            if verify_checksums and (bad := archive.testzip()) is not None:
+                return f"member {bad} fails its CRC check"
+    except zipfile.BadZipFile as exc:
+        return f"not a complete zip archive ({exc}): truncated, or torch's legacy format"
+    except (OSError, EOFError, ValueError, RuntimeError) as exc:
+        return f"unreadable archive: {exc}"
+    return ""
+
+
+def validate(candidate: Candidate, verify_checksums: bool = True) -> str:
+    """Why ``candidate`` is not a usable checkpoint, or ``""`` if it is. Reads only.
+
+    Args:
+        candidate: from :func:`list_candidates`.
+        verify_checksums: also hash every file (directories) or CRC-check every member
+            (archives); without it only presence, sizes and structure are checked.
+    """
+    if candidate.kind == "dir":
+        return _check_dir(candidate, verify_checksums)
+    return _check_archive(candidate.path, verify_checksums)
+
+
+def scan(directory: str | os.PathLike[str], verify_checksums: bool = True) -> list[Verdict]:
+    """Every candidate of ``directory`` with its verdict, newest first (for logs and the CLI)."""
+    return [Verdict(c, validate(c, verify_checksums)) for c in list_candidates(directory)]
+
+
+def _as_checkpoint(candidate: Candidate) -> Checkpoint:
+    if candidate.kind == "file":
+        return Checkpoint(candidate.path, candidate.step, "file")
+    manifest = read_manifest(candidate.path)
+    if manifest.get("kind") == "dcp":
+        return Checkpoint(candidate.path, candidate.step, "dcp", manifest)
+    return Checkpoint(candidate.path, candidate.step, "torch", manifest)
+
+
+def iter_valid(
+    directory: str | os.PathLike[str], verify_checksums: bool = True
+) -> Iterator[Checkpoint]:
+    """Valid checkpoints of ``directory``, newest step first, validated lazily. Reads only."""
+    for candidate in list_candidates(directory):
+        if not validate(candidate, verify_checksums):
+            yield _as_checkpoint(candidate)
+
+
+def find_latest_valid(
+    directory: str | os.PathLike[str], verify_checksums: bool = True
+) -> Checkpoint | None:
+    """The valid checkpoint with the highest step number in ``directory``, or ``None``.
+
+    Ordered by the step in the name (never by mtime); temp files, symlinks (``last.ckpt``) and
+    invalid candidates (no or bad manifest, size or checksum mismatch, truncated archive) are
+    skipped. Writes nothing.
+    """
+    return next(iter_valid(directory, verify_checksums), None)
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so that entries created or renamed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """fsync a file's data (for files written by code that did not fsync them itself)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def new_temp_dir(directory: str | os.PathLike[str], step: int) -> Path:
+    """Create (and return) ``<directory>/step_<N>.tmp-<random>/``; creates ``directory`` too."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{step_dir_name(step)}.tmp-{secrets.token_hex(4)}"
+    path.mkdir()
+    return path
+
+
+def write_manifest(
+    temp_dir: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """fsync every file under ``temp_dir``, then write its manifest as the last file.
+
+    The manifest records format, step, kind, world size, ``created_unix_s`` (seconds since the
+    epoch), optional ``meta`` (must be JSON-serialisable) and ``files``: ``{relative path:
+    {"size": bytes, "sha256": hex}}``. Returns the manifest.
+
+    Raises:
+        CheckpointError: ``temp_dir`` holds no data file or a symlink.
+    """
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(temp_dir.rglob("*")):
+        if path.is_symlink():
+            raise CheckpointError(f"{path}: symlinks are not allowed in a checkpoint")
+        if not path.is_file() or path.name.startswith(MANIFEST_NAME):
+            continue
+        fsync_file(path)
+        size, sha = file_digest(path)
+        files[path.relative_to(temp_dir).as_posix()] = {"size": size, "sha256": sha}
+    if not files:
+        raise CheckpointError(f"{temp_dir}: nothing to commit")
+    manifest = {
+        "format": FORMAT, "step": step, "kind": kind, "world_size": world_size,
+        "created_unix_s": round(time.time(), 3), "meta": meta or {}, "files": files,
+    }
+    partial = temp_dir / f"{MANIFEST_NAME}.tmp"
+    with open(partial, "w") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(partial, temp_dir / MANIFEST_NAME)
+    fsync_dir(temp_dir)
+    return manifest
+
+
+def commit(temp_dir: Path, step: int) -> Path:
+    """Rename a finished ``temp_dir`` to ``step_<N>`` beside it and fsync the parent.
+
+    Raises:
+        CheckpointError: ``step_<N>`` already exists (a committed checkpoint is never replaced).
+    """
+    final = temp_dir.parent / step_dir_name(step)
+    if os.path.lexists(final):
+        raise CheckpointError(f"{final} already exists; a checkpoint is never overwritten")
+    os.rename(temp_dir, final)
+    fsync_dir(temp_dir.parent)
+    return final
+
+
+def remove_checkpoint_dir(path: Path) -> None:
+    """Delete a ``step_N`` or temp directory: the manifest goes first, so a half-deleted
+    directory is never mistaken for a valid one."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path / MANIFEST_NAME)
+        fsync_dir(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def prune(directory: str | os.PathLike[str], keep: int, newest: Path) -> list[Path]:
+    """After ``newest`` was committed: keep the ``keep`` newest valid ``step_N`` directories
+    (always including ``newest``), delete older ``step_N`` directories and stale temp
+    directories. Single files and anything newer than ``newest`` are left alone.
+
+    Returns the deleted paths.
+
+    Raises:
+        ValueError: ``keep`` < 1.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = Path(directory)
+    newest_step = int(newest.name.removeprefix("step_"))
+    ours = [c for c in list_candidates(root) if c.kind == "dir" and c.step <= newest_step]
+    kept = [newest]
+    for cand in ours:
+        if len(kept) >= keep:
+            break
+        if cand.path != newest and not validate(cand, verify_checksums=False):
+            kept.append(cand.path)
+    removed = [c.path for c in ours if c.path not in kept]
+    removed += [root / e.name for e in os.scandir(root)
+                if _TEMP_DIR_RE.match(e.name) and e.is_dir(follow_symlinks=False)]
+    for path in removed:
+        remove_checkpoint_dir(path)
+    if removed:
+        fsync_dir(root)
+    return removed

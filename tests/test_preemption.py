@@ -1,0 +1,238 @@
+"""The preemption handler: signals to a flag, agreement across ranks, requeue and exit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from slurm_spot.jobs.preemption import (
+    PreemptionHandler,
+    PreemptionSignalMismatch,
+    ignore_signals_in_worker,
+)
+from slurm_spot.slurm.client import CommandResult, SlurmClient
+
+USR2 = int(signal.SIGUSR2)
+
+
+class FakeSlurm:
+    """Stands in for squeue/scontrol: answers from a job state, records every argv."""
+
+    def __init__(self, job_state: str | None = "RUNNING", requeue_rc: int = 0,
+                 requeue_err: str = "", squeue_rc: int = 0) -> None:
+        self.job_state = job_state
+        self.requeue_rc = requeue_rc
+        self.requeue_err = requeue_err
+        self.squeue_rc = squeue_rc
+        self.argvs: list[list[str]] = []
+
+    def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
+        self.argvs.append(argv)
+        tool = Path(argv[0]).name
+        if tool == "squeue":
+            jobs = [] if self.job_state is None else [
+                {"job_id": 1235, "job_state": self.job_state, "name": "train"}]
+            err = "slurm_load_jobs error: Unable to contact slurm controller"
+            if self.squeue_rc:
+                return CommandResult(argv, self.squeue_rc, "", err)
+            return CommandResult(argv, 0, json.dumps({"jobs": jobs}), "")
+        if tool == "scontrol" and argv[1] == "requeue":
+            return CommandResult(argv, self.requeue_rc, "", self.requeue_err)
+        raise AssertionError(f"unexpected command {argv}")
+
+    def tools(self) -> list[list[str]]:
+        return [[Path(a[0]).name, *a[1:]] for a in self.argvs]
+
+
+@pytest.fixture(autouse=True)
+def _restore_signal_handlers() -> Any:
+    """exit_for_requeue() leaves the handled signals ignored; give pytest its handlers back."""
+    saved = {n: signal.getsignal(n) for n in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    yield
+    for number, handler in saved.items():
+        signal.signal(number, handler)
+
+
+ARRAY_JOB = {"SLURM_JOB_ID": "1235", "SLURM_ARRAY_JOB_ID": "1234", "SLURM_ARRAY_TASK_ID": "2"}
+
+
+def _handler(fake: FakeSlurm, env: dict[str, str]) -> PreemptionHandler:
+    return PreemptionHandler(env=env, client=SlurmClient("/opt/slurm/bin", runner=fake))
+
+
+def test_signal_sets_a_flag_and_nothing_else() -> None:
+    previous = signal.getsignal(signal.SIGUSR2)
+    with PreemptionHandler(env={}) as handler:
+        assert not handler.should_stop()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert handler.stop_requested and handler.should_stop()
+        assert handler.received_signal == USR2
+        os.kill(os.getpid(), signal.SIGTERM)  # the process survives SIGTERM too
+        assert handler.received_signal == int(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGUSR2) == previous
+
+
+def test_signal_from_env_in_sbatch_form() -> None:
+    handler = PreemptionHandler(env={"SLURM_SPOT_PREEMPT_SIGNAL": "B:USR1@90"})
+    assert handler.signals == (int(signal.SIGUSR1), int(signal.SIGTERM))
+    same = PreemptionHandler("10", env={"SLURM_SPOT_PREEMPT_SIGNAL": "B:SIGUSR1@90"})
+    assert same.spec.number == int(signal.SIGUSR1)
+
+
+def test_handler_signal_differing_from_sbatch_is_a_startup_error() -> None:
+    with pytest.raises(PreemptionSignalMismatch) as info:
+        PreemptionHandler("USR1", env={"SLURM_SPOT_PREEMPT_SIGNAL": "B:USR2@90"})
+    assert "SIGUSR1" in str(info.value) and "SIGUSR2" in str(info.value)
+    assert "'B:USR2@90'" in str(info.value)
+    with pytest.raises(ValueError, match="cannot be caught"):
+        PreemptionHandler("KILL", env={})
+
+
+def test_requeue_of_a_running_array_task_then_exit_85(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeSlurm("RUNNING")
+    handler = _handler(fake, ARRAY_JOB)
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as info:
+        handler.exit_for_requeue()
+    assert info.value.code == 85
+    assert fake.tools() == [["squeue", "--json", "--jobs", "1235"],
+                            ["scontrol", "requeue", "1234_2"]]
+    assert fake.argvs[1][0] == "/opt/slurm/bin/scontrol"
+    assert "requeued job 1234_2; exiting with code 85" in caplog.text
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # a late SIGTERM cannot kill it
+
+
+@pytest.mark.parametrize("state", ["PENDING", "REQUEUED"])
+def test_already_requeued_by_the_watcher_is_left_alone(state: str) -> None:
+    fake = FakeSlurm(state)
+    handler = _handler(fake, {"SLURM_JOB_ID": "1235", "SLURM_SPOT_REQUEUE_EXIT_CODE": "86"})
+    with pytest.raises(SystemExit) as info:
+        handler.exit_for_requeue()
+    assert info.value.code == 86
+    assert [a[0] for a in fake.tools()] == ["squeue"]  # looked, did not requeue
+    assert handler.requeue_outcome == f"job 1235 is already {state} (requeued by the node watcher)"
+
+
+def test_requeue_race_answered_already_pending_is_fine() -> None:
+    fake = FakeSlurm("RUNNING", requeue_rc=1,
+                     requeue_err="scontrol: error: Job is pending execution")
+    handler = _handler(fake, {"SLURM_JOB_ID": "1235"})
+    with pytest.raises(SystemExit) as info:
+        handler.exit_for_requeue()
+    assert info.value.code == 85
+    assert handler.requeue_outcome == "job 1235 was already pending"
+
+
+def test_slurm_failures_still_exit_with_the_requeue_code() -> None:
+    fake = FakeSlurm(squeue_rc=1, requeue_rc=1,
+                     requeue_err="Unable to contact slurm controller")
+    handler = _handler(fake, {"SLURM_JOB_ID": "1235"})
+    with pytest.raises(SystemExit) as info:
+        handler.exit_for_requeue()
+    assert info.value.code == 85
+    assert [a[0] for a in fake.tools()] == ["squeue", "scontrol"]
+    assert handler.requeue_outcome.startswith("requeue of job 1235 failed")
+    assert "Unable to contact slurm controller" in handler.requeue_outcome
+
+
+def test_outside_slurm_exits_without_scontrol() -> None:
+    fake = FakeSlurm()
+    handler = _handler(fake, {"SLURM_SPOT_REQUEUE_EXIT_CODE": "3"})
+    with pytest.raises(SystemExit) as info:
+        handler.exit_for_requeue()
+    assert info.value.code == 3
+    assert fake.argvs == []
+    assert "no SLURM_JOB_ID" in handler.requeue_outcome
+
+
+# -- DataLoader workers ------------------------------------------------------------------------
+
+
+class _SlowPids(Dataset[int]):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.05)
+        return os.getpid()
+
+
+def _iterate_and_signal(worker_init_fn: Any) -> list[int]:
+    loader = DataLoader(_SlowPids(), batch_size=1, num_workers=1,
+                        worker_init_fn=worker_init_fn, multiprocessing_context="fork")
+    pids: list[int] = []
+    for i, batch in enumerate(loader):
+        pids.append(int(batch[0]))
+        if i == 1:  # the worker is running: signal it as Slurm signals every process
+            os.kill(pids[0], signal.SIGUSR2)
+            os.kill(pids[0], signal.SIGTERM)
+    return pids
+
+
+def test_dataloader_workers_ignore_the_signals() -> None:
+    handler = PreemptionHandler(env={})
+    pids = _iterate_and_signal(handler.worker_init_fn)
+    assert len(pids) == 12 and len(set(pids)) == 1 and pids[0] != os.getpid()
+    pids = _iterate_and_signal(ignore_signals_in_worker)
+    assert len(pids) == 12
+
+
+def test_without_the_worker_init_fn_a_worker_dies() -> None:
+    with pytest.raises(RuntimeError, match="DataLoader worker"):
+        _iterate_and_signal(None)
+
+
+# -- two ranks over gloo: the signal reaches one rank, both stop after the same step ----------
+
+
+def _rank_main(rank: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    fake = FakeSlurm("RUNNING")
+    handler = PreemptionHandler(env={"SLURM_JOB_ID": "777"},
+                                client=SlurmClient(runner=fake)).install()
+    step = 0
+    while True:
+        step += 1
+        if rank == 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        if handler.should_stop():
+            break
+        assert step < 50
+    try:
+        handler.exit_for_requeue()
+    finally:  # record what this rank did, then let SystemExit end the process
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps({"stop_step": step, "own_flag_from_signal": handler.received_signal,
+                        "argv": fake.tools()}))
+
+
+def test_ranks_agree_on_the_stop_step_and_only_rank0_requeues(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_main, args=(r, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [85, 85]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["stop_step"] == r1["stop_step"] == 3
+    assert r0["own_flag_from_signal"] is None and r1["own_flag_from_signal"] == USR2
+    assert r0["argv"] == [["squeue", "--json", "--jobs", "777"], ["scontrol", "requeue", "777"]]
+    assert r1["argv"] == []
+    assert torch.distributed.is_available()
