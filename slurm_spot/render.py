@@ -162,6 +162,7 @@ def render(
         "config_path": str(config.source_path),
         "hooks": hook_paths(hooks_dir),
         "power": config.power,
+        "requeue_exit_code": config.preemption.requeue_exit_code,
         "node_lines": node_lines(config),
         "partition_lines": partition_lines(config, version),
         "gres_types": ["gpu"] if gres else [],

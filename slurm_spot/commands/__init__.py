@@ -14,6 +14,10 @@ _MODULES = (
     "events",
     "jobhooks",
     "instances",
+    "reconcile",
+    "status",
+    "sbatch",
+    "demo",
 )
 
 

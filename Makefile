@@ -1,0 +1,53 @@
+# slurm-spot: `make demo` and `make test` do all set-up on a fresh Debian/Ubuntu machine (root).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch is pinned: 2.13.0 is the CPU wheel; an unpinned torch can pull a multi-GB CUDA build.
+TORCH := torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: all setup system-deps venv lint typecheck unit e2e test demo clean
+
+all: test
+
+system-deps:
+	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+	  echo ">> installing slurm-wlm and munge (Debian packages)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends slurm-wlm munge python3-venv >/dev/null; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[aws,gcp,train,dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+setup: system-deps venv
+
+lint: setup
+	$(VENV)/bin/ruff check slurm_spot tests examples benchmarks
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+unit: setup
+	$(PY) -m pytest -m "not e2e" -q $(PYTEST_ARGS)
+
+e2e: setup
+	$(PY) -m pytest -m e2e -q $(PYTEST_ARGS)
+
+# The whole suite: lint, types, unit and end-to-end tests (a real local Slurm).
+test: setup lint typecheck
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+
+# A real local Slurm, spot nodes, a torchrun job that is interrupted twice and finishes.
+demo: setup
+	$(VENV)/bin/slurm-spot demo
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

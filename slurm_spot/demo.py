@@ -1,0 +1,278 @@
+"""``slurm-spot demo``: a torchrun job on local spot nodes, interrupted twice, that finishes.
+
+1. bring up the local cluster (real slurmctld, local instances, the reconciler);
+2. compute the reference: the same training, uninterrupted, on this machine;
+3. submit the training with ``slurm-spot sbatch --torchrun`` on 2 nodes;
+4. preempt one of its nodes with a notice (the watcher drains it and signals the job, which
+   checkpoints and requeues); wait until training resumes on fresh nodes;
+5. kill one of its nodes without notice (the reconciler notices, requeues and expedites);
+   wait until training resumes again;
+6. wait for the job to complete and compare the final weights with the reference.
+
+The training prints JSON events (examples/train_digits.py); the demo reads them from the job's
+output file and times each interruption from the moment it caused it to the first event of
+the resumed run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from slurm_spot.errors import SlurmSpotError
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_digits.py"
+
+
+@dataclass
+class Interruption:
+    """One interruption the demo caused and what it cost."""
+
+    kind: str  # "notice" | "kill"
+    node: str
+    at_step: int
+    started: float
+    resumed_from: int | None = None
+    recovery_s: float | None = None
+
+    @property
+    def lost_steps(self) -> int | None:
+        """Steps computed twice: last step seen before the interruption minus the step the
+        resumed run started from."""
+        return None if self.resumed_from is None else max(0, self.at_step - self.resumed_from)
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "node": self.node, "at_step": self.at_step,
+                "resumed_from": self.resumed_from, "lost_steps": self.lost_steps,
+                "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 1)}
+
+
+@dataclass
+class DemoSettings:
+    """Knobs of the demo run (seconds, steps)."""
+
+    workdir: Path = Path("/tmp/slurm-spot-demo")
+    steps: int = 240
+    step_sleep_s: float = 0.25
+    checkpoint_every: int = 40
+    notice_s: float = 30.0
+    first_at_step: int = 50
+    second_after_steps: int = 60
+    timeout_s: float = 900.0
+    keep_cluster: bool = False
+
+
+@dataclass
+class TrainingLog:
+    """Reads the job's output file incrementally; remembers when each event was first seen."""
+
+    path: Path
+    events: list[tuple[float, dict]] = field(default_factory=list)
+    _offset: int = 0
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self._offset)
+            data = fh.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        now = time.monotonic()
+        for line in complete.decode(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    self.events.append((now, json.loads(line)))
+                except ValueError:
+                    continue
+
+    def of(self, kind: str) -> list[tuple[float, dict]]:
+        return [(t, e) for t, e in self.events if e.get("event") == kind]
+
+    def last_step(self) -> int:
+        steps = [int(e["step"]) for _, e in self.events if "step" in e]
+        return max(steps) if steps else 0
+
+
+def demo_config(workdir: Path) -> dict:
+    """The demo's spot.yaml: 4 one-CPU local nodes, short timers, a fast reconciler."""
+    return {
+        "cluster": "demo",
+        "providers": {"local": {"type": "local", "kill_wait_s": 10, "notice_poll_s": 0.5}},
+        "node_sets": [{"name": "spot", "provider": "local", "count": 4, "cpus": 1}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"], "default": True}],
+        "power": {"suspend_time_s": 20, "suspend_timeout_s": 10, "resume_timeout_s": 90},
+        "reconcile": {"interval_s": 5, "orphan_grace_s": 60, "cooldown_s": 60},
+        "preemption": {"signal": "USR2", "lead_s": 90},
+        "state_dir": str(workdir / "state"),
+        "log_dir": str(workdir / "log"),
+        "checkpoint": {"root": str(workdir / "checkpoints"), "keep": 2},
+    }
+
+
+class Demo:
+    """Runs the demo; ``progress`` receives one human line per stage."""
+
+    def __init__(self, settings: DemoSettings, progress: Callable[[str], None]) -> None:
+        self.s = settings
+        self.say = progress
+        self.conf_dir = settings.workdir / "etc"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf_dir / "slurm.conf"),
+                    "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+        self.env.pop("SLURM_SPOT_CONFIG", None)
+        self.started = time.monotonic()
+
+    # -- plumbing -------------------------------------------------------------------------
+    def spot(self, *args: str) -> str:
+        argv = [sys.executable, "-m", "slurm_spot", "--config", str(self.conf_dir / "spot.yaml"),
+                *args]
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True,  # noqa: S603
+                              timeout=120, check=False)
+        if proc.returncode != 0:
+            raise SlurmSpotError(f"{' '.join(args)}: {proc.stderr.strip() or proc.stdout}")
+        return proc.stdout
+
+    def job_fields(self, job_id: int) -> dict[str, str]:
+        from slurm_spot.slurm.states import parse_oneline
+
+        proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)],  # noqa: S607
+                              env=self.env, capture_output=True, text=True, timeout=30,
+                              check=False)
+        return parse_oneline(proc.stdout.strip()) if proc.returncode == 0 else {}
+
+    def wait(self, what: str, predicate: Callable[[], object], log: TrainingLog) -> object:
+        last_report = 0.0
+        while True:
+            log.poll()
+            value = predicate()
+            if value:
+                return value
+            now = time.monotonic()
+            if now - self.started > self.s.timeout_s:
+                raise SlurmSpotError(f"demo timed out after {self.s.timeout_s:.0f} s waiting "
+                                     f"for {what}; logs in {self.s.workdir / 'log'}")
+            if now - last_report > 15:
+                last_report = now
+                self.say(f"  ... waiting for {what} ({now - self.started:.0f} s, "
+                         f"step {log.last_step()})")
+            time.sleep(0.5)
+
+    # -- stages ---------------------------------------------------------------------------
+    def reference(self) -> dict:
+        """Train uninterrupted on this machine (2 ranks, same seed) for the reference."""
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node=2", str(EXAMPLE), "--reference", "--steps", str(self.s.steps)]
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True,  # noqa: S603
+                              timeout=600, check=False)
+        done = [json.loads(line) for line in proc.stdout.splitlines()
+                if line.startswith("{") and '"done"' in line]
+        if proc.returncode != 0 or not done:
+            raise SlurmSpotError(f"reference run failed: {proc.stderr[-2000:]}")
+        return done[-1]
+
+    def run(self) -> dict[str, object]:
+        workdir = self.s.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        source = workdir / "demo-spot.yaml"
+        source.write_text(yaml.safe_dump(demo_config(workdir), sort_keys=False))
+        self.say("starting the local spot cluster (munge, slurmctld, reconciler)")
+        self.spot_with_config(source, "local", "up", "--conf-dir", str(self.conf_dir))
+        try:
+            return self._run_job()
+        finally:
+            if not self.s.keep_cluster:
+                self.say("stopping the local cluster")
+                self.spot("local", "down", "--conf-dir", str(self.conf_dir))
+
+    def spot_with_config(self, config: Path, *args: str) -> None:
+        argv = [sys.executable, "-m", "slurm_spot", "--config", str(config), *args]
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True,  # noqa: S603
+                              timeout=120, check=False)
+        if proc.returncode != 0:
+            raise SlurmSpotError(proc.stderr.strip() or proc.stdout)
+
+    def _run_job(self) -> dict[str, object]:
+        self.say("computing the reference (uninterrupted run on this machine)")
+        reference = self.reference()
+        out = self.s.workdir / "train-%j.out"
+        submitted = json.loads(self.spot(
+            "sbatch", "--torchrun", "--json", "-p", "spot", "-N", "2", "-o", str(out),
+            str(EXAMPLE), "--steps", str(self.s.steps), "--step-sleep", str(self.s.step_sleep_s),
+            "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1"))
+        job = int(submitted["job_id"])
+        log = TrainingLog(Path(str(out).replace("%j", str(job))))
+        self.say(f"submitted job {job}: 2 nodes, {self.s.steps} steps")
+        self.wait("training to start", lambda: log.last_step() >= 1, log)
+        interruptions = [self._interrupt("notice", job, log, self.s.first_at_step)]
+        nxt = log.last_step() + self.s.second_after_steps
+        interruptions.append(self._interrupt("kill", job, log, nxt))
+        self.wait("the job to finish", lambda: log.of("done") and
+                  self.job_fields(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"),
+                  log)
+        fields = self.job_fields(job)
+        done = log.of("done")[-1][1]
+        return {
+            "job_id": job,
+            "state": fields.get("JobState"),
+            "preemptions": len(interruptions),
+            "restarts": int(fields.get("Restarts", "0")),
+            "steps": int(done["step"]),
+            "lost_steps": sum(i.lost_steps or 0 for i in interruptions),
+            "interruptions": [i.to_json() for i in interruptions],
+            "final_loss": done.get("loss"),
+            "reference_loss": reference.get("loss"),
+            "exact_resume": done.get("weights_sha256") == reference.get("weights_sha256"),
+            "wall_s": round(time.monotonic() - self.started, 1),
+            "workdir": str(self.s.workdir),
+        }
+
+    def _job_nodes(self, job: int) -> list[str]:
+        from slurm_spot.hostlist import expand
+
+        nodes = self.job_fields(job).get("NodeList", "")
+        return expand(nodes) if nodes and nodes != "(null)" else []
+
+    def _interrupt(self, kind: str, job: int, log: TrainingLog, at_step: int) -> Interruption:
+        resumes_before = len(log.of("resume")) + len(log.of("start"))
+        self.wait(f"step {at_step}", lambda: log.last_step() >= at_step, log)
+        node = self._job_nodes(job)[0]
+        notice = self.s.notice_s if kind == "notice" else 0
+        self.spot("local", "preempt", node, "--notice", str(notice), "--conf-dir",
+                  str(self.conf_dir))
+        log.poll()
+        event = Interruption(kind, node, log.last_step(), time.monotonic())
+        self.say(f"{'preempted' if notice else 'killed'} {node} at step {event.at_step}"
+                 + (f" with {notice:.0f} s notice" if notice else " without notice"))
+        self.wait("training to resume on fresh nodes",
+                  lambda: len(log.of("resume")) + len(log.of("start")) > resumes_before, log)
+        when, first = sorted(log.of("resume") + log.of("start"), key=lambda pair: pair[0])[-1]
+        if kind == "notice" and log.of("preempted"):
+            # Training ran on until the signal reached it; its stop step is what was done.
+            event.at_step = max(event.at_step, int(log.of("preempted")[-1][1]["step"]))
+        event.resumed_from = int(first.get("step", 0))
+        event.recovery_s = when - event.started
+        self.say(f"resumed from step {event.resumed_from} after {event.recovery_s:.0f} s "
+                 f"({event.lost_steps} step(s) lost)")
+        return event
+
+
+def summary_lines(result: dict[str, object]) -> list[str]:
+    """The human summary of a demo result."""
+    lines = [f"job {result['job_id']}: {result['state']} after {result['wall_s']} s, "
+             f"{result['steps']} steps, {result['restarts']} restart(s)"]
+    for item in result["interruptions"]:  # type: ignore[attr-defined]
+        lines.append(f"  {item['kind']:6} on {item['node']}: at step {item['at_step']}, resumed "
+                     f"from {item['resumed_from']} after {item['recovery_s']} s, "
+                     f"{item['lost_steps']} step(s) recomputed")
+    lines.append(f"final loss {result['final_loss']} (reference {result['reference_loss']}); "
+                 f"weights {'identical to' if result['exact_resume'] else 'DIFFERENT from'} "
+                 "the uninterrupted run")
+    return lines

@@ -1,0 +1,220 @@
+"""``slurm-spot sbatch``: sbatch, plus what a job needs to survive spot interruptions.
+
+Pure functions: reading ``#SBATCH`` directives exactly as sbatch does, splitting a command line
+into sbatch options and the script, and building the final script and argv. The command in
+``commands/sbatch.py`` only does the I/O.
+
+sbatch(1): "The batch script may contain options preceded with '#SBATCH' before any executable
+commands in the script. sbatch will stop processing further #SBATCH directives once the first
+non-comment non-whitespace line has been reached in the script." A directive line must begin
+with ``#SBATCH`` itself: ``# SBATCH`` and ``### #SBATCH`` are plain comments.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.jobenv import parse_signal
+
+# sbatch options that take no value (everything else that starts with '-' takes one).
+_FLAG_LONG = {
+    "--requeue", "--no-requeue", "--hold", "--wait", "--parsable", "--test-only",
+    "--overcommit", "--contiguous", "--spread-job", "--use-min-nodes", "--ignore-pbs",
+    "--oversubscribe", "--no-kill", "--quiet", "--verbose", "--usage", "--help", "--version",
+    "--exclusive", "--get-user-env", "--reboot", "--nice", "--mail-type", "--propagate",
+}
+_OPTIONAL_VALUE_LONG = {"--exclusive", "--get-user-env", "--nice", "--no-kill", "--propagate"}
+_FLAG_SHORT = set("HhIkOQsvVW")
+
+
+@dataclass(frozen=True)
+class Directive:
+    """One ``#SBATCH`` line: its 1-based line number and the options on it."""
+
+    line: int
+    options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ScriptDirectives:
+    """Directives sbatch uses, and ``#SBATCH`` lines after the first command it ignores."""
+
+    active: tuple[Directive, ...]
+    ignored: tuple[Directive, ...]
+
+    def options(self) -> list[str]:
+        return [opt for d in self.active for opt in d.options]
+
+
+def read_directives(script: str) -> ScriptDirectives:
+    """Read a batch script's ``#SBATCH`` directives as sbatch does (see the module docstring).
+
+    Raises:
+        BadInputError: a directive's quoting is broken (names the line).
+    """
+    active: list[Directive] = []
+    ignored: list[Directive] = []
+    in_header = True
+    for number, raw in enumerate(script.splitlines(), start=1):
+        line = raw.strip()
+        if line.startswith("#SBATCH"):
+            rest = line[len("#SBATCH"):]
+            if rest and not rest[0].isspace():
+                continue  # '#SBATCHX' is a comment too
+            try:
+                options = tuple(shlex.split(rest, comments=True))
+            except ValueError as exc:
+                raise BadInputError(f"line {number}: cannot parse #SBATCH directive: {exc}") from None
+            (active if in_header else ignored).append(Directive(number, options))
+        elif line and not line.startswith("#"):
+            in_header = False
+    return ScriptDirectives(tuple(active), tuple(ignored))
+
+
+def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
+    """Split ``[sbatch options] SCRIPT [ARGS]`` into (options, script, script args).
+
+    Options keep their original form (``-N 2`` stays two words, ``--nodes=2`` one).
+    ``script`` is None for ``--wrap`` jobs, which have no script file.
+
+    Raises:
+        BadInputError: an option that needs a value is last.
+    """
+    options: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            i += 1
+            break
+        if not word.startswith("-") or word == "-":
+            break
+        options.append(word)
+        if _takes_separate_value(word):
+            if i + 1 >= len(argv):
+                raise BadInputError(f"option {word} needs a value")
+            options.append(argv[i + 1])
+            i += 1
+        i += 1
+    rest = list(argv[i:])
+    if not rest:
+        return options, None, []
+    return options, rest[0], rest[1:]
+
+
+def _takes_separate_value(word: str) -> bool:
+    if word.startswith("--"):
+        return "=" not in word and word not in _FLAG_LONG
+    letters = word[1:]
+    return len(letters) == 1 and letters not in _FLAG_SHORT
+
+
+def option_values(options: Sequence[str], long: str, short: str | None = None) -> list[str]:
+    """Values given to an option in ``options`` (``--nodes=2``, ``--nodes 2``, ``-N2``, ``-N 2``)."""
+    values = []
+    for i, word in enumerate(options):
+        if word.startswith(long + "="):
+            values.append(word.split("=", 1)[1])
+        elif word == long or (short and word == short):
+            if i + 1 < len(options):
+                values.append(options[i + 1])
+        elif short and word.startswith(short) and len(word) > len(short) and not word.startswith("--"):
+            values.append(word[len(short):])
+    return values
+
+
+def has_flag(options: Sequence[str], *names: str) -> bool:
+    """True if any of ``names`` appears as an option (with or without ``=value``)."""
+    return any(w == n or w.startswith(n + "=") for w in options for n in names)
+
+
+@dataclass
+class Submission:
+    """What to submit: the final script text, the sbatch options (the user's, unchanged),
+    the script's arguments, and warnings for the user."""
+
+    script: str
+    options: list[str]
+    script_args: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    def argv(self, script_path: str, sbatch: str = "sbatch") -> list[str]:
+        """``sbatch [options] SCRIPT_PATH [args]``."""
+        return [sbatch, *self.options, script_path, *self.script_args]
+
+
+def plan_submission(
+    script_text: str,
+    script_name: str,
+    cli_options: Sequence[str],
+    script_args: Sequence[str],
+    signal: str,
+    lead_s: int,
+) -> Submission:
+    """Build what to submit: the script with slurm-spot's directives right after the shebang,
+    and the user's options and arguments, passed through unchanged.
+
+    Adds ``--requeue``, ``--open-mode=append``, ``--signal=<signal>@<lead_s>``, an explicit
+    ``--nodes`` (1 unless given) and ``--job-name`` (the script's name), each unless set.
+    Directives in the script come before command-line options, so the user's still win.
+
+    Raises:
+        BadInputError: ``--no-requeue``; a ``--signal`` naming another signal than the one
+            the training handler listens on (``signal``), or one with ``B:`` (the batch shell
+            only: the training processes would never see it); a script without ``#!``.
+    """
+    if not is_script(script_text):
+        raise BadInputError(f"{script_name}: a batch script must start with '#!' (sbatch(1))")
+    directives = read_directives(script_text)
+    options = [*directives.options(), *cli_options]
+    warnings = [
+        f"{script_name}:{d.line}: '#SBATCH {' '.join(d.options)}' comes after the first "
+        "command; sbatch ignores it" for d in directives.ignored
+    ]
+    if has_flag(options, "--no-requeue"):
+        raise BadInputError("--no-requeue: jobs on spot nodes must be requeueable; drop it")
+    added = ["--requeue", "--open-mode=append"]
+    wanted = parse_signal(signal)
+    given = option_values(options, "--signal")
+    for value in given:
+        spec = parse_signal(value)
+        if spec.number != wanted.number:
+            raise BadInputError(
+                f"--signal={value} sends SIG{spec.name}, but the training handler listens for "
+                f"SIG{wanted.name} (preemption.signal in spot.yaml); use the same signal"
+            )
+        if spec.batch_only:
+            raise BadInputError(
+                f"--signal={value}: 'B:' signals only the batch shell, so the training "
+                "processes never see it; drop the 'B:'"
+            )
+    if not given:
+        added.append(f"--signal={wanted.name}@{lead_s}")
+    if not option_values(options, "--nodes", "-N"):
+        added.append("--nodes=1")
+    if not option_values(options, "--job-name", "-J"):
+        added.append(f"--job-name={script_name.rsplit('/', 1)[-1]}")
+    final = insert_directives(script_text, added)
+    return Submission(final, list(cli_options), list(script_args), warnings)
+
+
+def insert_directives(script_text: str, options: Sequence[str]) -> str:
+    """Put ``#SBATCH <option>`` lines right after the shebang (or at the top if none)."""
+    block = "".join(f"#SBATCH {opt}\n" for opt in options)
+    block = "# added by slurm-spot sbatch:\n" + block
+    if script_text.startswith("#!"):
+        first, _, rest = script_text.partition("\n")
+        return f"{first}\n{block}{rest}"
+    return "#!/bin/bash\n" + block + script_text
+
+
+_SHEBANG = re.compile(r"^#!")
+
+
+def is_script(text: str) -> bool:
+    """sbatch requires a batch script to start with ``#!``."""
+    return bool(_SHEBANG.match(text))

@@ -1,0 +1,94 @@
+"""One torchrun agent per node, as ``slurm-spot sbatch --torchrun`` starts them with srun.
+
+``python -m slurm_spot.jobs.torchrun_agent [--nproc-per-node N] [--port P] -- SCRIPT ARGS``
+
+- rendezvous: c10d, id = the job id (the same after a requeue, so a restarted job forms a new
+  rendezvous of its own), endpoint = the first node's NodeAddr (cloud nodes have no DNS for
+  Slurm node names), ``--local-addr`` = this node's NodeAddr, so workers reach the master by
+  address (docs/local-slurm.md);
+- the preemption signal: ignored by the agent (torchrun treats a handled USR2 as a death
+  signal, and by default USR2 would kill it), delivered by Slurm straight to the workers,
+  which checkpoint at the next step boundary and exit with the requeue code;
+- exit code: torchrun reports any failed worker as exit 1; this wrapper exits with the requeue
+  code instead when the workers exited with it, so the batch script (and Slurm's
+  ``RequeueExit``) can tell a preemption from a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from slurm_spot.hostlist import expand
+from slurm_spot.jobs import jobenv
+from slurm_spot.slurm.client import SlurmClient
+
+DEFAULT_PORT_BASE = 29400
+
+
+def node_addr(client: SlurmClient, node: str) -> str:
+    """NodeAddr of ``node`` from ``scontrol show node`` (the node name if it has none)."""
+    nodes = client.nodes([node], with_jobs=False)
+    return (nodes[0].addr if nodes and nodes[0].addr else node)
+
+
+def torchrun_args(env: Mapping[str, str], head_addr: str, local_addr: str, nproc: int,
+                  port: int, command: list[str]) -> list[str]:
+    """The torchrun argument list (pure)."""
+    nnodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    return [
+        f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={head_addr}:{port}",
+        f"--rdzv-id={jobenv.requeue_target(env)}", f"--local-addr={local_addr}",
+        "--max-restarts=0", *command,
+    ]
+
+
+def rendezvous_port(env: Mapping[str, str], base: int = DEFAULT_PORT_BASE) -> int:
+    """A port derived from the job id, so two jobs on one host do not collide."""
+    job = env.get("SLURM_JOB_ID", "0")
+    return base + (int(job) % 1000 if job.isdigit() else 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slurm_spot.jobs.torchrun_agent")
+    parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no training script given")
+    env = os.environ
+    spec = jobenv.preemption_signal(env)
+    signal.signal(spec.number, signal.SIG_IGN)
+    client = SlurmClient(os.environ.get("SLURM_SPOT_SLURM_BIN_DIR", "/usr/bin"))
+    head = expand(env.get("SLURM_JOB_NODELIST", env.get("SLURMD_NODENAME", "localhost")))[0]
+    me = env.get("SLURMD_NODENAME", head)
+    port = args.port or rendezvous_port(env)
+    targs = torchrun_args(env, node_addr(client, head), node_addr(client, me),
+                          args.nproc_per_node, port, command)
+    print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
+    # The workers inherit SIG_IGN until they install their own handler: a signal that comes
+    # before that is lost rather than fatal; the watcher's power-down still requeues the job.
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    requeue_code = jobenv.requeue_exit_code(env)
+    try:
+        torchrun_main(targs)
+    except ChildFailedError as exc:
+        codes = {failure.exitcode for failure in exc.failures.values()}
+        if requeue_code in codes:
+            print(f"slurm-spot: workers stopped for a requeue (exit {requeue_code})",
+                  file=sys.stderr, flush=True)
+            return requeue_code
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
