@@ -22,5 +22,5 @@ def check_config(config: SpotConfig) -> list[str]:
         elif isinstance(settings, GcpProviderConfig):
             from slurm_spot.providers.gcp_checks import check_gcp_node_set
 
-            problems.extend(check_gcp_node_set(ns, settings, where))
+            problems.extend(check_gcp_node_set(ns, settings, where, cluster=config.cluster))
     return problems

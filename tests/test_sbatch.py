@@ -1,0 +1,107 @@
+"""slurm-spot sbatch: directives read as sbatch reads them (cases/sbatch-directives.sh)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from slurm_spot.cli import cli
+from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.sbatch import (
+    option_values,
+    plan_submission,
+    read_directives,
+    split_command_line,
+)
+
+DATA = Path(__file__).parent / "data"
+CASE = (DATA / "sbatch-directives.sh").read_text()
+
+
+def test_field_case_active_and_ignored_directives() -> None:
+    found = read_directives(CASE)
+    assert found.options() == ["--job-name=ft-7b", "--gres=gpu:8"]
+    assert [(d.line, d.options) for d in found.ignored] == [
+        (9, ("--time=24:00:00",)), (10, ("--signal=USR2@180",))]
+
+
+def test_plan_adds_directives_after_shebang_and_warns_with_line_numbers() -> None:
+    plan = plan_submission(CASE, "train.sh", ["-p", "gpu"], ["--lr", "3e-4"], "USR2", 90)
+    lines = plan.script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    added = [line for line in lines[2:6]]
+    assert added == ["#SBATCH --requeue", "#SBATCH --open-mode=append",
+                     "#SBATCH --signal=USR2@90", "#SBATCH --nodes=1"]
+    # The user's own job name stays; the original script follows unchanged.
+    assert "--job-name=train.sh" not in plan.script
+    assert plan.script.endswith(CASE.split("\n", 1)[1])
+    assert plan.warnings == [
+        "train.sh:9: '#SBATCH --time=24:00:00' comes after the first command; sbatch ignores it",
+        "train.sh:10: '#SBATCH --signal=USR2@180' comes after the first command; sbatch ignores it",
+    ]
+    assert plan.argv("/tmp/x.sh") == ["sbatch", "-p", "gpu", "/tmp/x.sh", "--lr", "3e-4"]
+
+
+def test_user_choices_are_kept() -> None:
+    script = "#!/bin/sh\n#SBATCH -N 4\nsrun true\n"
+    plan = plan_submission(script, "a.sh", ["--signal=SIGUSR2@300", "-J", "mine"], [], "USR2", 90)
+    assert "--nodes=1" not in plan.script and "--signal=USR2@90" not in plan.script
+    assert "--job-name" not in plan.script
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--signal=USR1@60"], "listens for SIGUSR2"),
+    (["--signal=B:USR2@60"], "only the batch shell"),
+    (["--no-requeue"], "requeueable"),
+])
+def test_conflicting_options_are_refused(options: list[str], message: str) -> None:
+    with pytest.raises(BadInputError, match=message):
+        plan_submission("#!/bin/sh\nsrun true\n", "a.sh", options, [], "USR2", 90)
+
+
+def test_script_without_shebang_is_refused() -> None:
+    with pytest.raises(BadInputError, match="#!"):
+        plan_submission("srun true\n", "a.sh", [], [], "USR2", 90)
+
+
+def test_split_command_line_knows_which_options_take_values() -> None:
+    options, script, args = split_command_line(
+        ["-N", "2", "--wait", "-p", "spot", "--mem=4G", "-H", "job.sh", "-N", "9"])
+    assert options == ["-N", "2", "--wait", "-p", "spot", "--mem=4G", "-H"]
+    assert script == "job.sh" and args == ["-N", "9"]
+    assert option_values(options, "--nodes", "-N") == ["2"]
+    with pytest.raises(BadInputError, match="needs a value"):
+        split_command_line(["-p"])
+
+
+def test_torchrun_dry_run_prints_agent_per_node(tmp_path: Path) -> None:
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "preemption": {"signal": "SIGUSR2", "lead_s": 120}}))
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--torchrun",
+                                      "--dry-run", "--json", "-N", "2", str(train), "--lr", "1"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    script = out["script"]
+    assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --requeue" in script
+    assert "srun --nodes=\"${SLURM_JOB_NUM_NODES}\" --ntasks-per-node=1" in script
+    assert f"-m slurm_spot.jobs.torchrun_agent --nproc-per-node=1 -- \\\n  {train} --lr 1" in script
+    assert out["argv"][-1] == "<script>" and "-N" in out["argv"]
+
+
+def test_missing_script_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}]}))
+    result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "-p", "x", "nope.sh"])
+    assert result.exit_code == 2
+    assert "nope.sh: no such file" in result.output
