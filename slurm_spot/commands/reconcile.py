@@ -1,0 +1,111 @@
+"""``slurm-spot reconcile [--once] [--json]``: the controller loop (DESIGN.md flow 6)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sysconfig
+from pathlib import Path
+
+import click
+
+from slurm_spot import __version__
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.config import SpotConfig
+from slurm_spot.metrics import ReconcileMetrics
+from slurm_spot.providers import get_provider
+from slurm_spot.reconcile import PassResult, Reconciler
+from slurm_spot.reconcile_loop import ConfigSource, Loop, single_instance, summarize
+from slurm_spot.slurm.client import SlurmClient
+
+log = logging.getLogger("slurm_spot.reconcile")
+UNIT_TEMPLATE = "slurm-spot-reconcile.service.j2"
+
+
+def render_unit(
+    config: SpotConfig,
+    scripts_dir: Path | None = None,
+    slurm_conf: str | None = None,
+    metrics_port: int | None = None,
+    user: str = "root",
+) -> str:
+    """The systemd unit that runs the reconciler for ``config`` (pure: writes nothing).
+
+    ``slurm_conf`` defaults to ``$SLURM_CONF``, else ``slurm.conf`` beside spot.yaml if that
+    is not the default ``/etc/slurm/slurm.conf``.
+    """
+    from slurm_spot.render import template_env
+
+    if slurm_conf is None:
+        beside = config.source_path.parent / "slurm.conf"
+        slurm_conf = os.environ.get("SLURM_CONF") or (
+            str(beside) if beside.exists() and str(beside) != "/etc/slurm/slurm.conf" else "")
+    folder = scripts_dir or Path(sysconfig.get_path("scripts"))
+    return template_env().get_template(UNIT_TEMPLATE).render(
+        version=__version__, config_path=config.source_path, slurm_conf=slurm_conf,
+        executable=folder / "slurm-spot", metrics_port=metrics_port, user=user)
+
+
+def _print_pass(result: PassResult, as_json: bool) -> None:
+    if as_json:
+        print_json(result.to_json())
+        return
+    for action in result.actions:
+        jobs = ",".join(str(j) for j in action.get("job_ids", ()) or ())  # type: ignore[attr-defined]
+        click.echo(" ".join(str(x) for x in (
+            action.get("action"), action.get("node") or "-", action.get("instance") or "-",
+            f"jobs={jobs}" if jobs else "", action.get("reason") or "") if x != ""))
+    for error in result.errors:
+        click.echo(f"slurm-spot: error: {error}", err=True)
+    click.echo(summarize(result))
+
+
+@click.command("reconcile")
+@click.option("--once", is_flag=True,
+              help="Run one pass and exit (exit code 1 if an action or a listing failed).")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Also serve Prometheus metrics over HTTP on this port.")
+@click.option("--systemd-unit", is_flag=True,
+              help="Print the systemd unit that runs this reconciler, and exit.")
+@json_option
+@pass_app
+def reconcile_command(app: AppContext, once: bool, metrics_port: int | None,
+                      systemd_unit: bool, as_json: bool) -> None:
+    """Compare Slurm's cloud nodes with the providers' instances and repair the difference.
+
+    Reclaimed instances: node powered down, jobs requeued at once. Orphan instances:
+    terminated after reconcile.orphan_grace_s. Failed resumes: nodes back to idle~. Capacity
+    failures: node set cooled down. Runs every reconcile.interval_s until SIGTERM; one at a
+    time (lock in state_dir); every action is an event ('slurm-spot events').
+    """
+    config = app.config
+    if systemd_unit:
+        click.echo(render_unit(config, metrics_port=metrics_port), nl=False)
+        return
+    with single_instance(config.state_dir):
+        metrics = ReconcileMetrics()
+        if metrics_port is not None:
+            metrics.serve(metrics_port)
+
+        def make(cfg: SpotConfig) -> Reconciler:
+            return Reconciler(cfg, SlurmClient(cfg.slurm_bin_dir), providers=get_provider,
+                              metrics=metrics)
+
+        if once:
+            result = make(config).run_pass()
+            _print_pass(result, as_json)
+            if result.errors:
+                raise SystemExit(1)
+            return
+        package_log = logging.getLogger("slurm_spot")
+        if package_log.getEffectiveLevel() > logging.INFO:
+            package_log.setLevel(logging.INFO)
+        loop = Loop(ConfigSource(config), make)
+        loop.install_signals()
+        log.info("reconciling %s every %g s (pid %d)", config.source_path,
+                 config.reconcile.interval_s, os.getpid())
+        loop.run()
+        log.info("stopped")
+
+
+COMMANDS = [reconcile_command]

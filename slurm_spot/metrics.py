@@ -1,0 +1,101 @@
+"""Prometheus metrics of the reconciler (prometheus-client).
+
+Exposed as a node-exporter textfile-collector file (``reconcile.metrics_file``, rewritten
+atomically after every pass) and/or an HTTP endpoint (``slurm-spot reconcile --metrics-port``).
+Every metric is in its own registry, so tests and several reconcilers in one process do not
+collide. Names follow Prometheus conventions (``_total`` counters, ``_seconds`` units):
+
+- ``slurm_spot_nodes{node_set,state}``: cloud nodes by Slurm state (sinfo form: ``idle~``);
+- ``slurm_spot_instances{provider,market}``: alive instances by market;
+- ``slurm_spot_interruptions_total{node_set}``: instances the provider took back under a node;
+- ``slurm_spot_orphans_terminated_total{provider}``: instances terminated with no node;
+- ``slurm_spot_launch_failures_total{node_set,code}``: failed launches seen in the events;
+- ``slurm_spot_reconcile_actions_total{action,outcome}``: actions, ``ok`` or ``error``;
+- ``slurm_spot_reconcile_pass_duration_seconds``: histogram of pass durations;
+- ``slurm_spot_reconcile_last_pass_timestamp_seconds``: end of the last complete pass.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
+
+from slurm_spot.providers.base import Instance
+from slurm_spot.reasons import short_state
+from slurm_spot.slurm.client import Node
+
+PASS_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class ReconcileMetrics:
+    """The reconciler's metrics in a private registry.
+
+    Args:
+        registry: where to register (default: a new one).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.nodes = Gauge("slurm_spot_nodes", "Cloud nodes by node set and Slurm state",
+                           ["node_set", "state"], registry=r)
+        self.instances = Gauge("slurm_spot_instances", "Alive instances by provider and market",
+                               ["provider", "market"], registry=r)
+        self.interruptions = Counter("slurm_spot_interruptions",
+                                     "Instances the provider took back under a node",
+                                     ["node_set"], registry=r)
+        self.orphans = Counter("slurm_spot_orphans_terminated",
+                               "Instances terminated because no node wanted them",
+                               ["provider"], registry=r)
+        self.launch_failures = Counter("slurm_spot_launch_failures",
+                                       "Failed launches by node set and provider code",
+                                       ["node_set", "code"], registry=r)
+        self.actions = Counter("slurm_spot_reconcile_actions", "Reconciler actions by outcome",
+                               ["action", "outcome"], registry=r)
+        self.pass_duration = Histogram("slurm_spot_reconcile_pass_duration_seconds",
+                                       "Duration of one reconcile pass", buckets=PASS_BUCKETS_S,
+                                       registry=r)
+        self.last_pass = Gauge("slurm_spot_reconcile_last_pass_timestamp_seconds",
+                               "Unix time at which the last complete pass ended", registry=r)
+
+    def observe_snapshot(
+        self,
+        nodes: Iterable[tuple[str, Node]],
+        instances: Iterable[tuple[str, Instance]],
+    ) -> None:
+        """Set the gauges from one pass's view: ``(node set, node)`` and
+        ``(provider, instance)`` pairs. Label values not seen this time drop to absent."""
+        self.nodes.clear()
+        for (set_name, state), count in Tally((s, short_state(n.state)) for s, n in nodes).items():
+            self.nodes.labels(set_name, state).set(count)
+        self.instances.clear()
+        alive = Tally((p, i.market) for p, i in instances if i.state.is_alive)
+        for (provider, market), count in alive.items():
+            self.instances.labels(provider, market).set(count)
+
+    def action(self, action: str, ok: bool) -> None:
+        """Count one action and its outcome."""
+        self.actions.labels(action, "ok" if ok else "error").inc()
+
+    def write_textfile(self, path: Path) -> None:
+        """Write the registry for node-exporter's textfile collector, atomically (a temp file
+        in the same directory, then rename).
+
+        Raises:
+            OSError: the directory cannot be created or written.
+        """
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_to_textfile(str(path), self.registry)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # a metrics port
+        """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread.
+
+        Raises:
+            OSError: the port is taken.
+        """
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,83 @@
+"""Node reasons slurm-spot writes and reads back, and the small time helpers they need.
+
+Every reason slurm-spot writes starts with a fixed tag, so the reconciler can tell its own
+reasons from an admin's (DESIGN.md, "Contract"): ``spot-interruption:<action>@<time>`` (watcher,
+reconciler), ``(Code:<provider code>)<message>`` (resume, cooldowns) and ``slurm-spot:...``.
+Times in reasons are UTC, ``2026-03-01T08:00:00Z``.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+from slurm_spot.slurm.states import NodeState
+
+OUR_PREFIXES = ("spot-interruption:", "(Code:", "slurm-spot:")
+SLURM_REASONS = ("ResumeTimeout reached", "Not responding", "Node unexpectedly rebooted")
+BREAKER_PREFIX = "slurm-spot:circuit-breaker"
+COOLDOWN_TEXT = "Temporarily disabled until "
+_CODE_RE = re.compile(r"^\(Code:(?P<code>[^)]*)\)")
+_COOLDOWN_RE = re.compile(r"^\(Code:(?P<code>[^)]*)\)Temporarily disabled until (?P<until>\S+)")
+
+
+def utc_stamp(when: datetime) -> str:
+    """``2026-03-01T08:00:00Z``: the time format of every reason slurm-spot writes."""
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def is_ours(reason: str) -> bool:
+    """True if slurm-spot wrote ``reason`` (one of the fixed prefixes)."""
+    return reason.startswith(OUR_PREFIXES)
+
+
+def is_clearable(reason: str) -> bool:
+    """True if the reconciler may replace or clear ``reason``: empty, ours, or one of
+    slurmctld's own power-saving reasons. Anything else is an admin's."""
+    return not reason or is_ours(reason) or reason.startswith(SLURM_REASONS)
+
+
+def reason_code(reason: str) -> str | None:
+    """The provider code of a ``(Code:X)...`` reason, else None."""
+    match = _CODE_RE.match(reason)
+    return match.group("code") if match else None
+
+
+def cooldown_reason(code: str, until: datetime) -> str:
+    """``(Code:<code>)Temporarily disabled until <UTC time>``."""
+    return f"(Code:{code}){COOLDOWN_TEXT}{utc_stamp(until)}"
+
+
+def parse_cooldown(reason: str) -> tuple[str, datetime] | None:
+    """``(code, until)`` of a reason written by :func:`cooldown_reason`, else None."""
+    match = _COOLDOWN_RE.match(reason)
+    if not match:
+        return None
+    try:
+        until = datetime.strptime(match.group("until"), "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return match.group("code"), until.replace(tzinfo=timezone.utc)
+
+
+def parse_slurm_time(text: str) -> datetime | None:
+    """A Slurm timestamp (``2026-03-01T08:00:00``, local time of slurmctld) as aware UTC;
+    None for ``None``/``Unknown``/empty."""
+    try:
+        return datetime.fromisoformat(text).astimezone(timezone.utc)
+    except ValueError:
+        return None
+
+
+def short_state(state: NodeState) -> str:
+    """sinfo's compact form of a state (``idle~``, ``mix#``, ``down*``, ``drain~``), for
+    metrics labels and the status table."""
+    base = {"ALLOCATED": "alloc", "MIXED": "mix", "COMPLETING": "comp"}.get(
+        state.base, state.base.lower())
+    if state.is_drained:
+        base = {"idle": "drain", "alloc": "drng", "mix": "drng"}.get(base, f"{base}+drain")
+    for flag, suffix in (("POWERED_DOWN", "~"), ("POWERING_UP", "#"), ("POWERING_DOWN", "%"),
+                         ("POWER_DOWN", "!"), ("NOT_RESPONDING", "*")):
+        if flag in state.flags:
+            return base + suffix
+    return base

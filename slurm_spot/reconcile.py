@@ -1,0 +1,380 @@
+"""The reconciler's pass (DESIGN.md flow 6): snapshot the providers and Slurm once, classify
+every node with the pure rules of :mod:`slurm_spot.reconcile_rules`, act per verdict through a
+table, and isolate each action's failure. Every action is an event (source ``reconcile``) and
+a metric.
+
+The Slurm transitions that carry out each verdict (verified on Slurm 22.05.8):
+
+- ``RECLAIMED`` / ``BOOT_LOST``: ``state=DOWN reason=R`` (slurmctld requeues the node's jobs at
+  once and stops waiting for the dead slurmd), then ``state=POWER_DOWN_FORCE reason=R``
+  (SuspendProgram runs, the node returns to ``idle~`` after SuspendTimeout). POWER_DOWN_FORCE
+  alone leaves the job COMPLETING until slurmctld gives up on the dead node (~100 s).
+- ``RESUME_FAILED`` / ``REENABLE``: ``state=IDLE`` turns ``down~`` into ``idle~`` at once and
+  clears the reason (``state=RESUME`` adds NOT_RESPONDING; POWER_DOWN goes through
+  SuspendProgram and keeps the reason); then NodeAddr/NodeHostName are reset to the node name,
+  as slurmctld itself does after a power down.
+- ``COOL``: ``state=DOWN reason="(Code:X)Temporarily disabled until T"`` on ``idle~`` gives
+  ``down~``; on ``down~`` it only replaces the reason.
+- ``BREAKER``: ``state=IDLE`` then ``state=DRAIN reason="slurm-spot:circuit-breaker..."``
+  (``drain~``); an admin's ``state=RESUME`` re-enables the node.
+- ``UNDRAIN``: ``state=RESUME`` on a powered-down node drained with one of our reasons.
+
+A pass holds no state of its own: Slurm and the providers are the record, and the few facts
+they do not keep come back from the events file (:mod:`slurm_spot.reconcile_history`), so a
+reconciler killed at any point and started again converges. The loop, the lock and config
+reloads are in :mod:`slurm_spot.reconcile_loop`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from slurm_spot import events
+from slurm_spot.config import SpotConfig
+from slurm_spot.errors import SlurmCommandError
+from slurm_spot.metrics import ReconcileMetrics
+from slurm_spot.power import ProviderFactory
+from slurm_spot.providers import get_provider
+from slurm_spot.providers.base import Instance
+from slurm_spot.reconcile_history import build_history, read_tail
+from slurm_spot.reconcile_rules import (
+    History,
+    NodeDecision,
+    Plan,
+    Settings,
+    Termination,
+    Verdict,
+    plan_pass,
+)
+from slurm_spot.slurm.client import Node, SlurmClient
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """The current time, aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+def settings_of(config: SpotConfig) -> Settings:
+    """The rules' settings from ``reconcile:`` and ``power:`` of the config."""
+    rc = config.reconcile
+    return Settings(orphan_grace_s=rc.orphan_grace_s, cooldown_s=rc.cooldown_s,
+                    max_resume_failures=rc.max_resume_failures,
+                    failure_window_s=rc.failure_window_s,
+                    resume_timeout_s=float(config.power.resume_timeout_s))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One pass's view: instances (listed first), then Slurm's nodes and the facts from events.
+
+    ``provider_of`` maps instance id -> provider name; ``unavailable_sets`` are node sets whose
+    provider could not be listed; ``held_jobs`` are PENDING jobs with Reason=BeginTime.
+    """
+
+    now: datetime
+    nodes: tuple[Node, ...]
+    instances: tuple[Instance, ...]
+    provider_of: Mapping[str, str]
+    unavailable_sets: frozenset[str]
+    history: History
+    held_jobs: tuple[int, ...] = ()
+    events: tuple[Mapping[str, object], ...] = ()
+
+
+@dataclass
+class PassResult:
+    """What one pass did: ``actions`` (one dict per action, as its event), ``errors``
+    (one line per failed listing or action), ``verdicts`` (count per verdict)."""
+
+    started: datetime
+    duration_s: float = 0.0
+    actions: list[dict[str, object]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    verdicts: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        """The pass as printed by ``slurm-spot reconcile --once --json``."""
+        return {"started": self.started.isoformat(), "duration_s": round(self.duration_s, 3),
+                "verdicts": self.verdicts, "actions": self.actions, "errors": self.errors}
+
+
+class Reconciler:
+    """Runs passes for one configuration.
+
+    Args:
+        config: the site config (node sets, providers, ``reconcile:``, log dir).
+        slurm: the Slurm client (all Slurm access goes through it).
+        providers: builds a provider by name (default :func:`get_provider`).
+        metrics: where to count (default: a private registry).
+        clock: aware-UTC time source; sleep: seconds -> None (both injectable for tests).
+        expedite_wait_s: how long a pass waits for requeued jobs to become PENDING before it
+            clears their requeue delay (the next pass catches later ones).
+    """
+
+    def __init__(
+        self,
+        config: SpotConfig,
+        slurm: SlurmClient,
+        providers: ProviderFactory = get_provider,
+        metrics: ReconcileMetrics | None = None,
+        clock: Clock = utc_now,
+        sleep: Callable[[float], None] = time.sleep,
+        expedite_wait_s: float = 10.0,
+    ) -> None:
+        self.config = config
+        self.slurm = slurm
+        self.providers = providers
+        self.metrics = metrics or ReconcileMetrics()
+        self.clock = clock
+        self.sleep = sleep
+        self.expedite_wait_s = expedite_wait_s
+        self.settings = settings_of(config)
+        self.node_set_of = {n: ns.name for ns in config.node_sets for n in ns.node_names}
+        self._failures_seen_after = clock()
+        self._handlers: dict[Verdict, Callable[[NodeDecision, PassResult], None]] = {
+            Verdict.RECLAIMED: self._power_down_lost,
+            Verdict.BOOT_LOST: self._power_down_lost,
+            Verdict.RESUME_FAILED: self._return_to_idle,
+            Verdict.REENABLE: self._return_to_idle,
+            Verdict.BREAKER: self._trip_breaker,
+            Verdict.COOL: self._cool,
+            Verdict.UNDRAIN: self._undrain,
+        }
+
+    # -- snapshot -------------------------------------------------------------------------
+    def snapshot(self, result: PassResult) -> Snapshot:
+        """List every provider once, then read Slurm's nodes and the events' facts.
+
+        A provider that fails to list is logged and its node sets are left alone this pass.
+
+        Raises:
+            SlurmCommandError: Slurm's nodes cannot be read (nothing is decided then).
+        """
+        instances: list[Instance] = []
+        provider_of: dict[str, str] = {}
+        unavailable: set[str] = set()
+        for name in sorted({ns.provider for ns in self.config.node_sets}):
+            try:
+                listed = self.providers(self.config, name).list_instances()
+            except Exception as exc:  # any SDK error: skip this provider
+                log.error("provider %s: listing failed: %s", name, exc)
+                result.errors.append(f"provider {name}: listing failed: {exc}")
+                unavailable.update(ns.name for ns in self.config.node_sets if ns.provider == name)
+                continue
+            instances.extend(listed)
+            provider_of.update((i.instance_id, name) for i in listed)
+        nodes = tuple(self.slurm.nodes())
+        now = self.clock()
+        tail = read_tail(self.config.log_dir)
+        history = build_history(tail, self.node_set_of, now, self.settings)
+        return Snapshot(now, nodes, tuple(instances), provider_of, frozenset(unavailable),
+                        history, self._held_jobs(history, result), tuple(tail))
+
+    def _held_jobs(self, history: History, result: PassResult) -> tuple[int, ...]:
+        if not history.interrupted_jobs:
+            return ()
+        try:
+            jobs = self.slurm.jobs(sorted(history.interrupted_jobs))
+        except SlurmCommandError as exc:
+            result.errors.append(str(exc))
+            return ()
+        return tuple(j.job_id for j in jobs if j.state.is_pending and j.reason == "BeginTime")
+
+    # -- the pass -------------------------------------------------------------------------
+    def run_pass(self) -> PassResult:
+        """Snapshot, plan, act, expedite; then metrics (and the textfile, if configured).
+
+        Raises:
+            SlurmCommandError: Slurm's nodes cannot be read.
+        """
+        started = time.monotonic()
+        result = PassResult(self.clock())
+        snap = self.snapshot(result)
+        plan = plan_pass(snap.nodes, snap.instances, self.node_set_of, snap.now, self.settings,
+                         snap.history, snap.unavailable_sets, snap.held_jobs)
+        for decision in plan.nodes:
+            name = decision.verdict.value
+            result.verdicts[name] = result.verdicts.get(name, 0) + 1
+        vetoed = self._recheck(plan)
+        requeued: list[int] = []
+        for decision in plan.nodes:
+            if decision.node not in vetoed:
+                requeued += self._act(decision, snap, result)
+        self._terminate_orphans(plan.orphans, snap, result)
+        self._expedite(requeued, plan.expedite, result)
+        self._observe(snap, result, time.monotonic() - started)
+        return result
+
+    def _act(self, decision: NodeDecision, snap: Snapshot, result: PassResult) -> list[int]:
+        """Terminate first, then the verdict's handler; a failure stops only this node.
+        Returns the jobs to expedite."""
+        handler = self._handlers.get(decision.verdict)
+        try:
+            for term in decision.terminate:
+                self._terminate(term, snap, result)
+            if handler is not None:
+                handler(decision, result)
+        except Exception as exc:  # isolate one node's failure
+            log.error("%s: %s failed: %s", decision.node, decision.verdict.value, exc)
+            result.errors.append(f"{decision.node}: {decision.verdict.value}: {exc}")
+            self.metrics.action(decision.verdict.value, ok=False)
+            return []
+        if handler is not None:
+            self.metrics.action(decision.verdict.value, ok=True)
+        if decision.verdict in (Verdict.RECLAIMED, Verdict.BOOT_LOST):
+            return list(decision.jobs)
+        return []
+
+    def _recheck(self, plan: Plan) -> set[str]:
+        """Nodes whose terminations must not happen: re-read the nodes behind orphan and
+        leftover terminations just before acting, and veto any that Slurm is bringing up
+        since the snapshot (or all of them if Slurm cannot be read)."""
+        names = sorted({d.node for d in plan.nodes
+                        if any(t.why != "duplicate" for t in d.terminate)})
+        if not names:
+            return set()
+        try:
+            fresh = {n.name: n for n in self.slurm.nodes(names, with_jobs=False)}
+        except SlurmCommandError as exc:
+            log.error("re-reading %s before terminating: %s", ",".join(names), exc)
+            return set(names)
+        return {n for n in names if n not in fresh or not fresh[n].state.is_powered_down}
+
+    # -- handlers (one per verdict) -------------------------------------------------------
+    def _power_down_lost(self, d: NodeDecision, result: PassResult) -> None:
+        """DOWN (requeues the jobs at once), then POWER_DOWN_FORCE (back to idle~)."""
+        self.slurm.set_state([d.node], "DOWN", d.reason)
+        self.slurm.set_state([d.node], "POWER_DOWN_FORCE", d.reason)
+        reclaimed = d.reason.startswith("spot-interruption:")
+        if reclaimed:
+            self.metrics.interruptions.labels(self.node_set_of[d.node]).inc()
+        action = "reclaimed" if d.verdict is Verdict.RECLAIMED else "boot_lost"
+        self._record(result, action, d, extra={"reclaimed": reclaimed, "instance_state": d.why})
+
+    def _return_to_idle(self, d: NodeDecision, result: PassResult) -> None:
+        """``state=IDLE`` turns down~ into idle~ and clears the reason; reset the address."""
+        self.slurm.set_state([d.node], "IDLE")
+        self.slurm.set_addresses({d.node: (d.node, d.node)})
+        action = "resume_failed" if d.verdict is Verdict.RESUME_FAILED else "cooldown_end"
+        self._record(result, action, d, reason=d.why)
+
+    def _trip_breaker(self, d: NodeDecision, result: PassResult) -> None:
+        self.slurm.set_state([d.node], "IDLE")
+        self.slurm.set_addresses({d.node: (d.node, d.node)})
+        self.slurm.set_state([d.node], "DRAIN", d.reason)
+        self._record(result, "breaker", d)
+
+    def _cool(self, d: NodeDecision, result: PassResult) -> None:
+        self.slurm.set_state([d.node], "DOWN", d.reason)
+        self._record(result, "cooldown", d, extra={"node_set": self.node_set_of[d.node],
+                                                   "previous_reason": d.why})
+
+    def _undrain(self, d: NodeDecision, result: PassResult) -> None:
+        self.slurm.set_state([d.node], "RESUME")
+        self._record(result, "undrained", d, reason=d.why)
+
+    # -- instances ------------------------------------------------------------------------
+    def _terminate(self, term: Termination, snap: Snapshot, result: PassResult) -> None:
+        """Terminate one instance through its own provider (raises what the provider raises)."""
+        inst = term.instance
+        provider = snap.provider_of[inst.instance_id]
+        self.providers(self.config, provider).terminate_instances([inst.instance_id])
+        if term.why == "orphan":
+            self.metrics.orphans.labels(provider).inc()
+        self.metrics.action(f"terminate-{term.why}", ok=True)
+        self._emit(result, "terminated", node=inst.node, instance=inst.instance_id,
+                   reason=term.why, extra={"provider": provider,
+                                           "age_s": round(inst.age_s(snap.now), 1)})
+
+    def _terminate_orphans(
+        self, orphans: Sequence[Termination], snap: Snapshot, result: PassResult
+    ) -> None:
+        for term in orphans:
+            try:
+                self._terminate(term, snap, result)
+            except Exception as exc:  # isolate one instance's failure
+                log.error("terminating orphan %s failed: %s", term.instance.instance_id, exc)
+                result.errors.append(f"{term.instance.instance_id}: terminate: {exc}")
+                self.metrics.action("terminate-orphan", ok=False)
+
+    # -- jobs -----------------------------------------------------------------------------
+    def _expedite(self, requeued: list[int], held: Sequence[int], result: PassResult) -> None:
+        """Clear the requeue delay of ``held`` jobs at once and of ``requeued`` ones as soon
+        as they are PENDING (up to ``expedite_wait_s``)."""
+        waiting = set(requeued)
+        for job_id in held:
+            self._expedite_one(job_id, result, "safety net")
+        deadline = time.monotonic() + self.expedite_wait_s
+        while waiting:
+            try:
+                jobs = self.slurm.jobs(sorted(waiting))
+            except SlurmCommandError as exc:
+                result.errors.append(str(exc))
+                return
+            for job in jobs:
+                if job.state.is_pending:
+                    self._expedite_one(job.job_id, result, "requeued")
+            waiting &= {j.job_id for j in jobs if not j.state.is_pending and j.state.is_active}
+            if not waiting or time.monotonic() >= deadline:
+                return
+            self.sleep(0.5)
+
+    def _expedite_one(self, job: int, result: PassResult, why: str) -> None:
+        try:
+            self.slurm.expedite(job)
+        except SlurmCommandError as exc:
+            log.error("expediting job %s failed: %s", job, exc)
+            result.errors.append(str(exc))
+            self.metrics.action("expedite", ok=False)
+            return
+        self.metrics.action("expedite", ok=True)
+        self._emit(result, "expedited", job_ids=(job,), reason=why)
+
+    # -- events and metrics ---------------------------------------------------------------
+    def _record(self, result: PassResult, action: str, d: NodeDecision, reason: str | None = None,
+                extra: dict[str, object] | None = None) -> None:
+        self._emit(result, action, node=d.node, instance=d.instance,
+                   reason=d.reason if reason is None else reason, job_ids=d.jobs,
+                   extra=extra or {})
+
+    def _emit(self, result: PassResult, action: str, **fields: object) -> None:
+        event = events.Event(action, "reconcile", time=self.clock().isoformat(),
+                             **fields)  # type: ignore[arg-type]
+        events.emit(self.config.log_dir, event)
+        result.actions.append({k: v for k, v in event.__dict__.items() if v not in (None, (), {})})
+        log.info("%s %s %s %s", action, fields.get("node") or "-",
+                 fields.get("instance") or "-", fields.get("reason") or "")
+
+    def _observe(self, snap: Snapshot, result: PassResult, duration_s: float) -> None:
+        result.duration_s = duration_s
+        m = self.metrics
+        m.observe_snapshot(
+            ((self.node_set_of[n.name], n) for n in snap.nodes if n.name in self.node_set_of),
+            ((snap.provider_of[i.instance_id], i) for i in snap.instances))
+        for event in snap.events:
+            extra = event.get("extra")
+            if event.get("action") != "launch_failed" or not isinstance(extra, dict):
+                continue
+            try:
+                when = datetime.fromisoformat(str(event.get("time")))
+            except ValueError:
+                continue
+            if when.tzinfo is not None and when > self._failures_seen_after:
+                node_set = self.node_set_of.get(str(event.get("node")), "unknown")
+                m.launch_failures.labels(node_set, str(extra.get("code"))).inc()
+        self._failures_seen_after = snap.now
+        m.pass_duration.observe(duration_s)
+        m.last_pass.set(time.time())
+        if self.config.reconcile.metrics_file is not None:
+            try:
+                m.write_textfile(self.config.reconcile.metrics_file)
+            except OSError as exc:
+                log.error("cannot write %s: %s", self.config.reconcile.metrics_file, exc)
+                result.errors.append(f"metrics file: {exc}")

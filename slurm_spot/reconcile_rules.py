@@ -1,0 +1,352 @@
+"""Pure decisions of the reconciler (DESIGN.md flow 6): one Slurm node and the provider's
+instances tagged with its name in, one :class:`NodeDecision` out. No I/O, no clock, no logging.
+
+Instances: an alive instance behind a powered-down node is an orphan once older than
+``orphan_grace_s`` (younger ones may still be booting); behind a ``down~`` node it is a leftover
+and goes at once. Of several alive instances for one up node, :func:`pick_kept` keeps the one
+Slurm knows. The transitions that carry out each verdict are in :mod:`slurm_spot.reconcile`.
+
+Reasons: only reasons slurm-spot wrote (``spot-interruption:``, ``(Code:``, ``slurm-spot:``)
+and slurmctld's own power-saving reasons (``ResumeTimeout reached``, ``Not responding``) are
+ever replaced or cleared; a node DOWN or DRAINed with any other reason belongs to an admin.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from slurm_spot.providers.base import Instance, normalize_code
+from slurm_spot.reasons import (
+    BREAKER_PREFIX,
+    cooldown_reason,
+    is_clearable,
+    parse_cooldown,
+    parse_slurm_time,
+    reason_code,
+    utc_stamp,
+)
+from slurm_spot.slurm.client import Node
+
+# A node's BootTime (second precision) is a little later than its instance's launch.
+BOOT_SLACK = timedelta(seconds=2)
+
+
+class Verdict(str, enum.Enum):
+    """What the reconciler does with a node (the action table in reconcile.py)."""
+
+    OK = "ok"  # consistent: nothing to do
+    WAIT = "wait"  # booting, powering down, or its provider did not answer
+    HANDS_OFF = "hands-off"  # DOWN/DRAIN by an admin, or a tripped circuit breaker
+    RECLAIMED = "reclaimed"  # up, instance gone: DOWN + POWER_DOWN_FORCE, requeue, expedite
+    BOOT_LOST = "boot-lost"  # powering up, its instance gone: same transitions
+    RESUME_FAILED = "resume-failed"  # down~ (resume failed / timed out): back to idle~
+    BREAKER = "breaker"  # down~ once too often: idle~ + DRAIN
+    COOL = "cool"  # its node set just had a capacity failure: down~ until the cooldown ends
+    COOLING = "cooling"  # cooldown still running
+    REENABLE = "reenable"  # cooldown over: back to idle~
+    UNDRAIN = "undrain"  # powered down but still drained with one of our reasons
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The knobs of the rules, in seconds (from ``reconcile:`` and ``power:`` of spot.yaml)."""
+
+    orphan_grace_s: float = 90.0
+    cooldown_s: float = 600.0
+    max_resume_failures: int = 3
+    failure_window_s: float = 3600.0
+    resume_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class History:
+    """Facts from slurm-spot's own events (:mod:`slurm_spot.reconcile_history`).
+
+    Attributes:
+        failures: node -> resume failures in the failure window since its last breaker trip.
+        new_capacity: node set -> (code, time) of its newest capacity failure that no cooldown
+            has covered yet.
+        capacity_codes: provider codes known to mean "no capacity" (normalized with
+            :func:`~slurm_spot.providers.base.normalize_code`).
+        handled_instances: dead instances the reconciler already acted on.
+        interrupted_jobs: jobs requeued recently because of an interruption we handled.
+    """
+
+    failures: Mapping[str, int] = field(default_factory=dict)
+    new_capacity: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
+    capacity_codes: frozenset[str] = frozenset()
+    handled_instances: frozenset[str] = frozenset()
+    interrupted_jobs: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Termination:
+    """An instance to terminate: ``why`` is ``orphan``, ``duplicate`` or ``leftover``
+    (alive behind a ``down~`` node)."""
+
+    instance: Instance
+    why: str
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    """The verdict on one node, what to write and what to terminate first.
+
+    ``reason`` is the node reason to write ("" to write none); ``instance`` names the
+    instance the verdict is about (for events), ``jobs`` the node's jobs.
+    """
+
+    node: str
+    verdict: Verdict
+    reason: str = ""
+    terminate: tuple[Termination, ...] = ()
+    instance: str | None = None
+    jobs: tuple[int, ...] = ()
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Cooldown:
+    """A node set's cooldown: provider code, end (UTC), and whether it starts in this pass."""
+
+    code: str
+    until: datetime
+    new: bool
+
+
+def pick_kept(node: Node, alive: Sequence[Instance]) -> Instance:
+    """The instance Slurm knows among several alive ones for ``node``.
+
+    Instances whose private IP is the node's NodeAddr are preferred (all of them when none
+    matches, or when all share one address as local instances do). Among those, the newest
+    launched no later than the node's BootTime (+2 s) registered last; without a BootTime,
+    or with every candidate newer, the oldest is kept: it is the first to have booted.
+    """
+    matching = [i for i in alive if i.private_ip and i.private_ip == node.addr] or list(alive)
+    boot = parse_slurm_time(node.boot_time)
+    if boot is not None:
+        before = [i for i in matching if i.launch_time <= boot + BOOT_SLACK]
+        if before:
+            return max(before, key=lambda i: i.launch_time)
+    return min(matching, key=lambda i: i.launch_time)
+
+
+def cooldowns(
+    nodes: Sequence[Node], node_set_of: Mapping[str, str], history: History, now: datetime,
+    cooldown_s: float,
+) -> dict[str, Cooldown]:
+    """Node set -> its cooldown: running ones read back from node reasons (Slurm is the
+    record); new ones from capacity failures no cooldown covered yet, as events report them
+    or as a ``down~`` node's ``(Code:<capacity code>)`` reason shows."""
+    result: dict[str, Cooldown] = {}
+    fresh = dict(history.new_capacity)
+    for node in nodes:
+        found = parse_cooldown(node.reason)
+        set_name = node_set_of.get(node.name)
+        if not set_name or not node.state.is_down:
+            continue
+        if found and found[1] > now:
+            current = result.get(set_name)
+            if current is None or found[1] > current.until:
+                result[set_name] = Cooldown(found[0], found[1], new=False)
+        code = reason_code(node.reason)
+        if not found and code and normalize_code(code) in history.capacity_codes:
+            fresh.setdefault(set_name, (code, now))
+    if cooldown_s <= 0:
+        return result
+    for set_name, (code, _when) in fresh.items():
+        if set_name not in result:
+            result[set_name] = Cooldown(code, now + timedelta(seconds=cooldown_s), new=True)
+    return result
+
+
+def classify_node(
+    node: Node,
+    instances: Sequence[Instance],
+    now: datetime,
+    settings: Settings,
+    history: History,
+    cooldown: Cooldown | None = None,
+) -> NodeDecision:
+    """Decide what to do with one node (see :class:`Verdict` and the module docstring).
+
+    RECLAIMED also covers a node still powering down whose job is stuck COMPLETING behind a
+    dead instance (POWER_DOWN_FORCE issued after the instance died, e.g. by a late watcher).
+
+    Args:
+        node: the node as Slurm reports it.
+        instances: every listed instance tagged with the node's name, alive or ended.
+        now: the pass's time (aware UTC).
+        settings: grace, cooldown, circuit-breaker settings.
+        history: facts from the events file.
+        cooldown: the node set's cooldown, running or starting now, if any.
+    """
+    state = node.state
+    alive = [i for i in instances if i.state.is_alive]
+    if state.is_powered_down:
+        return _powered_down(node, alive, now, settings, history, cooldown)
+    if state.is_powering_down and not (state.has_jobs and not alive):
+        return NodeDecision(node.name, Verdict.WAIT, why="powering down")
+    if state.is_powering_up:
+        return _powering_up(node, instances, alive, now, settings, history)
+    if alive:
+        return _up_and_alive(node, alive)
+    if (state.is_down or state.is_drained) and not is_clearable(node.reason):
+        return NodeDecision(node.name, Verdict.HANDS_OFF, why="admin reason; instance gone")
+    dead = _newest(instances)
+    return NodeDecision(
+        node.name, Verdict.RECLAIMED, f"spot-interruption:reclaimed@{utc_stamp(now)}",
+        instance=dead.instance_id if dead else None, jobs=node.jobs,
+        why=dead.state_reason if dead else "no instance",
+    )
+
+
+def _newest(instances: Sequence[Instance]) -> Instance | None:
+    return max(instances, key=lambda i: i.launch_time, default=None)
+
+
+def _up_and_alive(node: Node, alive: list[Instance]) -> NodeDecision:
+    if len(alive) == 1:
+        return NodeDecision(node.name, Verdict.OK, instance=alive[0].instance_id)
+    kept = pick_kept(node, alive)
+    extra = tuple(Termination(i, "duplicate") for i in alive if i is not kept)
+    return NodeDecision(node.name, Verdict.OK, terminate=extra, instance=kept.instance_id,
+                        why=f"{len(alive)} instances; kept {kept.instance_id}")
+
+
+def _powering_up(
+    node: Node, instances: Sequence[Instance], alive: list[Instance], now: datetime,
+    settings: Settings, history: History,
+) -> NodeDecision:
+    """Booting. Lost if its newest instance is dead, belongs to this power-up (launched after
+    the node's last BootTime, within ResumeTimeout) and was not handled before."""
+    newest = _newest(instances)
+    if alive or newest is None or newest.instance_id in history.handled_instances:
+        return NodeDecision(node.name, Verdict.WAIT, why="booting")
+    boot = parse_slurm_time(node.boot_time)
+    recent = now - newest.launch_time <= timedelta(seconds=settings.resume_timeout_s)
+    if not recent or (boot is not None and newest.launch_time <= boot):
+        return NodeDecision(node.name, Verdict.WAIT, why="booting; no instance yet")
+    if (node.state.is_down or node.state.is_drained) and not is_clearable(node.reason):
+        return NodeDecision(node.name, Verdict.HANDS_OFF, why="admin reason; instance gone")
+    stamp = utc_stamp(now)
+    reason = (f"spot-interruption:reclaimed@{stamp}" if newest.was_reclaimed
+              else f"slurm-spot:instance lost while booting@{stamp}")
+    return NodeDecision(node.name, Verdict.BOOT_LOST, reason, instance=newest.instance_id,
+                        jobs=node.jobs, why=newest.state_reason or newest.state.value)
+
+
+def _powered_down(
+    node: Node, alive: list[Instance], now: datetime, settings: Settings, history: History,
+    cooldown: Cooldown | None,
+) -> NodeDecision:
+    state = node.state
+    leftovers = tuple(Termination(i, "leftover") for i in alive)
+    if not (state.is_down or state.is_drained):
+        orphans = tuple(Termination(i, "orphan") for i in alive
+                        if i.age_s(now) > settings.orphan_grace_s)
+        if cooldown is not None and is_clearable(node.reason):
+            return _cool(node, cooldown, orphans)
+        failures = history.failures.get(node.name, 0)
+        if failures >= settings.max_resume_failures and is_clearable(node.reason):
+            return _breaker(node, failures, orphans, settings)
+        return NodeDecision(node.name, Verdict.OK, terminate=orphans)
+    if not is_clearable(node.reason) or node.reason.startswith(BREAKER_PREFIX):
+        orphans = tuple(Termination(i, "orphan") for i in alive
+                        if i.age_s(now) > settings.orphan_grace_s)
+        return NodeDecision(node.name, Verdict.HANDS_OFF, terminate=orphans,
+                            why="admin reason or circuit breaker")
+    running = parse_cooldown(node.reason)
+    if running is not None:
+        if running[1] > now:
+            return NodeDecision(node.name, Verdict.COOLING, terminate=leftovers)
+        return NodeDecision(node.name, Verdict.REENABLE, terminate=leftovers, why=node.reason)
+    if not state.is_down:
+        return NodeDecision(node.name, Verdict.UNDRAIN, terminate=leftovers, why=node.reason)
+    if cooldown is not None:
+        return _cool(node, cooldown, leftovers)
+    return _resume_failed(node, leftovers, settings, history)
+
+
+def _cool(node: Node, cooldown: Cooldown, terminate: tuple[Termination, ...]) -> NodeDecision:
+    return NodeDecision(node.name, Verdict.COOL, cooldown_reason(cooldown.code, cooldown.until),
+                        terminate=terminate, why=node.reason)
+
+
+def _resume_failed(
+    node: Node, leftovers: tuple[Termination, ...], settings: Settings, history: History
+) -> NodeDecision:
+    code = reason_code(node.reason)
+    capacity = code is not None and normalize_code(code) in history.capacity_codes
+    failures = history.failures.get(node.name, 0) + (0 if capacity else 1)
+    if failures >= settings.max_resume_failures:
+        return _breaker(node, failures, leftovers, settings)
+    return NodeDecision(node.name, Verdict.RESUME_FAILED, terminate=leftovers,
+                        why=node.reason or "down~ without a reason")
+
+
+def _breaker(node: Node, failures: int, terminate: tuple[Termination, ...],
+             settings: Settings) -> NodeDecision:
+    reason = (f"{BREAKER_PREFIX}: {failures} resume failures within "
+              f"{settings.failure_window_s:g} s, last: {node.reason or 'no reason'}")
+    return NodeDecision(node.name, Verdict.BREAKER, reason[:200], terminate=terminate,
+                        why=node.reason)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one pass decided: a decision per node, orphans without a (known) node, and
+    jobs to expedite (requeued by an interruption we handled, still held by BeginTime)."""
+
+    nodes: tuple[NodeDecision, ...]
+    orphans: tuple[Termination, ...] = ()
+    expedite: tuple[int, ...] = ()
+    cooldowns: Mapping[str, Cooldown] = field(default_factory=dict)
+
+
+def plan_pass(
+    nodes: Sequence[Node],
+    instances: Sequence[Instance],
+    node_set_of: Mapping[str, str],
+    now: datetime,
+    settings: Settings,
+    history: History,
+    unavailable_sets: frozenset[str] = frozenset(),
+    held_jobs: Sequence[int] = (),
+) -> Plan:
+    """Classify every node of our node sets and every instance (pure).
+
+    Args:
+        nodes: Slurm's nodes (others than ours are ignored).
+        instances: every instance of every provider that answered.
+        node_set_of: node name -> node set name, for every configured node.
+        now: the pass's time (aware UTC).
+        settings, history: see :class:`Settings` and :class:`History`.
+        unavailable_sets: node sets whose provider listing failed: their nodes WAIT.
+        held_jobs: PENDING jobs with Reason=BeginTime (requeue delay).
+    """
+    ours = [n for n in nodes if n.name in node_set_of]
+    by_node: dict[str, list[Instance]] = {}
+    for inst in instances:
+        by_node.setdefault(inst.node or "", []).append(inst)
+    cools = cooldowns(ours, node_set_of, history, now, settings.cooldown_s)
+    decisions = []
+    for node in ours:
+        set_name = node_set_of[node.name]
+        if set_name in unavailable_sets:
+            decisions.append(NodeDecision(node.name, Verdict.WAIT, why="provider unavailable"))
+            continue
+        decisions.append(classify_node(node, by_node.get(node.name, ()), now, settings,
+                                       history, cools.get(set_name)))
+    known = {n.name for n in ours}
+    orphans = tuple(
+        Termination(i, "orphan") for i in instances
+        if i.state.is_alive and (i.node or "") not in known
+        and node_set_of.get(i.node or "") not in unavailable_sets
+        and i.age_s(now) > settings.orphan_grace_s
+    )
+    expedite = tuple(j for j in held_jobs if j in history.interrupted_jobs)
+    return Plan(tuple(decisions), orphans, expedite, cools)

@@ -1,0 +1,221 @@
+"""A fake of the Slurm command line for :class:`~slurm_spot.slurm.client.SlurmClient`.
+
+It parses the argv the client builds (``scontrol -o show node``, ``scontrol update``,
+``squeue --json`` ...) and keeps node and job state the way Slurm 22.05.8 was observed to
+(see slurm_spot/reconcile_rules.py for the transitions), so tests assert on the resulting
+states instead of on calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_spot.hostlist import compress, expand
+from slurm_spot.slurm.client import CommandResult, SlurmClient
+
+
+@dataclass
+class FakeNode:
+    name: str
+    base: str = "IDLE"
+    flags: set[str] = field(default_factory=lambda: {"CLOUD", "POWERED_DOWN"})
+    reason: str = ""
+    addr: str = ""
+    hostname: str = ""
+    boot_time: str = "None"
+
+    @property
+    def state(self) -> str:
+        return "+".join([self.base, *sorted(self.flags)])
+
+
+@dataclass
+class FakeJob:
+    job_id: int
+    state: str = "RUNNING"
+    nodes: list[str] = field(default_factory=list)
+    reason: str = "None"
+    restarts: int = 0
+    requeue: bool = True
+
+
+class FakeSlurm:
+    """Node and job state plus a runner for SlurmClient.
+
+    ``dead`` holds nodes whose slurmd is gone (POWER_DOWN_FORCE alone then leaves their job
+    COMPLETING, as on a real cluster). ``refuse`` maps a node to an error scontrol prints when
+    asked to update it. ``on_show`` runs before each ``show node`` (to change state between a
+    snapshot and an action).
+    """
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, FakeNode] = {}
+        self.jobs: dict[int, FakeJob] = {}
+        self.dead: set[str] = set()
+        self.refuse: dict[str, str] = {}
+        self.expedited: list[int] = []
+        self.on_show: Callable[[int], None] | None = None
+        self.show_calls = 0
+
+    # -- setup ----------------------------------------------------------------------------
+    def add_node(self, name: str, state: str = "IDLE+CLOUD+POWERED_DOWN", **kw: str) -> FakeNode:
+        base, *flags = state.split("+")
+        node = FakeNode(name, base, set(flags), addr=kw.pop("addr", name),
+                        hostname=kw.pop("hostname", name), **kw)
+        self.nodes[name] = node
+        return node
+
+    def add_job(self, job_id: int, nodes: list[str], state: str = "RUNNING",
+                reason: str = "None") -> FakeJob:
+        job = FakeJob(job_id, state, nodes, reason)
+        self.jobs[job_id] = job
+        return job
+
+    def client(self) -> SlurmClient:
+        return SlurmClient("/usr/bin", runner=self)
+
+    def finish_power_downs(self) -> None:
+        """SuspendTimeout passes: powering-down nodes become idle~ with a reset address."""
+        for node in self.nodes.values():
+            if node.flags & {"POWER_DOWN", "POWERING_DOWN"} and "COMPLETING" not in node.flags:
+                node.base = "IDLE"
+                node.flags = (node.flags - {"POWER_DOWN", "POWERING_DOWN", "NOT_RESPONDING"}
+                              | {"POWERED_DOWN"})
+                node.addr = node.hostname = node.name
+
+    # -- the runner -----------------------------------------------------------------------
+    def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
+        tool, args = Path(argv[0]).name, argv[1:]
+        try:
+            out = getattr(self, f"_{tool}")(args)
+        except _Refused as exc:
+            return CommandResult(argv, 1, "", str(exc))
+        return CommandResult(argv, 0, out, "")
+
+    def _scontrol(self, args: list[str]) -> str:
+        if args[:3] == ["-o", "show", "node"]:
+            self.show_calls += 1
+            if self.on_show:
+                self.on_show(self.show_calls)
+            names = expand(args[3]) if len(args) > 3 else list(self.nodes)
+            return "".join(self._show(n) for n in names)
+        if args[0] == "update" and args[1].startswith("jobid="):
+            return self._update_job(int(args[1].split("=", 1)[1]), args[2:])
+        if args[0] == "update" and args[1].startswith("nodename="):
+            return self._update_nodes(args[1].split("=", 1)[1], args[2:])
+        if args[0] == "ping":
+            return "Slurmctld(primary) at localhost is UP\n"
+        raise _Refused(f"fake scontrol: unsupported {args}")
+
+    def _show(self, name: str) -> str:
+        if name not in self.nodes:
+            raise _Refused(f"Node {name} not found")
+        n = self.nodes[name]
+        reason = f" Reason={n.reason} [root@2026-03-01T11:00:00]" if n.reason else ""
+        return (f"NodeName={n.name} Arch=x86_64 CoresPerSocket=1 NodeAddr={n.addr} "
+                f"NodeHostName={n.hostname} State={n.state} BootTime={n.boot_time} "
+                f"Partitions=spot{reason}\n")
+
+    def _update_nodes(self, hostlist: str, args: list[str]) -> str:
+        settings = dict(a.split("=", 1) for a in args)
+        names = expand(hostlist) if "," not in hostlist else hostlist.split(",")
+        for name in names:
+            if name in self.refuse:
+                raise _Refused(self.refuse[name])
+        if "nodeaddr" in settings:
+            for name, addr, host in zip(names, settings["nodeaddr"].split(","),
+                                        settings["nodehostname"].split(","), strict=True):
+                self.nodes[name].addr, self.nodes[name].hostname = addr, host
+        state = settings.get("state", "").upper()
+        if state in ("DOWN", "DRAIN") and not settings.get("reason"):
+            raise _Refused("You must specify a reason when DOWNING or DRAINING a node")
+        for name in names:
+            if state:
+                getattr(self, f"_to_{state.lower()}")(self.nodes[name])
+            if settings.get("reason"):
+                self.nodes[name].reason = settings["reason"]
+        return ""
+
+    # -- node transitions (as observed on Slurm 22.05.8) ----------------------------------
+    def _to_down(self, node: FakeNode) -> None:
+        self._requeue_jobs_of(node.name)
+        node.base = "DOWN"
+        node.flags -= {"COMPLETING", "POWERING_UP"}
+
+    def _to_power_down_force(self, node: FakeNode) -> None:
+        jobs = self._jobs_on(node.name)
+        if jobs and node.name in self.dead:
+            for job in jobs:
+                job.state, job.restarts = "COMPLETING", job.restarts + 1
+            node.base, node.flags = "IDLE", node.flags | {"COMPLETING", "POWER_DOWN"}
+            return
+        self._requeue_jobs_of(node.name)
+        if "POWERED_DOWN" in node.flags:
+            return
+        node.flags = (node.flags - {"POWERING_UP"}) | (
+            {"POWER_DOWN"} if node.base == "DOWN" else {"POWERING_DOWN"})
+        if node.base != "DOWN":
+            node.base = "IDLE"
+
+    def _to_idle(self, node: FakeNode) -> None:
+        node.base, node.reason = "IDLE", ""
+        node.flags.discard("NOT_RESPONDING")
+
+    def _to_resume(self, node: FakeNode) -> None:
+        node.flags.discard("DRAIN")
+        if node.base == "DOWN":
+            node.base = "IDLE"
+        if "POWERED_DOWN" in node.flags:
+            node.flags.add("NOT_RESPONDING")
+        node.reason = ""
+
+    def _to_drain(self, node: FakeNode) -> None:
+        node.flags.add("DRAIN")
+
+    # -- jobs -----------------------------------------------------------------------------
+    def _jobs_on(self, node: str) -> list[FakeJob]:
+        return [j for j in self.jobs.values()
+                if node in j.nodes and j.state in ("RUNNING", "CONFIGURING", "COMPLETING")]
+
+    def _requeue_jobs_of(self, node: str) -> None:
+        for job in self._jobs_on(node):
+            if job.requeue:
+                job.restarts += 0 if job.state == "COMPLETING" else 1
+                job.state, job.reason, job.nodes = "PENDING", "BeginTime", []
+            else:
+                job.state = "NODE_FAIL"
+        for n in self.nodes.values():
+            if not any(n.name in j.nodes for j in self.jobs.values() if j.state == "RUNNING"):
+                if n.base in ("ALLOCATED", "MIXED"):
+                    n.base = "IDLE"
+
+    def _update_job(self, job_id: int, args: list[str]) -> str:
+        if job_id not in self.jobs:
+            raise _Refused(f"Invalid job id specified for job {job_id}")
+        if args == ["StartTime=now"]:
+            job = self.jobs[job_id]
+            if job.state == "PENDING" and job.reason == "BeginTime":
+                job.reason = "None"
+            self.expedited.append(job_id)
+        return ""
+
+    def _squeue(self, args: list[str]) -> str:
+        if "--json" in args:
+            wanted = None
+            if "--jobs" in args:
+                wanted = {int(j) for j in args[args.index("--jobs") + 1].split(",")}
+            jobs = [j for j in self.jobs.values() if wanted is None or j.job_id in wanted]
+            return json.dumps({"jobs": [
+                {"job_id": j.job_id, "job_state": j.state, "state_reason": j.reason,
+                 "nodes": compress(j.nodes) if j.nodes else "", "restart_cnt": j.restarts,
+                 "partition": "spot", "name": "wrap"}
+                for j in jobs if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED")]})
+        return "".join(f"{j.job_id} {compress(j.nodes)}\n" for j in self.jobs.values()
+                       if j.state in ("RUNNING", "COMPLETING", "CONFIGURING") and j.nodes)
+
+
+class _Refused(Exception):
+    pass

@@ -1,0 +1,117 @@
+"""``slurm-spot status``: one row per cloud node, what a person and a script see."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_spot.cli import cli
+from slurm_spot.commands import status as status_module
+from slurm_spot.commands.common import AppContext
+from slurm_spot.commands.status import format_uptime, status_rows
+from slurm_spot.config import SpotConfig
+from slurm_spot.providers.base import InstanceState
+from tests.fakes.fake_provider import FakeProvider
+from tests.fakes.fake_slurm import FakeSlurm
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[SpotConfig, FakeSlurm, FakeProvider, Path]:
+    path = tmp_path / "spot.yaml"
+    path.write_text(json.dumps({
+        "cluster": "test",
+        "node_sets": [{"name": "spot", "provider": "local", "count": 3}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log"),
+    }))
+    from slurm_spot.config import load_config
+
+    config = load_config(path)
+    slurm = FakeSlurm()
+    slurm.add_node("spot-1", "ALLOCATED+CLOUD", addr="10.0.0.1")
+    slurm.add_node("spot-2", "IDLE+CLOUD+POWERED_DOWN")
+    slurm.add_node("spot-3", "DOWN+CLOUD+POWERED_DOWN", reason="ResumeTimeout reached")
+    slurm.add_node("static-1", "IDLE")
+    slurm.add_job(42, ["spot-1"])
+    provider = FakeProvider()
+    provider.add("spot-1", 3725, NOW, ip="10.0.0.1", market="on-demand")
+    provider.add("spot-1", 9000, NOW, InstanceState.TERMINATED)
+    provider.add("spot-9", 50, NOW)
+    return config, slurm, provider, path
+
+
+def test_rows_join_slurm_and_the_provider(world: tuple) -> None:
+    config, slurm, provider, _ = world
+    rows, errors = status_rows(config, slurm.client(), lambda c, n: provider, now=NOW)
+    assert errors == []
+    by_node = {r["node"]: r for r in rows}
+    assert set(by_node) == {"spot-1", "spot-2", "spot-3", "spot-9"}  # not static-1
+    one = by_node["spot-1"]
+    assert (one["state"], one["instance"], one["market"], one["type"], one["zone"]) == (
+        "alloc", "i-0001", "on-demand", "g5.xlarge", "us-east-1a")
+    assert (one["uptime_s"], one["jobs"], one["provider"]) == (3725.0, [42], "local")
+    assert by_node["spot-2"]["instance"] is None and by_node["spot-2"]["state"] == "idle~"
+    assert by_node["spot-3"]["reason"] == "ResumeTimeout reached"
+    assert by_node["spot-9"]["state"] == "(not in Slurm)"
+
+
+def test_a_provider_that_fails_still_shows_the_nodes(world: tuple) -> None:
+    config, slurm, provider, _ = world
+    provider.fail_listing = RuntimeError("AuthFailure")
+    rows, errors = status_rows(config, slurm.client(), lambda c, n: provider, now=NOW)
+    assert errors == ["provider local: AuthFailure"]
+    assert [r["instance"] for r in rows] == [None, None, None]
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (None, "-"), (45, "45s"), (725, "12m05s"), (3725, "1h02m"), (187200, "2d04h")])
+def test_uptime_format(seconds: float | None, text: str) -> None:
+    assert format_uptime(seconds) == text
+
+
+def _invoke(world: tuple, monkeypatch: pytest.MonkeyPatch, *args: str):  # type: ignore[no-untyped-def]
+    _, slurm, provider, path = world
+    monkeypatch.setattr(AppContext, "slurm", lambda self: slurm.client())
+    monkeypatch.setattr(status_module, "get_provider", lambda c, n: provider)
+    return CliRunner().invoke(cli, ["--config", str(path), "status", *args])
+
+
+def test_cli_table_for_people(world: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _invoke(world, monkeypatch)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = next(line for line in lines if "node" in line and "instance" in line)
+    for column in ("state", "market", "type", "zone", "uptime", "job"):
+        assert column in header
+    row = next(line for line in lines if "spot-1" in line)
+    for cell in ("alloc", "i-0001", "on-demand", "g5.xlarge", "us-east-1a", "42"):
+        assert cell in row
+
+
+def test_cli_json_for_scripts(world: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _invoke(world, monkeypatch, "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert data["errors"] == []
+    assert {r["node"]: r["jobs"] for r in data["nodes"]}["spot-1"] == [42]
+
+
+def test_cli_exit_1_when_a_provider_fails(world: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    world[2].fail_listing = RuntimeError("AuthFailure")
+    result = _invoke(world, monkeypatch, "--json")
+    assert result.exit_code == 1
+    assert "provider local: AuthFailure" in result.output
+
+
+def test_cli_uptime_is_counted_from_launch(world: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = world[2]
+    provider.instances.clear()
+    provider.add("spot-1", 0, datetime.now(timezone.utc) - timedelta(seconds=125), ip="10.0.0.1")
+    data = json.loads(_invoke(world, monkeypatch, "--json").output)
+    assert 124 <= {r["node"]: r["uptime_s"] for r in data["nodes"]}["spot-1"] <= 140
