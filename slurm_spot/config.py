@@ -207,11 +207,15 @@ class ReconcileConfig(_Model):
     metrics_file: Path | None = None
 
 
+def _default_providers() -> dict[str, LocalProviderConfig | AwsProviderConfig | GcpProviderConfig]:
+    return {"local": LocalProviderConfig()}
+
+
 class SpotConfig(_Model):
     """The whole ``spot.yaml``."""
 
     cluster: str = Field(pattern=NAME_PATTERN)
-    providers: dict[str, ProviderConfig] = Field(default_factory=lambda: {"local": LocalProviderConfig()})
+    providers: dict[str, ProviderConfig] = Field(default_factory=_default_providers)
     node_sets: list[NodeSetConfig] = Field(min_length=1)
     partitions: list[PartitionConfig] = Field(min_length=1)
     preemption: PreemptionConfig = PreemptionConfig()

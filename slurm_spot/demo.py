@@ -143,7 +143,7 @@ class Demo:
     def job_fields(self, job_id: int) -> dict[str, str]:
         from slurm_spot.slurm.states import parse_oneline
 
-        proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)],  # noqa: S607
+        proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)],
                               env=self.env, capture_output=True, text=True, timeout=30,
                               check=False)
         return parse_oneline(proc.stdout.strip()) if proc.returncode == 0 else {}

@@ -19,7 +19,9 @@ _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 def _split_top_level(expr: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1

@@ -134,7 +134,8 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
     """
     paths = LocalClusterPaths(conf_dir, config.state_dir)
     if paths.record.exists() and _alive(_read_record(paths).get("slurmctld_pid")):
-        raise BadInputError(f"a local cluster is already up ({paths.record}); run 'slurm-spot local down' first")
+        raise BadInputError(
+            f"a local cluster is already up ({paths.record}); run 'slurm-spot local down' first")
     conf_dir.mkdir(parents=True, exist_ok=True)
     write_cluster_files(config, paths)
     munge_pid = start_munge()
@@ -174,7 +175,7 @@ def _start_reconciler(config: SpotConfig, paths: LocalClusterPaths) -> int | Non
         import slurm_spot.reconcile  # noqa: F401 - present once the reconciler is installed
     except ImportError:
         return None
-    log = open(config.log_dir / "reconcile.log", "ab")  # noqa: SIM115 - owned by the child
+    log = open(config.log_dir / "reconcile.log", "ab")
     proc = subprocess.Popen(  # noqa: S603 - argv list
         [sys.executable, "-m", "slurm_spot", "--config", str(config.source_path), "reconcile"],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,

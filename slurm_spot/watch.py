@@ -115,10 +115,10 @@ class Watcher:
                     extra={"deadline": notice.deadline.isoformat(), "source": notice.source})
         signal = self.config.preemption.signal
         for job in jobs:
-            self._try(outcome, lambda job=job: self.slurm.signal_steps(job, signal))
+            self._signal(outcome, job, signal)
         act_at = notice.deadline.timestamp() - self.margin_s
         while self.clock() < act_at and jobs:
-            self.sleep(min(1.0, max(0.0, act_at - self.clock())))
+            self.sleep(max(0.05, min(1.0, act_at - self.clock())))
             jobs = [j for j in self._jobs_here(outcome) if j in outcome.jobs]
         self._try(outcome, lambda: self.slurm.set_state([self.node], "POWER_DOWN_FORCE", reason))
         for job in outcome.jobs:
@@ -126,6 +126,9 @@ class Watcher:
                 outcome.requeued.append(job)
         self._event("requeued", reason=reason, job_ids=tuple(outcome.requeued))
         return outcome
+
+    def _signal(self, outcome: NoticeOutcome, job: int, signal: str) -> None:
+        self._try(outcome, lambda: self.slurm.signal_steps(job, signal))
 
     def _jobs_here(self, outcome: NoticeOutcome) -> list[int]:
         try:

@@ -79,7 +79,7 @@ class Cluster:
 
     def start(self) -> None:
         LOCK_PATH.touch(exist_ok=True)
-        self._lock = open(LOCK_PATH, "w")  # noqa: SIM115 - held for the cluster's life
+        self._lock = open(LOCK_PATH, "w")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         _stop_strays()
         self.conf_dir.mkdir(parents=True, exist_ok=True)

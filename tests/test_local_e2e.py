@@ -69,7 +69,7 @@ def test_resume_twice_starts_no_second_instance(cluster: Cluster) -> None:
     try:
         ids = {i["instance_id"] for i in cluster.instances() if i["node"] == "spot-3"}
         assert len(ids) == 1
-        assert '"launched"' in first.stdout and list(ids)[0] in second.stdout
+        assert '"launched"' in first.stdout and next(iter(ids)) in second.stdout
     finally:
         cluster.spot("suspend", "spot-3")
     assert [i for i in cluster.instances() if i["node"] == "spot-3"] == []

@@ -43,7 +43,8 @@ def events_command(app: AppContext, since: str | None, node: str | None, as_json
         print_json(found)
         return
     for event in found:
-        jobs = ",".join(str(j) for j in event.get("job_ids", []) or [])  # type: ignore[union-attr]
+        job_ids = event.get("job_ids") or []
+        jobs = ",".join(str(j) for j in job_ids) if isinstance(job_ids, list) else ""
         click.echo(" ".join(str(x) for x in (
             event.get("time"), event.get("source"), event.get("action"), event.get("node") or "-",
             event.get("instance") or "-", f"jobs={jobs}" if jobs else "", event.get("reason") or "",

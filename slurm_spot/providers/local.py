@@ -38,9 +38,9 @@ from slurm_spot.providers.base import (
 )
 
 LOOPBACK = "127.0.0.1"
-RECORD_KEEP_S = 3600.0
+RECORD_KEEP_S = 3600.0  # ended instances stay listed this long, for the reconciler and status
 CAPACITY_CODE = "InsufficientInstanceCapacity"
-RECLAIM_REASON = "Server.SpotInstanceTermination: reclaimed by the simulated spot market"  # ended instances stay listed this long, for the reconciler and status
+RECLAIM_REASON = "Server.SpotInstanceTermination: reclaimed by the simulated spot market"
 
 
 def _proc_start_ticks(pid: int) -> int | None:
@@ -175,7 +175,7 @@ class LocalProvider:
                 record = self._start(node, request.node_set.name, request.node_set.market)
                 launched.append(self._to_instance(record))
                 in_set += 1
-        failed = ()
+        failed: tuple[LaunchFailure, ...] = ()
         if short:
             failed = (LaunchFailure(
                 tuple(short), CAPACITY_CODE,

@@ -1,0 +1,83 @@
+"""Prolog / TaskProlog: the job's checkpoint directory, created safely as root."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from slurm_spot.config import SpotConfig, parse_config
+from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.prolog import checkpoint_dir, prepare_checkpoint_dir, task_prolog_lines
+
+JOB = {"SLURM_JOB_ID": "777", "SLURM_JOB_USER": "nobody", "SLURM_JOB_UID": "65534",
+       "SLURM_JOB_GID": "65534"}
+
+
+def config(root: Path) -> SpotConfig:
+    return parse_config({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 1}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "checkpoint": {"root": str(root)}, "log_dir": str(root.parent / "log"),
+        "preemption": {"signal": "SIGUSR2"}})
+
+
+def test_directory_is_keyed_by_job_not_restart(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "ck")
+    first = checkpoint_dir(cfg, JOB)
+    again = checkpoint_dir(cfg, {**JOB, "SLURM_RESTART_COUNT": "2"})
+    assert first == again == tmp_path / "ck" / "nobody" / "777"
+    array = checkpoint_dir(cfg, {**JOB, "SLURM_JOB_ID": "1235", "SLURM_ARRAY_JOB_ID": "1234",
+                                 "SLURM_ARRAY_TASK_ID": "2"})
+    assert array.name == "1234_2"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the prolog runs as root and chowns")
+def test_created_owned_by_the_user_mode_0700(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "ck")
+    path = prepare_checkpoint_dir(cfg, JOB)
+    info = path.stat()
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (65534, 0o700)
+    assert prepare_checkpoint_dir(cfg, JOB) == path  # a requeued job's prolog: same directory
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the prolog runs as root and chowns")
+@pytest.mark.parametrize("where", ["user", "job"])
+def test_symlink_is_refused_and_nothing_written_outside(tmp_path: Path, where: str) -> None:
+    root, outside = tmp_path / "ck", tmp_path / "etc"
+    outside.mkdir()
+    (root / "nobody").parent.mkdir(parents=True)
+    if where == "user":
+        (root / "nobody").symlink_to(outside)
+    else:
+        (root / "nobody").mkdir()
+        (root / "nobody" / "777").symlink_to(outside)
+    before = outside.stat()
+    with pytest.raises(BadInputError, match="symlink"):
+        prepare_checkpoint_dir(config(root), JOB)
+    after = outside.stat()
+    assert list(outside.iterdir()) == []
+    assert (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
+
+
+@pytest.mark.parametrize("env", [
+    {**JOB, "SLURM_JOB_ID": "../../etc"},
+    {**JOB, "SLURM_JOB_USER": "../root"},
+    {**JOB, "SLURM_JOB_ID": ""},
+])
+def test_paths_escaping_the_root_are_refused(tmp_path: Path, env: dict) -> None:
+    with pytest.raises(BadInputError):
+        prepare_checkpoint_dir(config(tmp_path / "ck"), env)
+    assert not (tmp_path / "etc").exists()
+
+
+def test_task_prolog_exports(tmp_path: Path) -> None:
+    lines = task_prolog_lines(config(tmp_path / "ck"), {**JOB, "SLURM_RESTART_COUNT": ""})
+    assert lines == [
+        f"export SLURM_SPOT_CHECKPOINT_DIR={tmp_path / 'ck' / 'nobody' / '777'}",
+        "export SLURM_SPOT_RESTART_COUNT=0",
+        "export SLURM_SPOT_PREEMPT_SIGNAL=USR2",
+        "export SLURM_SPOT_REQUEUE_EXIT_CODE=85",
+    ]
