@@ -16,7 +16,13 @@ from pathlib import Path
 import jinja2
 
 from slurm_spot import __version__
-from slurm_spot.config import LocalProviderConfig, NodeSetConfig, PartitionConfig, SpotConfig
+from slurm_spot.config import (
+    AwsProviderConfig,
+    LocalProviderConfig,
+    NodeSetConfig,
+    PartitionConfig,
+    SpotConfig,
+)
 from slurm_spot.errors import BadInputError
 from slurm_spot.hostlist import compress
 
@@ -32,7 +38,7 @@ def template_env() -> jinja2.Environment:
         loader=jinja2.FunctionLoader(lambda name: folder.joinpath(name).read_text()),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701 - config files, not HTML
+        autoescape=False,
     )
 
 
@@ -58,11 +64,27 @@ def slurm_version(sinfo: str = "sinfo") -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
+    """Node set ``index`` with CPUs, memory and GPUs filled from its EC2 instance types where
+    the admin left them unset (shipped catalogue; see providers/aws_catalog.py)."""
+    ns = config.node_sets[index]
+    if isinstance(config.providers[ns.provider], AwsProviderConfig):
+        from slurm_spot.providers.aws_catalog import resolve_node_set_shape
+
+        return resolve_node_set_shape(ns, where=f"node_sets.{index}", path=str(config.source_path))
+    return ns
+
+
 def node_lines(config: SpotConfig) -> list[str]:
     """``NodeName=`` lines: one per node set, or one per node for the local provider (each
-    local slurmd needs its own ``Port``)."""
+    local slurmd needs its own ``Port``).
+
+    Raises:
+        ConfigError: an EC2 instance type whose shape is unknown (see :func:`node_shape`).
+    """
     lines = []
-    for ns in config.node_sets:
+    for index in range(len(config.node_sets)):
+        ns = node_shape(config, index)
         common = _node_attributes(ns)
         provider = config.providers[ns.provider]
         if isinstance(provider, LocalProviderConfig):
@@ -130,7 +152,8 @@ def _partition_line(
 def gres_lines(config: SpotConfig) -> list[str]:
     """gres.conf lines for every node set with GPUs (``File=/dev/nvidia[0-N]``)."""
     lines = []
-    for ns in config.node_sets:
+    for index in range(len(config.node_sets)):
+        ns = node_shape(config, index)
         if ns.gpus:
             last = ns.gpus.count - 1
             files = "/dev/nvidia0" if last == 0 else f"/dev/nvidia[0-{last}]"

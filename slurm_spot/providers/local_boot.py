@@ -49,7 +49,7 @@ def boot(config_path: str, node: str, instance_id: str) -> None:
         sys.executable, "-m", "slurm_spot.providers.local_boot", "--config", config_path,
         "--inside", node, instance_id,
     ]
-    os.execvp(argv[0], argv)  # noqa: S606 - argv list
+    os.execvp(argv[0], argv)
 
 
 def inside(config_path: str, node: str, instance_id: str) -> None:
@@ -58,14 +58,14 @@ def inside(config_path: str, node: str, instance_id: str) -> None:
     settings = _local_settings(config, node)
     socket.sethostname(node)
     log_dir = config.log_dir
-    watch_log = open(log_dir / f"watch-{node}.log", "ab")  # noqa: SIM115 - owned by the child
+    watch_log = open(log_dir / f"watch-{node}.log", "ab")
     subprocess.Popen(  # noqa: S603 - argv list
         [sys.executable, "-m", "slurm_spot", "--config", config_path, "watch", "--node", node,
          "--instance-id", instance_id],
         stdin=subprocess.DEVNULL, stdout=watch_log, stderr=watch_log, close_fds=True,
     )
     argv = [settings.slurmd, "-D", "-N", node, "-f", _slurm_conf()]
-    os.execv(argv[0], argv)  # noqa: S606 - argv list
+    os.execv(argv[0], argv)
 
 
 def reclaim_after(config_path: str, seconds: float, node: str, instance_id: str) -> None:
