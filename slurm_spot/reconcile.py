@@ -349,8 +349,9 @@ class Reconciler:
                              **fields)  # type: ignore[arg-type]
         events.emit(self.config.log_dir, event)
         result.actions.append({k: v for k, v in event.__dict__.items() if v not in (None, (), {})})
-        log.info("%s %s %s %s", action, fields.get("node") or "-",
-                 fields.get("instance") or "-", fields.get("reason") or "")
+        jobs = ",".join(str(j) for j in fields.get("job_ids") or ())  # type: ignore[attr-defined]
+        log.info("%s node=%s instance=%s jobs=%s %s", action, fields.get("node") or "-",
+                 fields.get("instance") or "-", jobs or "-", fields.get("reason") or "")
 
     def _observe(self, snap: Snapshot, result: PassResult, duration_s: float) -> None:
         result.duration_s = duration_s
