@@ -8,8 +8,8 @@ signal flag, the collective stop decision, the requeue). Importing this module i
 
 from slurm_spot.jobs.checkpoint import (
     Checkpoint,
-    CheckpointError,
     Checkpointer,
+    CheckpointError,
     SkipSampler,
     TrainState,
     capture_rng_state,

@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from slurm_spot.errors import SlurmSpotError
+from slurm_spot.slurm.client import SlurmClient
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_digits.py"
 
@@ -143,10 +144,9 @@ class Demo:
     def job_fields(self, job_id: int) -> dict[str, str]:
         from slurm_spot.slurm.states import parse_oneline
 
-        proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)],
-                              env=self.env, capture_output=True, text=True, timeout=30,
-                              check=False)
-        return parse_oneline(proc.stdout.strip()) if proc.returncode == 0 else {}
+        os.environ["SLURM_CONF"] = self.env["SLURM_CONF"]
+        result = SlurmClient().run("scontrol", "-o", "show", "job", str(job_id), check=False)
+        return parse_oneline(result.stdout.strip()) if result.returncode == 0 else {}
 
     def wait(self, what: str, predicate: Callable[[], object], log: TrainingLog) -> object:
         last_report = 0.0

@@ -47,7 +47,7 @@ def test_partition_timers_need_slurm_23_02(tmp_path: Path) -> None:
     source = tmp_path / "spot.yaml"
     source.write_text(yaml.safe_dump(data))
     config = load_config(source)
-    with pytest.raises(BadInputError, match="needs Slurm 23.02"):
+    with pytest.raises(BadInputError, match=r"needs Slurm 23\.02"):
         render(config, version=(22, 5))
     text = render(config, version=(23, 11)).files["slurm-spot.conf"]
     assert "PartitionName=dev Nodes=dev-[1-2] MaxTime=INFINITE State=UP SuspendTime=60" in text
