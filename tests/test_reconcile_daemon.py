@@ -242,3 +242,18 @@ def test_events_carry_time_node_instance_action_reason_jobs(tmp_path: Path) -> N
     assert (event["node"], event["instance"], event["job_ids"]) == ("spot-1", "i-0001", [8])
     assert event["reason"] == "spot-interruption:reclaimed@2026-03-01T12:00:00Z"
     assert datetime.fromisoformat(event["time"]).tzinfo == timezone.utc
+
+
+def test_metrics_over_http() -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    metrics = ReconcileMetrics()
+    metrics.action("reclaimed", ok=True)
+    metrics.serve(port, addr="127.0.0.1")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    assert 'slurm_spot_reconcile_actions_total{action="reclaimed",outcome="ok"} 1.0' in text
