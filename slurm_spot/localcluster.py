@@ -140,6 +140,12 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
     write_cluster_files(config, paths)
     munge_pid = start_munge()
     env = {**os.environ, "SLURM_CONF": str(paths.slurm_conf)}
+    os.environ["SLURM_CONF"] = str(paths.slurm_conf)
+    client = SlurmClient(config.slurm_bin_dir)
+    if client.ping():
+        raise SlurmSpotError(
+            "another slurmctld already answers on this machine's port 6817; stop it first "
+            "(slurm-spot local down with its --conf-dir, or scontrol shutdown)")
     argv = ["/usr/sbin/slurmctld", "-f", str(paths.slurm_conf)]
     if not keep_state:
         argv.append("-c")
@@ -148,14 +154,12 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
     if started.returncode != 0:
         raise SlurmSpotError(f"slurmctld did not start: {started.stderr.strip()} "
                              f"(see {config.log_dir / 'slurmctld.log'})")
-    client = SlurmClient(config.slurm_bin_dir)
-    os.environ["SLURM_CONF"] = str(paths.slurm_conf)
+    pid_file = config.state_dir / "slurmctld.pid"
     deadline = time.monotonic() + 30
-    while not client.ping():
+    while not (client.ping() and pid_file.exists() and _alive(_read_pid(pid_file))):
         if time.monotonic() > deadline:
             raise SlurmSpotError(f"slurmctld does not answer; see {config.log_dir / 'slurmctld.log'}")
         time.sleep(0.3)
-    pid_file = config.state_dir / "slurmctld.pid"
     record: dict[str, object] = {
         "slurm_conf": str(paths.slurm_conf),
         "spot_yaml": str(config.source_path),
@@ -182,6 +186,13 @@ def _start_reconciler(config: SpotConfig, paths: LocalClusterPaths) -> int | Non
         env={**os.environ, "SLURM_CONF": str(paths.slurm_conf)},
     )
     return proc.pid
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _read_record(paths: LocalClusterPaths) -> dict[str, object]:

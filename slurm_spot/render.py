@@ -52,16 +52,25 @@ def hook_paths(hooks_dir: Path | None = None) -> dict[str, str]:
     return {name.replace("-", "_"): str(folder / f"slurm-spot-{name}") for name in HOOK_NAMES}
 
 
-def slurm_version(sinfo: str = "sinfo") -> tuple[int, int] | None:
-    """(major, minor) of the installed Slurm from ``sinfo --version``, or None if absent."""
-    try:
-        out = subprocess.run(  # noqa: S603 - argv list
-            [sinfo, "--version"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r"(\d+)\.(\d+)", out)
-    return (int(match.group(1)), int(match.group(2))) if match else None
+def slurm_version(candidates: tuple[list[str], ...] = (
+    ["/usr/sbin/slurmctld", "-V"], ["slurmctld", "-V"], ["sinfo", "--version"],
+)) -> tuple[int, int] | None:
+    """(major, minor) of the installed Slurm, or None if no Slurm program answers.
+
+    ``slurmctld -V`` comes first: ``sinfo --version`` fails on 22.05 when no slurm.conf is
+    reachable.
+    """
+    for argv in candidates:
+        try:
+            out = subprocess.run(  # noqa: S603 - argv list
+                argv, capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        match = re.search(r"(\d+)\.(\d+)", out)
+        if match:
+            return int(match.group(1)), int(match.group(2))
+    return None
 
 
 def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:

@@ -57,8 +57,7 @@ def render_command(app: AppContext, output_dir: Path | None, hooks_dir: Path | N
     problems = check_config(config)
     if problems:
         raise ConfigError(str(config.source_path), problems)
-    version = _parse_version(version_text) if version_text else slurm_version(
-        str(config.slurm_bin_dir / "sinfo"))
+    version = _parse_version(version_text) if version_text else slurm_version()
     rendered = render(config, hooks_dir=hooks_dir, version=version)
     if output_dir is None:
         if as_json:

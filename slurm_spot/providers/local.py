@@ -259,11 +259,13 @@ class LocalProvider:
                 record = self._read(self.records / f"{instance_id}.json")
                 if record is None or record.get("state") == InstanceState.TERMINATED.value:
                     continue
-                if self._alive(record):
-                    _kill_instance_processes(int(record["pid"]))
+                alive = self._alive(record)
+                if alive:
                     record["state_reason"] = reason
                 record["state"] = InstanceState.TERMINATED.value
-                self._write(record)
+                self._write(record)  # first, so a listing never sees a half-killed instance
+                if alive:
+                    _kill_instance_processes(int(record["pid"]))
                 self._clear_notice(record["node"])
                 ended.append(self._to_instance(record))
         return ended
