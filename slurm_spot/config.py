@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -35,6 +36,8 @@ from slurm_spot.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm/spot.yaml")
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,40}$"
+# slurm.conf(5) MaxTime: minutes, [days-]hours[:minutes[:seconds]], or INFINITE/UNLIMITED.
+MAX_TIME_PATTERN = r"^(INFINITE|UNLIMITED|[0-9]+(-[0-9]{1,2})?(:[0-9]{1,2}){0,2})$"
 SIGNAL_NAMES = {"USR1": 10, "USR2": 12, "TERM": 15, "INT": 2, "HUP": 1, "QUIT": 3, "URG": 23}
 
 
@@ -46,7 +49,7 @@ class LocalProviderConfig(_Model):
     """The built-in ``local`` provider: instances are ``slurmd`` processes on this machine."""
 
     type: Literal["local"] = "local"
-    slurmd: str = Field("/usr/sbin/slurmd", description="absolute path of slurmd")
+    slurmd: str = Field("/usr/sbin/slurmd", pattern=r"^/", description="absolute path of slurmd")
     port_base: int = Field(17000, ge=1024, le=65000, description="node i listens on port_base+i")
     boot_delay_s: float = Field(1.0, ge=1.0, description="seconds between request and slurmd start")
     slurmd_timeout_s: int = Field(300, ge=10, description="SlurmdTimeout of the local cluster")
@@ -61,6 +64,12 @@ class AwsProviderConfig(_Model):
     region: str
     endpoint_url: str | None = None
     profile: str | None = None
+    credentials_file: Path | None = Field(
+        None,
+        description="shared credentials file (INI, like ~/.aws/credentials) to read instead of "
+        "the default one: slurmctld runs the hooks with an empty environment, so "
+        "AWS_SHARED_CREDENTIALS_FILE cannot reach them (a controller outside EC2, tests)",
+    )
 
 
 class GcpProviderConfig(_Model):
@@ -126,14 +135,14 @@ class NodeSetConfig(_Model):
 
     name: str = Field(pattern=NAME_PATTERN)
     provider: str
-    count: int = Field(ge=1, le=10000)
+    count: StrictInt = Field(ge=1, le=10000)
     market: Literal["spot", "on-demand"] = "spot"
     fallback: Literal["on-demand", "none"] = "none"
     instance_types: list[str] = Field(default_factory=list)
     cpus: int = Field(1, ge=1)
     memory_mib: int = Field(1000, ge=1)
     gpus: GpuSpec | None = None
-    features: list[str] = Field(default_factory=list)
+    features: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")]] = Field(default_factory=list)
     weight: int = Field(1, ge=0)
     aws: AwsNodeSetOptions | None = None
     gcp: GcpNodeSetOptions | None = None
@@ -157,7 +166,7 @@ class PartitionConfig(_Model):
     default: bool = False
     suspend_time_s: int | None = Field(None, ge=0)
     resume_timeout_s: int | None = Field(None, ge=30)
-    max_time: str = "INFINITE"
+    max_time: str = Field("INFINITE", pattern=MAX_TIME_PATTERN)
 
 
 class PreemptionConfig(_Model):
@@ -235,6 +244,11 @@ class SpotConfig(_Model):
     @model_validator(mode="after")
     def _cross_references(self) -> SpotConfig:
         problems: list[str] = []
+        for name, value in (("state_dir", self.state_dir), ("log_dir", self.log_dir),
+                            ("slurm_bin_dir", self.slurm_bin_dir),
+                            ("checkpoint.root", self.checkpoint.root)):
+            if not value.is_absolute():
+                problems.append(f"{name}: must be an absolute path, got {str(value)!r}")
         seen_sets: dict[str, int] = {}
         owner: dict[str, str] = {}
         for i, ns in enumerate(self.node_sets):
@@ -352,9 +366,11 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
     """
     file = config_path(path)
     try:
-        text = file.read_text()
+        text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(file), [f"cannot read the file: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(file), [f"byte {exc.start}: not UTF-8 text"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -9,6 +9,7 @@ calls on an ``O_APPEND`` file, so concurrent writers never interleave within a l
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 EVENTS_FILE = "events.jsonl"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,21 @@ class Event:
 
 
 def emit(log_dir: Path, event: Event) -> None:
-    """Append ``event`` to the log dir's events file (created with mode 0644)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+    """Append ``event`` to the log dir's events file (created with mode 0644).
+
+    Never raises: if the file cannot be written, the event goes to the log instead."""
     line = (event.to_json() + "\n").encode()
-    fd = os.open(log_dir / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_dir / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        # Recording a decision must never stop the decision itself (a hook, a pass).
+        log.warning("cannot append to %s: %s; event was %s", log_dir / EVENTS_FILE, exc,
+                    line.decode().strip())
 
 
 def record(
@@ -64,21 +73,28 @@ def record(
 
 
 def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[str, object]]:
-    """Events from the file, oldest first; lines that are not JSON are skipped."""
+    """Events from the file, oldest first. Lines that are not JSON objects, or whose time
+    cannot be read when ``since`` is given, are skipped."""
     path = log_dir / EVENTS_FILE
-    if not path.exists():
+    try:
+        fh = open(path, encoding="utf-8", errors="replace")
+    except OSError:
         return
-    with open(path) as fh:
+    with fh:
         for line in fh:
             try:
                 data = json.loads(line)
             except ValueError:
+                continue
+            if not isinstance(data, dict):
                 continue
             if since is not None:
                 try:
                     when = datetime.fromisoformat(str(data.get("time")))
                 except ValueError:
                     continue
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=timezone.utc)
                 if when < since:
                     continue
             yield data

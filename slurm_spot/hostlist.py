@@ -14,7 +14,7 @@ import hostlist as _hostlist
 
 from slurm_spot.errors import HostlistError
 
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 
 
 def _split_top_level(expr: str) -> list[str]:
@@ -60,7 +60,7 @@ def expand(expr: str) -> list[str]:
         except _hostlist.BadHostlist as exc:
             raise HostlistError(f"bad hostlist {expr!r}: part {part!r}: {exc}") from None
         for name in names:
-            if not _NODE_NAME.match(name):
+            if not _NODE_NAME.fullmatch(name):
                 raise HostlistError(
                     f"bad hostlist {expr!r}: part {part!r} gives {name!r}, not a valid node name"
                 )

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from slurm_spot.config import LocalProviderConfig, SpotConfig, load_config
-from slurm_spot.errors import BadInputError, SlurmSpotError
+from slurm_spot.errors import BadInputError, ConfigError, SlurmSpotError
 from slurm_spot.render import render, slurm_version, template_env, write_rendered
 from slurm_spot.slurm.client import SlurmClient
 
@@ -300,6 +300,16 @@ def prepare_config(config_path: str | None, conf_dir: Path) -> SpotConfig:
             slurm-spot.
     """
     target = conf_dir / "spot.yaml"
+    try:
+        current = load_config(target) if target.exists() else None
+    except ConfigError:
+        current = None  # an invalid old file may be replaced (below, if it is ours)
+    if current is not None:
+        record = _read_record(LocalClusterPaths(conf_dir, current.state_dir))
+        if _alive(record.get("slurmctld_pid")):
+            raise BadInputError(
+                f"a local cluster is already up with {target}; run 'slurm-spot local down "
+                f"--conf-dir {conf_dir}' first")
     if config_path and Path(config_path).absolute() != target.absolute():
         load_config(config_path)  # validate before touching anything
         text = Path(config_path).read_text()

@@ -143,9 +143,27 @@ def _resume_node_set(
         try:
             slurm.set_addresses(addresses)  # type: ignore[arg-type]
         except SlurmCommandError as exc:
-            result.errors.append(str(exc))
+            # An instance Slurm cannot reach is a leak: give it back now, tell the caller.
+            result.errors.append(f"{exc}; terminating the instances just launched")
+            _give_back(config, node_set, providers, launched, result)
     for failure in failures:
         mark_launch_failed(config, slurm, failure, result)
+
+
+def _give_back(config: SpotConfig, node_set: NodeSetConfig, providers: ProviderFactory,
+               launched: list[Instance], result: PowerResult) -> None:
+    ids = [i.instance_id for i in launched]
+    try:
+        providers(config, node_set.provider).terminate_instances(ids)
+    except ProviderError as exc:
+        result.errors.append(f"could not terminate {', '.join(ids)}: {exc}; the reconciler will")
+        return
+    result.launched = [i for i in result.launched if i.instance_id not in set(ids)]
+    result.terminated.extend(launched)
+    for inst in launched:
+        events.emit(config.log_dir, events.Event(
+            "terminated", "resume", node=inst.node, instance=inst.instance_id,
+            reason="Slurm did not accept the node's address"))
 
 
 def mark_launch_failed(

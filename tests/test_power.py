@@ -74,7 +74,7 @@ class FakeCloud:
         return ended
 
     def terminate_instances(self, ids):  # type: ignore[no-untyped-def]
-        pass
+        self.terminate([i.node for i in self.instances if i.instance_id in ids])
 
     def list_instances(self):  # type: ignore[no-untyped-def]
         return list(self.instances)
@@ -167,3 +167,27 @@ def test_reason_is_one_bounded_line() -> None:
                             ErrorClass.CONFIG)
     assert "\n" not in failure.reason and len(failure.reason) <= 200
     assert failure.reason.startswith("(Code:SpotMaxPriceTooLow)offered 0.1 required")
+
+
+def test_instances_slurm_cannot_record_are_given_back(setup) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, _, _ = setup
+
+    def refusing(argv: list[str], timeout_s: float) -> CommandResult:
+        return CommandResult(argv, 1, "", "Unable to contact slurm controller (connect failure)")
+
+    result = power.resume(config, "gpu-[1-2]", SlurmClient("/usr/bin", runner=refusing),
+                          lambda c, name: clouds[name])
+    assert result.launched == []
+    assert sorted(i.node for i in result.terminated) == ["gpu-1", "gpu-2"]
+    assert "Unable to contact slurm controller" in result.errors[0]
+    assert [i for i in clouds["cloud"].instances if i.state.is_alive] == []
+
+
+def test_unwritable_event_log_never_stops_a_hook(setup, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, scontrol, slurm = setup
+    config.log_dir.mkdir(parents=True)
+    (config.log_dir / "events.jsonl").mkdir()  # appending to it fails
+    clouds["cloud"].capacity = 1
+    result = power.resume(config, "gpu-[1-2]", slurm, lambda c, name: clouds[name])
+    assert [i.node for i in result.launched] == ["gpu-1"]
+    assert scontrol.nodes["gpu-2"]["state"] == "POWER_DOWN"

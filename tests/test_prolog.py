@@ -44,22 +44,46 @@ def test_created_owned_by_the_user_mode_0700(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the prolog runs as root and chowns")
-@pytest.mark.parametrize("where", ["user", "job"])
-def test_symlink_is_refused_and_nothing_written_outside(tmp_path: Path, where: str) -> None:
+def test_user_dir_symlink_is_refused_and_nothing_written_outside(tmp_path: Path) -> None:
     root, outside = tmp_path / "ck", tmp_path / "etc"
     outside.mkdir()
-    (root / "nobody").parent.mkdir(parents=True)
-    if where == "user":
-        (root / "nobody").symlink_to(outside)
-    else:
-        (root / "nobody").mkdir()
-        (root / "nobody" / "777").symlink_to(outside)
+    root.mkdir()
+    (root / "nobody").symlink_to(outside)
     before = outside.stat()
     with pytest.raises(BadInputError, match="symlink"):
         prepare_checkpoint_dir(config(root), JOB)
     after = outside.stat()
     assert list(outside.iterdir()) == []
     assert (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the prolog runs as root and chowns")
+def test_job_dir_symlink_planted_by_the_user_is_moved_aside(tmp_path: Path) -> None:
+    """A user can plant a symlink in their own directory; the prolog must neither follow it
+    nor fail (a failing prolog drains the node): it moves the entry aside."""
+    root, outside = tmp_path / "ck", tmp_path / "etc"
+    outside.mkdir()
+    (root / "nobody").mkdir(parents=True)
+    (root / "nobody" / "777").symlink_to(outside)
+    path = prepare_checkpoint_dir(config(root), JOB)
+    assert path.is_dir() and not path.is_symlink() and path.stat().st_uid == 65534
+    aside = [p for p in (root / "nobody").iterdir() if p.name.startswith("777.refused-")]
+    assert len(aside) == 1 and aside[0].is_symlink()
+    assert list(outside.iterdir()) == [] and outside.stat().st_uid == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the prolog runs as root and chowns")
+def test_world_writable_root_and_foreign_owned_dirs_are_refused(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    root.mkdir(mode=0o777)
+    root.chmod(0o1777)
+    with pytest.raises(BadInputError, match="writable by root only"):
+        prepare_checkpoint_dir(config(root), JOB)
+    root.chmod(0o755)
+    (root / "nobody").mkdir()
+    os.chown(root / "nobody", 1, 1)  # planted by another user (daemon)
+    with pytest.raises(BadInputError, match="owned by uid 1"):
+        prepare_checkpoint_dir(config(root), JOB)
 
 
 @pytest.mark.parametrize("env", [

@@ -105,3 +105,31 @@ def test_missing_script_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "-p", "x", "nope.sh"])
     assert result.exit_code == 2
     assert "nope.sh: no such file" in result.output
+
+
+@pytest.mark.parametrize(("options", "env"), [
+    (["--no-req"], {}),
+    ([], {"SBATCH_NO_REQUEUE": "1"}),
+])
+def test_requeue_cannot_be_turned_off_by_abbreviation_or_env(options: list[str], env: dict) -> None:
+    with pytest.raises(BadInputError, match="requeueable"):
+        plan_submission("#!/bin/sh\nsrun true\n", "a.sh", options, [], "USR2", 90, env=env)
+
+
+def test_signal_checks_see_abbreviations_env_and_only_column_0_directives() -> None:
+    with pytest.raises(BadInputError, match="SIGUSR1"):
+        plan_submission("#!/bin/sh\nsrun true\n", "a.sh", ["--sig=USR1@60"], [], "USR2", 90)
+    with pytest.raises(BadInputError, match="SIGUSR1"):
+        plan_submission("#!/bin/sh\nsrun true\n", "a.sh", [], [], "USR2", 90,
+                        env={"SBATCH_SIGNAL": "USR1@30"})
+    # sbatch ignores an indented #SBATCH, so slurm-spot must still add its own --signal.
+    plan = plan_submission("#!/bin/sh\n   #SBATCH --signal=USR2@1\nsrun true\n", "a.sh", [],
+                           [], "USR2", 90)
+    assert "#SBATCH --signal=USR2@90" in plan.script
+
+
+def test_job_name_from_an_odd_file_name_is_one_safe_word() -> None:
+    plan = plan_submission("#!/bin/sh\nsrun true\n", "my job\nx.sh", [], [], "USR2", 90)
+    assert "#SBATCH --job-name=my_job_x.sh\n" in plan.script
+    options, script, _ = split_command_line(["--mail-type", "END", "job.sh"])
+    assert script == "job.sh" and options == ["--mail-type", "END"]

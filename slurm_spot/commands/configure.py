@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
 
 from slurm_spot.checks import check_config
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.errors import ConfigError
+from slurm_spot.errors import BadInputError, ConfigError
 from slurm_spot.render import render, slurm_version, write_rendered
 
 
@@ -67,7 +68,10 @@ def render_command(app: AppContext, output_dir: Path | None, hooks_dir: Path | N
                 click.echo(f"# ===== {name} =====")
                 click.echo(text, nl=False)
         return
-    written = write_rendered(rendered, output_dir)
+    try:
+        written = write_rendered(rendered, output_dir)
+    except OSError as exc:
+        raise BadInputError(f"--output-dir {output_dir}: cannot write: {exc.strerror}") from None
     if as_json:
         print_json({"written": [str(p) for p in written]})
     else:
@@ -78,12 +82,11 @@ def render_command(app: AppContext, output_dir: Path | None, hooks_dir: Path | N
 
 
 def _parse_version(text: str) -> tuple[int, int]:
-    parts = text.split(".")
-    try:
-        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-    except ValueError:
+    match = re.fullmatch(r"(\d{2})\.(\d{2})(\.\d+)?", text.strip())
+    if not match:
         raise click.BadParameter(f"{text!r} is not a Slurm version such as 23.11",
-                                 param_hint="--slurm-version") from None
+                                 param_hint="--slurm-version")
+    return int(match.group(1)), int(match.group(2))
 
 
 COMMANDS = [config_group, render_command]

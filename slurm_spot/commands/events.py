@@ -21,7 +21,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     match = re.fullmatch(r"(\d+)([smhd])", text.strip())
     if match:
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
-        return now - timedelta(**{unit: int(match.group(1))})
+        try:
+            return now - timedelta(**{unit: int(match.group(1))})
+        except OverflowError:
+            raise click.BadParameter(f"{text!r} reaches before year 1", param_hint="--since") from None
     try:
         when = datetime.fromisoformat(text)
     except ValueError:

@@ -7,6 +7,7 @@ import os
 import click
 
 from slurm_spot.commands.common import AppContext, pass_app
+from slurm_spot.errors import SlurmSpotError
 from slurm_spot.jobs import prolog as job_prolog
 
 
@@ -29,8 +30,12 @@ def task_prolog_command(app: AppContext) -> None:
 @click.command("epilog")
 @pass_app
 def epilog_command(app: AppContext) -> None:
-    """Epilog: record the job's end on this node (checkpoints are kept)."""
-    job_prolog.epilog(app.config, os.environ)
+    """Epilog: record the job's end on this node (checkpoints are kept). Always exits 0: a
+    failing Epilog drains the node."""
+    try:
+        job_prolog.epilog(app.config, os.environ)
+    except SlurmSpotError as exc:
+        click.echo(f"slurm-spot epilog: {exc}", err=True)
 
 
 COMMANDS = [prolog_command, task_prolog_command, epilog_command]

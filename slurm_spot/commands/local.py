@@ -31,8 +31,10 @@ def _local_provider(config: SpotConfig, node: str) -> LocalProvider:
 
 
 def _config(app: AppContext, conf_dir: Path) -> SpotConfig:
+    """The config for a command that only reads: --config if given, else the local
+    cluster's ``<conf_dir>/spot.yaml``. Never writes anything."""
     if app._config is None:
-        app._config = localcluster.prepare_config(app.config_path, conf_dir)
+        app._config = localcluster.load_config(app.config_path or conf_dir / "spot.yaml")
     return app._config
 
 
@@ -50,7 +52,7 @@ def local_group() -> None:
 def up_command(app: AppContext, conf_dir: Path, keep_state: bool, no_reconcile: bool,
                as_json: bool) -> None:
     """Start munge, slurmctld (and the reconciler) for the local spot cluster."""
-    config = _config(app, conf_dir)
+    config = localcluster.prepare_config(app.config_path, conf_dir)
     record = localcluster.up(config, conf_dir, keep_state=keep_state, reconcile=not no_reconcile)
     if as_json:
         print_json(record)
@@ -126,8 +128,8 @@ def launch_command(app: AppContext, node: str, conf_dir: Path, as_json: bool) ->
 def preempt_command(app: AppContext, node: str, notice_s: float, conf_dir: Path,
                     as_json: bool) -> None:
     """Publish an interruption notice for NODE, then kill its instance when it runs out."""
-    if notice_s < 0:
-        raise click.BadParameter("must be >= 0 seconds", param_hint="--notice")
+    if not 0 <= notice_s <= 86400:  # also refuses nan and inf
+        raise click.BadParameter("must be between 0 and 86400 seconds", param_hint="--notice")
     config = _config(app, conf_dir)
     deadline = _local_provider(config, node).preempt(node, notice_s)
     if as_json:

@@ -96,9 +96,12 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
                                str(ours["python"]), env)
         script_args = []
     else:
-        text = path.read_text()
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            raise BadInputError(f"{script}: not a text file (UTF-8)") from None
     plan = plan_submission(text, path.name, options, script_args, config.preemption.signal,
-                           config.preemption.lead_s)
+                           config.preemption.lead_s, env=os.environ)
     for warning in plan.warnings:
         click.echo(f"slurm-spot: warning: {warning}", err=True)
     _submit(app, plan, bool(ours["dry_run"]), bool(ours["json"]))

@@ -115,6 +115,9 @@ def list_candidates(directory: str | os.PathLike[str]) -> list[Candidate]:
         entries = list(os.scandir(directory))
     except (FileNotFoundError, NotADirectoryError):
         return []
+    except PermissionError as exc:
+        raise CheckpointError(f"{directory}: cannot list the checkpoint directory: "
+                              f"{exc.strerror}") from None
     for entry in entries:
         if entry.is_symlink() or _is_temp_name(entry.name):
             continue
@@ -222,9 +225,12 @@ def validate(candidate: Candidate, verify_checksums: bool = True) -> str:
         verify_checksums: also hash every file (directories) or CRC-check every member
             (archives); without it only presence, sizes and structure are checked.
     """
-    if candidate.kind == "dir":
-        return _check_dir(candidate, verify_checksums)
-    return _check_archive(candidate.path, verify_checksums)
+    try:
+        if candidate.kind == "dir":
+            return _check_dir(candidate, verify_checksums)
+        return _check_archive(candidate.path, verify_checksums)
+    except OSError as exc:  # unreadable file or directory: not usable, try an older one
+        return f"cannot read it: {exc.strerror or exc}"
 
 
 def scan(directory: str | os.PathLike[str], verify_checksums: bool = True) -> list[Verdict]:

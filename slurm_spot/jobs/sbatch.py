@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurm_spot.errors import BadInputError
@@ -25,7 +25,7 @@ _FLAG_LONG = {
     "--requeue", "--no-requeue", "--hold", "--wait", "--parsable", "--test-only",
     "--overcommit", "--contiguous", "--spread-job", "--use-min-nodes", "--ignore-pbs",
     "--oversubscribe", "--no-kill", "--quiet", "--verbose", "--usage", "--help", "--version",
-    "--exclusive", "--get-user-env", "--reboot", "--nice", "--mail-type", "--propagate",
+    "--exclusive", "--get-user-env", "--reboot", "--nice", "--propagate",
 }
 _OPTIONAL_VALUE_LONG = {"--exclusive", "--get-user-env", "--nice", "--no-kill", "--propagate"}
 _FLAG_SHORT = set("HhIkOQsvVW")
@@ -61,8 +61,8 @@ def read_directives(script: str) -> ScriptDirectives:
     in_header = True
     for number, raw in enumerate(script.splitlines(), start=1):
         line = raw.strip()
-        if line.startswith("#SBATCH"):
-            rest = line[len("#SBATCH"):]
+        if raw.startswith("#SBATCH"):  # only at column 0: sbatch ignores an indented one
+            rest = raw[len("#SBATCH"):].rstrip()
             if rest and not rest[0].isspace():
                 continue  # '#SBATCHX' is a comment too
             try:
@@ -116,6 +116,7 @@ def _takes_separate_value(word: str) -> bool:
 def option_values(options: Sequence[str], long: str, short: str | None = None) -> list[str]:
     """Values given to an option in ``options`` (``--nodes=2``, ``--nodes 2``, ``-N2``, ``-N 2``)."""
     values = []
+    options = [canonical_option(w) for w in options]
     for i, word in enumerate(options):
         if word.startswith(long + "="):
             values.append(word.split("=", 1)[1])
@@ -127,9 +128,28 @@ def option_values(options: Sequence[str], long: str, short: str | None = None) -
     return values
 
 
+# sbatch (getopt_long) accepts any unambiguous prefix of a long option: the shortest
+# unambiguous prefix of the options slurm-spot must see, among sbatch 22.05-24.11's options.
+_SHORTEST_PREFIX = {"--no-requeue": "--no-r", "--signal": "--si", "--nodes": "--nodes",
+                    "--job-name": "--job-n"}
+
+
+def canonical_option(word: str) -> str:
+    """``--no-req`` -> ``--no-requeue``, ``--sig=USR1`` -> ``--signal=USR1``; others as given."""
+    if not word.startswith("--"):
+        return word
+    name, eq, value = word.partition("=")
+    for full, shortest in _SHORTEST_PREFIX.items():
+        if len(name) >= len(shortest) and full.startswith(name):
+            return f"{full}{eq}{value}"
+    return word
+
+
 def has_flag(options: Sequence[str], *names: str) -> bool:
-    """True if any of ``names`` appears as an option (with or without ``=value``)."""
-    return any(w == n or w.startswith(n + "=") for w in options for n in names)
+    """True if any of ``names`` appears as an option (with or without ``=value``), also in an
+    abbreviated form sbatch accepts."""
+    words = [canonical_option(w) for w in options]
+    return any(w == n or w.startswith(n + "=") for w in words for n in names)
 
 
 @dataclass
@@ -154,6 +174,7 @@ def plan_submission(
     script_args: Sequence[str],
     signal: str,
     lead_s: int,
+    env: Mapping[str, str] | None = None,
 ) -> Submission:
     """Build what to submit: the script with slurm-spot's directives right after the shebang,
     and the user's options and arguments, passed through unchanged.
@@ -168,15 +189,19 @@ def plan_submission(
             only: the training processes would never see it); a script without ``#!``.
     """
     if not is_script(script_text):
-        raise BadInputError(f"{script_name}: a batch script must start with '#!' (sbatch(1))")
+        raise BadInputError(f"{script_name!r}: a batch script must start with '#!' (sbatch(1))")
     directives = read_directives(script_text)
     options = [*directives.options(), *cli_options]
     warnings = [
         f"{script_name}:{d.line}: '#SBATCH {' '.join(d.options)}' comes after the first "
         "command; sbatch ignores it" for d in directives.ignored
     ]
-    if has_flag(options, "--no-requeue"):
-        raise BadInputError("--no-requeue: jobs on spot nodes must be requeueable; drop it")
+    env = env or {}
+    if has_flag(options, "--no-requeue") or "SBATCH_NO_REQUEUE" in env:
+        raise BadInputError("--no-requeue (or SBATCH_NO_REQUEUE): jobs on spot nodes must be "
+                            "requeueable; drop it")
+    if env.get("SBATCH_SIGNAL"):
+        options = [f"--signal={env['SBATCH_SIGNAL']}", *options]
     added = ["--requeue", "--open-mode=append"]
     wanted = parse_signal(signal)
     given = option_values(options, "--signal")
@@ -197,7 +222,8 @@ def plan_submission(
     if not option_values(options, "--nodes", "-N"):
         added.append("--nodes=1")
     if not option_values(options, "--job-name", "-J"):
-        added.append(f"--job-name={script_name.rsplit('/', 1)[-1]}")
+        name = re.sub(r"[^A-Za-z0-9._+-]", "_", script_name.rsplit("/", 1)[-1]) or "job"
+        added.append(f"--job-name={name}")
     final = insert_directives(script_text, added)
     return Submission(final, list(cli_options), list(script_args), warnings)
 

@@ -6,9 +6,9 @@
   every listing is one paginated DescribeInstances filtered by the cluster tag.
 - Clients: boto3 is imported on first use only (``import boto3`` plus a client costs ~0.4 s in a
   short-lived hook). Credentials come from the standard boto3 chain (instance profile on the
-  controller, ``profile`` from the config if set) and are never logged. The endpoint is the
-  config's ``endpoint_url``, else whatever boto3 reads from ``AWS_ENDPOINT_URL_EC2`` /
-  ``AWS_ENDPOINT_URL`` (tests point these at moto).
+  controller, ``profile`` and ``credentials_file`` from the config if set) and are never
+  logged. The endpoint is the config's ``endpoint_url``, else whatever boto3 reads from
+  ``AWS_ENDPOINT_URL_EC2`` / ``AWS_ENDPOINT_URL`` (tests point these at moto).
 - Retries: two clients. CreateFleet goes through one with ``total_max_attempts=1`` (botocore
   would otherwise repeat InsufficientInstanceCapacity, an HTTP 500, twice in standard mode);
   the launcher retries throttling itself with the same ClientToken. Every other call uses
@@ -104,12 +104,9 @@ class AwsProvider:
 
     def _client(self, kind: str, retries: Any, read_timeout_s: int) -> Any:
         if kind not in self._clients:
-            import boto3
             from botocore.config import Config
 
-            session = self._session or boto3.session.Session(
-                profile_name=self.settings.profile, region_name=self.settings.region
-            )
+            session = self._session or boto_session(self.settings)
             client = session.client(
                 "ec2",
                 region_name=self.settings.region,
@@ -312,6 +309,22 @@ class AwsProvider:
             return fn(**kwargs)
         except BotoCoreError as exc:
             raise _provider_error(exc) from exc
+
+
+def boto_session(settings: AwsProviderConfig) -> Any:
+    """A ``boto3.session.Session`` for ``settings``: region, ``profile``, and
+    ``credentials_file`` in place of ``~/.aws/credentials`` when set (slurmctld runs the hooks
+    with an empty environment, so ``AWS_SHARED_CREDENTIALS_FILE`` cannot reach them). The
+    rest of boto3's credential chain is unchanged."""
+    import boto3
+    import botocore.session
+
+    core = botocore.session.Session()
+    if settings.credentials_file is not None:
+        core.set_config_variable("credentials_file", str(settings.credentials_file))
+    return boto3.session.Session(
+        botocore_session=core, profile_name=settings.profile, region_name=settings.region
+    )
 
 
 def _complete(record: dict[str, Any] | None) -> bool:

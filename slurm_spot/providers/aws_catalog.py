@@ -159,11 +159,9 @@ class ShapeResolver:
 
     def _ec2(self) -> Any:
         if self._client is None and self._settings is not None:
-            import boto3
+            from slurm_spot.providers.aws import boto_session
 
-            session = boto3.session.Session(
-                profile_name=self._settings.profile, region_name=self._settings.region
-            )
+            session = boto_session(self._settings)
             self._client = session.client(
                 "ec2", region_name=self._settings.region,
                 endpoint_url=self._settings.endpoint_url or None,
