@@ -122,6 +122,7 @@ class SlurmClient:
         self.bin_dir = Path(bin_dir)
         self._run = runner
         self.timeout_s = timeout_s
+        self._refs: dict[int, str] = {}
 
     # -- plumbing ---------------------------------------------------------------------------
     def run(self, tool: str, *args: str, check: bool = True) -> CommandResult:
@@ -172,17 +173,41 @@ class SlurmClient:
         return nodes
 
     def _jobs_by_node(self) -> dict[str, list[int]]:
-        out = self.run("squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A %N").stdout
+        out = self.run("squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING",
+                       "-o", "%A %F %K %N").stdout
         from slurm_spot.hostlist import expand
 
         result: dict[str, list[int]] = {}
         for line in out.splitlines():
             parts = line.split()
-            if len(parts) != 2:
+            if len(parts) != 4 or not parts[0].isdigit():
                 continue
-            for node in expand(parts[1]):
+            self._remember_ref(parts[0], parts[1], parts[2])
+            for node in expand(parts[3]):
                 result.setdefault(node, []).append(int(parts[0]))
         return result
+
+    def _remember_ref(self, job_id: str, array_id: str, task_id: str) -> None:
+        if task_id.isdigit() and array_id.isdigit():
+            self._refs[int(job_id)] = f"{array_id}_{task_id}"
+        else:
+            self._refs[int(job_id)] = job_id
+
+    def job_ref(self, job_id: int | str) -> str:
+        """Slurm's name for a job in scontrol/scancel: ``<array job id>_<task id>`` for an
+        array task, else the id. Job ids here are squeue's unique ids (``%A``), and a task's
+        unique id can equal its array's id, which scancel/scontrol would read as the whole
+        array (squeue(1): ``%A``, ``%F``, ``%K``). A string is taken as Slurm's name as is."""
+        if isinstance(job_id, str):
+            return job_id  # already Slurm's name for it (e.g. from SLURM_ARRAY_* variables)
+        text = str(job_id)
+        if job_id not in self._refs:
+            out = self.run("squeue", "-h", "-j", text, "-o", "%A %F %K", check=False).stdout
+            for line in out.splitlines():
+                parts = line.split()
+                if len(parts) == 3 and parts[0] == text:
+                    self._remember_ref(*parts)
+        return self._refs.get(int(text), text)
 
     def update_nodes(self, names: Sequence[str], **settings: str) -> None:
         """``scontrol update nodename=<hostlist> key=value ...`` in as few calls as possible.
@@ -231,17 +256,27 @@ class SlurmClient:
     def jobs(self, job_ids: Iterable[int] | None = None) -> list[Job]:
         """Jobs from ``squeue --json`` (all, or ``job_ids``); finished jobs drop out.
 
+        ``job_ids`` are also applied here: Slurm 22.05's ``squeue --json`` ignores ``--jobs``
+        and lists every job it still holds (finished ones within MinJobAge too), so without
+        this a caller asking for one job could read another's state. An array job id matches
+        no other task.
+
         Raises:
             SlurmCommandError: squeue failed.
         """
         args = ["--json"]
+        wanted: set[int] | None = None
         if job_ids is not None:
-            ids = [str(j) for j in job_ids]
-            if not ids:
+            wanted = {int(j) for j in job_ids}
+            if not wanted:
                 return []
-            args += ["--jobs", ",".join(ids)]
+            args += ["--jobs", ",".join(str(j) for j in sorted(wanted))]
         data = json.loads(self.run("squeue", *args).stdout or "{}")
-        return [_job_from_json(obj) for obj in data.get("jobs", [])]
+        found = [_job_from_json(obj) for obj in data.get("jobs", [])]
+        if wanted is None:
+            return found
+        # Unique ids only: an array task's id can equal its array's id (see job_ref).
+        return [j for j in found if j.job_id in wanted]
 
     def requeue(self, job_id: int | str) -> bool:
         """``scontrol requeue <job>``. Returns False if the job was already pending/requeued.
@@ -249,7 +284,7 @@ class SlurmClient:
         Raises:
             SlurmCommandError: any other refusal.
         """
-        result = self.run("scontrol", "requeue", str(job_id), check=False)
+        result = self.run("scontrol", "requeue", self.job_ref(job_id), check=False)
         if result.returncode == 0:
             return True
         text = (result.stderr + result.stdout).lower()
@@ -259,12 +294,12 @@ class SlurmClient:
 
     def expedite(self, job_id: int | str) -> None:
         """Clear a requeued job's ~121 s requeue delay: ``scontrol update jobid=N StartTime=now``."""
-        self.run("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+        self.run("scontrol", "update", f"jobid={self.job_ref(job_id)}", "StartTime=now")
 
     def signal_steps(self, job_id: int, signal: str) -> None:
         """Send ``signal`` to every step of ``job_id`` (``scancel -s SIG --full`` reaches the
         batch shell too; without ``--full`` only steps get it)."""
-        self.run("scancel", "-s", signal, str(job_id))
+        self.run("scancel", "-s", signal, self.job_ref(job_id))
 
     def ping(self) -> bool:
         """True if slurmctld answers ``scontrol ping``."""

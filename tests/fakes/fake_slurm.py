@@ -213,7 +213,9 @@ class FakeSlurm:
                  "nodes": compress(j.nodes) if j.nodes else "", "restart_cnt": j.restarts,
                  "partition": "spot", "name": "wrap"}
                 for j in jobs if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED")]})
-        return "".join(f"{j.job_id} {compress(j.nodes)}\n" for j in self.jobs.values()
+        # squeue -o "%A %F %K %N": unique id, array id (the id itself), task (N/A), nodes.
+        return "".join(f"{j.job_id} {j.job_id} N/A {compress(j.nodes)}\n"
+                       for j in self.jobs.values()
                        if j.state in ("RUNNING", "COMPLETING", "CONFIGURING") and j.nodes)
 
 
