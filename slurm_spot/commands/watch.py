@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sysconfig
+from pathlib import Path
 
 import click
 
+from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.watch import Watcher, source_for
 
@@ -18,11 +21,16 @@ from slurm_spot.watch import Watcher, source_for
 @click.option("--once", is_flag=True, help="Poll once and exit (0 either way).")
 @click.option("--margin", "margin_s", type=float, default=5.0, show_default=True,
               help="Seconds before the deadline by which the node is powered down.")
+@click.option("--systemd-unit", is_flag=True,
+              help="Print the systemd unit that runs this watcher on a compute node, and exit.")
 @json_option
 @pass_app
 def watch_command(app: AppContext, node: str | None, instance_id: str | None, once: bool,
-                  margin_s: float, as_json: bool) -> None:
+                  margin_s: float, systemd_unit: bool, as_json: bool) -> None:
     """Watch for a spot interruption notice; drain, signal, requeue when one comes."""
+    if systemd_unit:
+        click.echo(render_unit(app.config.source_path, node), nl=False)
+        return
     del instance_id
     name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     config = app.config
@@ -47,6 +55,18 @@ def watch_command(app: AppContext, node: str | None, instance_id: str | None, on
                    f"{outcome.requeued}")
         for error in outcome.errors:
             click.echo(f"slurm-spot: error: {error}", err=True)
+
+
+def render_unit(config_path: Path, node: str | None = None, user: str = "root") -> str:
+    """The systemd unit for the watcher (templates/slurm-spot-watch.service.j2; pure).
+    Without ``node`` the watcher uses the host name, as on a cloud node named after its
+    Slurm node."""
+    from slurm_spot.render import template_env
+
+    return template_env().get_template("slurm-spot-watch.service.j2").render(
+        version=__version__, config_path=config_path, node=node, user=user,
+        slurm_conf=os.environ.get("SLURM_CONF", ""),
+        executable=Path(sysconfig.get_path("scripts")) / "slurm-spot")
 
 
 COMMANDS = [watch_command]
