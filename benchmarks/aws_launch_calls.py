@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from collections import Counter
@@ -33,6 +32,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from report import write_section  # noqa: E402 - benchmarks/report.py, beside this script
 
 from tests.fakes.ec2 import AWS_ENV, REGION, make_world  # noqa: E402
 
@@ -119,14 +120,6 @@ CreateFleet (at most 5 attempts).
 {END}"""
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of ``path`` (or append it), leaving the rest alone."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    new = pattern.sub(lambda m: text, old) if pattern.search(old) else old.rstrip() + "\n\n" + text
-    path.write_text(new.rstrip() + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Measure, print JSON, update BENCHMARKS.md."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -137,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     result = measure(args.nodes)
     print(json.dumps(result, indent=2))
     if not args.no_write:
-        write_section(args.output, section(result))
+        write_section(args.output, BEGIN, END, section(result))
 
 
 if __name__ == "__main__":

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+
+from report import write_section  # benchmarks/report.py, beside this script
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 BEGIN, END = "<!-- demo:begin -->", "<!-- demo:end -->"
@@ -63,10 +64,7 @@ def main() -> int:
     text = section(result)
     print(text)
     if not args.no_write:
-        old = BENCHMARKS.read_text() if BENCHMARKS.exists() else "# Benchmarks\n"
-        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-        new = pattern.sub(lambda _: text, old) if pattern.search(old) else old.rstrip() + "\n\n" + text + "\n"
-        BENCHMARKS.write_text(new)
+        write_section(BENCHMARKS, BEGIN, END, text)
     return 0
 
 

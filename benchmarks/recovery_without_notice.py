@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from report import write_section  # noqa: E402 - benchmarks/report.py, beside this script
 
 from slurm_spot.hostlist import expand  # noqa: E402
 from tests.cluster import Cluster, base_config, wait_for  # noqa: E402
@@ -124,14 +125,6 @@ check that notices the finished boot. Plain Slurm waits for SlurmdTimeout, then 
 {END}"""
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the recovery section of ``path`` (or append it), leaving the rest alone."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    new = pattern.sub(lambda m: text, old) if pattern.search(old) else old.rstrip() + "\n\n" + text
-    path.write_text(new.rstrip() + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--skip-baseline", action="store_true",
@@ -146,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append(measure(reconcile=False, timeout_s=args.baseline_timeout_s))
         print(json.dumps(results[-1]), flush=True)
     if not args.no_write:
-        write_section(args.output, section(results, slurm_version()))
+        write_section(args.output, BEGIN, END, section(results, slurm_version()))
 
 
 if __name__ == "__main__":
