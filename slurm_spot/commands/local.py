@@ -10,10 +10,10 @@ from rich.table import Table
 
 from slurm_spot import localcluster
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.config import LocalProviderConfig, SpotConfig
+from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError
 from slurm_spot.providers.base import LaunchRequest
-from slurm_spot.providers.local import LocalProvider
+from slurm_spot.providers.local import LocalProvider, provider_for_node
 
 _conf_dir_option = click.option(
     "--conf-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/slurm"),
@@ -21,13 +21,7 @@ _conf_dir_option = click.option(
 
 
 def _local_provider(config: SpotConfig, node: str) -> LocalProvider:
-    node_set = config.node_set_of(node)
-    if node_set is None:
-        raise BadInputError(f"node {node!r} belongs to no node set of {config.source_path}")
-    settings = config.providers[node_set.provider]
-    if not isinstance(settings, LocalProviderConfig):
-        raise BadInputError(f"node {node!r} is not a local-provider node")
-    return LocalProvider(config, node_set.provider, settings)
+    return provider_for_node(config, node)
 
 
 def _config(app: AppContext, conf_dir: Path) -> SpotConfig:

@@ -345,3 +345,18 @@ def _is_zombie(pid: int) -> bool:
     except OSError:
         return True
     return stat[stat.rindex(")") + 2] == "Z"
+
+
+def provider_for_node(config: SpotConfig, node: str) -> LocalProvider:
+    """The local provider that owns ``node``.
+
+    Raises:
+        BadInputError: ``node`` is in no node set, or its node set is not a local one.
+    """
+    node_set = config.node_set_of(node)
+    if node_set is None:
+        raise BadInputError(f"node {node!r} belongs to no node set of {config.source_path}")
+    settings = config.providers[node_set.provider]
+    if not isinstance(settings, LocalProviderConfig):
+        raise BadInputError(f"node {node!r} is not a local-provider node")
+    return LocalProvider(config, node_set.provider, settings)

@@ -25,13 +25,13 @@ from slurm_spot.config import LocalProviderConfig, SpotConfig, load_config
 
 
 def _local_settings(config: SpotConfig, node: str) -> LocalProviderConfig:
-    node_set = config.node_set_of(node)
-    if node_set is None:
-        raise SystemExit(f"node {node!r} is in no node set of {config.source_path}")
-    settings = config.providers[node_set.provider]
-    if not isinstance(settings, LocalProviderConfig):
-        raise SystemExit(f"node {node!r} does not belong to a local provider")
-    return settings
+    from slurm_spot.errors import BadInputError
+    from slurm_spot.providers.local import provider_for_node
+
+    try:
+        return provider_for_node(config, node).settings
+    except BadInputError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def _slurm_conf() -> str:
