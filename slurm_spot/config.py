@@ -51,7 +51,7 @@ class LocalProviderConfig(_Model):
     type: Literal["local"] = "local"
     slurmd: str = Field("/usr/sbin/slurmd", pattern=r"^/", description="absolute path of slurmd")
     port_base: int = Field(17000, ge=1024, le=65000, description="node i listens on port_base+i")
-    boot_delay_s: float = Field(1.0, ge=1.0, description="seconds between request and slurmd start")
+    boot_delay_s: float = Field(2.0, ge=1.0, description="seconds between request and slurmd start")
     slurmd_timeout_s: int = Field(300, ge=10, description="SlurmdTimeout of the local cluster")
     kill_wait_s: int = Field(30, ge=1, description="KillWait of the local cluster")
     notice_poll_s: float = Field(1.0, gt=0, description="how often a local watcher polls")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -15,9 +16,18 @@ from slurm_spot.errors import BadInputError
 from slurm_spot.providers.base import LaunchRequest
 from slurm_spot.providers.local import LocalProvider, provider_for_node
 
+
+def _default_conf_dir() -> Path:
+    """The folder of ``$SLURM_CONF`` when it is set (what 'local up --conf-dir' told the user
+    to export), else /etc/slurm."""
+    slurm_conf = os.environ.get("SLURM_CONF")
+    return Path(slurm_conf).parent if slurm_conf else Path("/etc/slurm")
+
+
 _conf_dir_option = click.option(
-    "--conf-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/slurm"),
-    show_default=True, help="Where slurm.conf, slurm-spot.conf, gres.conf and spot.yaml go.")
+    "--conf-dir", type=click.Path(file_okay=False, path_type=Path), default=_default_conf_dir,
+    show_default="folder of $SLURM_CONF, else /etc/slurm",
+    help="Where slurm.conf, slurm-spot.conf, gres.conf and spot.yaml go.")
 
 
 def _local_provider(config: SpotConfig, node: str) -> LocalProvider:

@@ -43,6 +43,13 @@ def boot(config_path: str, node: str, instance_id: str) -> None:
     config = load_config(config_path)
     settings = _local_settings(config, node)
     time.sleep(settings.boot_delay_s)
+    # The namespace's uptime starts at the fraction of a second the host's uptime has past
+    # its whole seconds (offsets are whole seconds and may not make it negative). slurmd
+    # reports boot time = now - uptime; start just after a whole second so that boot time
+    # is the namespace's creation, never a second earlier: slurmctld ignores a node whose
+    # boot time is not later than the resume request ("not resumed by ResumeTimeout").
+    fraction = float(Path("/proc/uptime").read_text().split()[0]) % 1.0
+    time.sleep((1.0 - fraction) % 1.0 + 0.01)
     uptime_s = int(float(Path("/proc/uptime").read_text().split()[0]))
     argv = [
         "unshare", "--uts", "--time", f"--boottime=-{uptime_s}", "--",
