@@ -232,7 +232,9 @@ def down(config: SpotConfig) -> list[str]:
     stopped = []
     paths = LocalClusterPaths(Path("/nonexistent"), config.state_dir)
     record = _read_record(paths)
-    _stop(record.get("reconciler_pid"))
+    if _alive(record.get("reconciler_pid")):
+        _stop(record.get("reconciler_pid"))
+        stopped.append("reconciler")
     for name, settings in config.providers.items():
         if isinstance(settings, LocalProviderConfig):
             provider = LocalProvider(config, name, settings)

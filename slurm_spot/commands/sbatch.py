@@ -72,8 +72,11 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     \b
     slurm-spot sbatch [--torchrun] [--nproc-per-node N] [--dry-run] [--json]
                       [sbatch options] SCRIPT [ARGS]
-    --torchrun   SCRIPT is a training script: start it with one torchrun agent per node.
-    --dry-run    print the final batch script and sbatch command line; submit nothing.
+    --torchrun           SCRIPT is a training script: one torchrun agent per node.
+    --nproc-per-node N   with --torchrun: worker processes per node (default 1; GPUs).
+    --python PATH        with --torchrun: the interpreter on the nodes (default: this one).
+    --dry-run            print the final batch script and sbatch command line only.
+    --json               print the job id (or, with --dry-run, script and argv) as JSON.
     Every other option and argument goes to sbatch unchanged.
     """
     ours, rest = _our_options(list(words))
