@@ -76,6 +76,8 @@ def _run_hook(
     if detach:
         log.info("%s %s done: %d launched, %d terminated, %d failed", name, hostlist,
                  len(result.launched), len(result.terminated), len(result.failed))
+        logging.shutdown()  # os._exit skips flushing: without this hooks.log stays empty
+        sys.stderr.flush()
         os._exit(0)
     if as_json:
         print_json(result.to_json())
