@@ -170,13 +170,17 @@ class Demo:
         """Train uninterrupted on this machine (2 ranks, same seed) for the reference."""
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node=2", str(EXAMPLE), "--reference", "--steps", str(self.s.steps)]
-        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True,  # noqa: S603
-                              timeout=600, check=False)
-        done = [json.loads(line) for line in proc.stdout.splitlines()
-                if line.startswith("{") and '"done"' in line]
-        if proc.returncode != 0 or not done:
-            raise SlurmSpotError(f"reference run failed: {proc.stderr[-2000:]}")
-        return done[-1]
+        errors = ""
+        for attempt in range(3):  # deterministic, so a retry changes nothing but luck with gloo
+            proc = subprocess.run(argv, env=self.env, capture_output=True,  # noqa: S603
+                                  text=True, timeout=600, check=False)
+            done = [json.loads(line) for line in proc.stdout.splitlines()
+                    if line.startswith("{") and '"done"' in line]
+            if proc.returncode == 0 and done:
+                return dict(done[-1])
+            errors = proc.stderr[-2000:]
+            self.say(f"  reference run failed (attempt {attempt + 1} of 3), retrying")
+        raise SlurmSpotError(f"reference run failed: {errors}")
 
     def run(self) -> dict[str, object]:
         workdir = self.s.workdir
