@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -78,9 +79,7 @@ class Cluster:
         return proc.stdout
 
     def start(self) -> None:
-        LOCK_PATH.touch(exist_ok=True)
-        self._lock = open(LOCK_PATH, "w")
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self._lock = acquire_cluster_lock()
         _stop_strays()
         self.conf_dir.mkdir(parents=True, exist_ok=True)
         source = self.root / "spot-source.yaml"
@@ -125,6 +124,45 @@ class Cluster:
 
     def events(self) -> list[dict]:
         return json.loads(self.spot("events", "--json").stdout)
+
+
+def acquire_cluster_lock(timeout: float = 900) -> IO[str]:
+    """Take the machine-wide test-cluster lock (an exclusive ``flock`` on :data:`LOCK_PATH`);
+    release it by closing the returned file.
+
+    Waits up to ``timeout`` seconds (another test run may be using the cluster), then fails
+    naming the processes that hold the file open: a daemon that inherited the lock (munged
+    started under ``flock(1)`` without ``-o``) would otherwise hang the suite for ever.
+    """
+    lock = open(LOCK_PATH, "a")  # returned to the caller; Python fds are not inherited
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                lock.close()
+                raise AssertionError(
+                    f"{LOCK_PATH} is still locked after {timeout:g} s; held open by: "
+                    f"{', '.join(_holders(LOCK_PATH)) or 'unknown processes'}") from None
+            time.sleep(0.5)
+
+
+def _holders(path: Path) -> list[str]:
+    """``pid (command)`` of every process with ``path`` open, from /proc/<pid>/fd."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") == str(path) for fd in fds):
+                comm = Path(f"/proc/{entry}/comm").read_text().strip()
+                found.append(f"{entry} ({comm})")
+        except OSError:
+            continue
+    return found
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.5,

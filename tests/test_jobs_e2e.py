@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import LOCK_PATH, Cluster, wait_for
+from tests.cluster import Cluster, acquire_cluster_lock, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -24,10 +24,7 @@ def training_events(path: Path) -> list[dict]:
 
 def test_demo_survives_two_interruptions_bit_exact(tmp_path: Path) -> None:
     """The README's main job: two interruptions (notice, then kill), exact final weights."""
-    with open(LOCK_PATH, "a") as lock:
-        import fcntl
-
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with acquire_cluster_lock():
         proc = subprocess.run(
             [sys.executable, "-m", "slurm_spot", "demo", "--json", "--workdir", str(tmp_path)],
             capture_output=True, text=True, timeout=900)

@@ -2,7 +2,8 @@
 # Start a real slurmctld on SLURM_CONF (the role test's slurm.conf, which includes the rendered
 # fragment) for a few seconds, print what it made of the nodes and partitions, then stop it.
 # Run it under the project's test-cluster lock:
-#   flock /tmp/slurm-spot-test-cluster.lock check-slurmctld.sh SLURM_CONF
+#   flock --close /tmp/slurm-spot-test-cluster.lock check-slurmctld.sh SLURM_CONF
+# (--close: the munged this may start must not inherit the lock and hold it for ever).
 # Exit 0 when slurmctld came up and answered; its log is printed when it did not.
 set -euo pipefail
 conf=${1:?usage: check-slurmctld.sh SLURM_CONF}
