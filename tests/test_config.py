@@ -103,3 +103,33 @@ def test_config_is_found_beside_slurm_conf(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("SLURM_SPOT_CONFIG", "/elsewhere/spot.yaml")
     assert config_path() == Path("/elsewhere/spot.yaml")
     assert config_path("/explicit.yaml") == Path("/explicit.yaml")
+
+
+def test_config_option_works_after_the_command_name_too(tmp_path: Path) -> None:
+    """`slurm-spot render --config F` and `config check --config F`, as the README and admins
+    write them; the later --config wins over the one before the command name."""
+    good = write(tmp_path, GOOD)
+    bad = write(tmp_path, _broken(node_sets__0__count=0), name="bad.yaml")
+    runner = CliRunner()
+    result = runner.invoke(cli, ["config", "check", "--config", str(good)])
+    assert result.exit_code == 0 and "6 nodes" in result.output
+    result = runner.invoke(cli, ["--config", str(good), "config", "check", "--config", str(bad)])
+    assert result.exit_code == 2 and "bad.yaml" in result.output
+    out_dir = tmp_path / "rendered"
+    result = runner.invoke(cli, ["render", "--config", str(good), "--output-dir", str(out_dir)])
+    assert result.exit_code == 0, result.output
+    assert "Nodes=cpu-[1-2],gpu-[1-4]" in (out_dir / "slurm-spot.conf").read_text()
+
+
+
+def test_sbatch_leaves_config_after_the_script_to_the_script(tmp_path: Path) -> None:
+    """`slurm-spot sbatch train.py --config x.yaml`: that --config is the training script's."""
+    import json
+
+    config = write(tmp_path, GOOD)
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--torchrun", "--dry-run",
+                                      "--json", "-N", "1", str(train), "--config", "x.yaml"])
+    assert result.exit_code == 0, result.output
+    assert f"{train} --config x.yaml" in json.loads(result.output)["script"]

@@ -22,8 +22,37 @@ _MODULES = (
 
 
 def register(group: click.Group) -> None:
-    """Add every command of every module in ``_MODULES`` (each exposes ``COMMANDS``)."""
+    """Add every command of every module in ``_MODULES`` (each exposes ``COMMANDS``), each
+    also taking ``--config`` after its own name (``slurm-spot render --config F``)."""
     for name in _MODULES:
         module = importlib.import_module(f"slurm_spot.commands.{name}")
         for command in module.COMMANDS:
+            _add_config_option(command)
             group.add_command(command)
+
+
+def _set_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        from slurm_spot.commands.common import AppContext
+
+        app = ctx.find_object(AppContext)
+        if app is not None:
+            app.use_config(value)
+
+
+def _add_config_option(command: click.Command) -> None:
+    """``--config F`` on ``command`` and its subcommands, same meaning as before the command
+    name (the later one wins). Not on commands that pass unknown options through (``sbatch``:
+    ``--config`` after the script belongs to the training script)."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _add_config_option(sub)
+        return
+    if command.context_settings.get("ignore_unknown_options"):
+        return
+    if any("--config" in param.opts for param in command.params):
+        return
+    command.params.append(click.Option(
+        ["--config"], type=click.Path(dir_okay=False), expose_value=False, is_eager=True,
+        callback=_set_config, allow_from_autoenv=False,
+        help="spot.yaml to use (same as 'slurm-spot --config F COMMAND')."))

@@ -21,6 +21,11 @@ class AppContext:
         self.config_path = config_path
         self._config: SpotConfig | None = None
 
+    def use_config(self, config_path: str) -> None:
+        """Read ``config_path`` instead (``--config`` given after the command name)."""
+        self.config_path = config_path
+        self._config = None
+
     @property
     def config(self) -> SpotConfig:
         """The validated config (raises ConfigError -> exit 2)."""
