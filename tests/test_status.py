@@ -94,6 +94,19 @@ def test_cli_table_for_people(world: tuple, monkeypatch: pytest.MonkeyPatch) -> 
         assert cell in row
 
 
+def test_piped_table_keeps_long_reasons_on_one_line(world: tuple,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``slurm-spot status | grep spot-3`` must show the whole reason, not a cut one."""
+    _, slurm, _, _ = world
+    reason = ("(Code:InsufficientInstanceCapacity)capacity: no spot capacity for g5.xlarge in "
+              "us-east-1a, us-east-1b, us-east-1c; pool cooled down for 600 s")
+    slurm.nodes["spot-3"].reason = reason
+    result = _invoke(world, monkeypatch)
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.output.splitlines() if "spot-3" in line]
+    assert reason in row
+
+
 def test_cli_json_for_scripts(world: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     result = _invoke(world, monkeypatch, "--json")
     assert result.exit_code == 0

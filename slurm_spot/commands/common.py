@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from rich.console import Console
 
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.slurm.client import SlurmClient
@@ -49,3 +50,10 @@ def json_option(func: F) -> F:
 def print_json(data: object) -> None:
     """Print ``data`` as indented JSON."""
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def console() -> Console:
+    """A rich console for tables: the terminal's width on a terminal; piped or redirected
+    (``slurm-spot status | grep gpu``), wide enough that no column is cut or wrapped."""
+    terminal = Console()
+    return terminal if terminal.is_terminal else Console(width=1000)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import AppContext, console, json_option, pass_app, print_json
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
 
@@ -38,7 +37,7 @@ def instances_command(app: AppContext, include_ended: bool, as_json: bool) -> No
         table.add_row(inst.instance_id, inst.node or "-", inst.state.value, inst.market,
                       inst.instance_type, inst.zone, f"{inst.launch_time:%Y-%m-%d %H:%M:%S}",
                       provider)
-    Console().print(table)
+    console().print(table)
 
 
 COMMANDS = [instances_command]

@@ -6,11 +6,10 @@ import os
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from slurm_spot import localcluster
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import AppContext, console, json_option, pass_app, print_json
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError
 from slurm_spot.providers.base import LaunchRequest
@@ -92,15 +91,15 @@ def status_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
     if as_json:
         print_json(info)
         return
-    console = Console()
-    console.print(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
+    out = console()
+    out.print(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
                   f"{'up' if info['reconciler'] else 'down'}   munge: "
                   f"{'up' if info['munge'] else 'down'}")
     table = Table("instance", "node", "state", "market", "launched")
     for inst in info["instances"]:  # type: ignore[attr-defined]
         table.add_row(inst["instance_id"], inst["node"], inst["state"], inst["market"],
                       inst["launch_time"])
-    console.print(table)
+    out.print(table)
 
 
 @local_group.command("launch")

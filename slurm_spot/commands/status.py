@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import AppContext, console, json_option, pass_app, print_json
 from slurm_spot.config import SpotConfig
 from slurm_spot.power import ProviderFactory
 from slurm_spot.providers import get_provider
@@ -115,8 +114,7 @@ def status_command(app: AppContext, as_json: bool) -> None:
     if as_json:
         print_json({"nodes": rows, "errors": errors})
     else:
-        console = Console()
-        (console if console.is_terminal else Console(width=160)).print(_table(rows))
+        console().print(_table(rows))
     for error in errors:
         click.echo(f"slurm-spot: error: {error}", err=True)
     if errors:
