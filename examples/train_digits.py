@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     emit(rank, event="done", step=state.step, loss=evaluate(net, data),
          weights_sha256=weights_sha256(net))
     if distributed:
+        # Every rank gets here before any closes its gloo pairs: a peer that tears down while
+        # another still talks to it makes gloo abort the process (SIGABRT) on its way out.
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -30,7 +31,9 @@ import yaml
 from slurm_spot.errors import SlurmSpotError
 from slurm_spot.slurm.client import SlurmClient
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_digits.py"
+#: The demo's training script: ``examples/train_digits.py`` of the source tree, shipped in the
+#: wheel as ``slurm_spot/examples/train_digits.py`` (pyproject's package-dir mapping).
+EXAMPLE = Path(str(resources.files("slurm_spot.examples") / "train_digits.py"))
 
 
 @dataclass

@@ -23,8 +23,8 @@ from slurm_spot.errors import BadInputError
 def demo_command(workdir: Path, steps: int, keep_cluster: bool, as_json: bool) -> None:
     """Run a 2-node torchrun job on local spot nodes, preempt it twice, watch it finish."""
     if not EXAMPLE.exists():
-        raise BadInputError(f"the demo's training script is missing: {EXAMPLE} (run the demo "
-                            "from a source checkout: make demo)")
+        raise BadInputError(f"the demo's training script is missing: {EXAMPLE} (reinstall "
+                            "slurm-spot, or run 'make demo' in a source checkout)")
     settings = DemoSettings(workdir=workdir, steps=steps, keep_cluster=keep_cluster)
 
     def progress(line: str) -> None:
