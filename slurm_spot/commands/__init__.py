@@ -11,6 +11,7 @@ _MODULES = (
     "configure",
     "local",
     "watch",
+    "node",
     "events",
     "jobhooks",
     "instances",

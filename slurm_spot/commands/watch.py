@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sysconfig
 from pathlib import Path
 
@@ -11,12 +10,16 @@ import click
 
 from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.node_identity import resolve_node_name
 from slurm_spot.watch import Watcher, source_for
 
 
 @click.command("watch")
 @click.option("--node", default=None,
-              help="This node's Slurm name (default: $SLURMD_NODENAME, else the hostname).")
+              help="This node's Slurm name (default: as 'slurm-spot node-name' finds it: "
+                   "$SLURMD_NODENAME, the hostname, or the node with this host's address).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=300, show_default=True,
+              help="Without --node: seconds to wait for this host's address to be recorded.")
 @click.option("--instance-id", default=None, help="This instance's id (for events).")
 @click.option("--once", is_flag=True, help="Poll once and exit (0 either way).")
 @click.option("--margin", "margin_s", type=float, default=5.0, show_default=True,
@@ -25,15 +28,15 @@ from slurm_spot.watch import Watcher, source_for
               help="Print the systemd unit that runs this watcher on a compute node, and exit.")
 @json_option
 @pass_app
-def watch_command(app: AppContext, node: str | None, instance_id: str | None, once: bool,
-                  margin_s: float, systemd_unit: bool, as_json: bool) -> None:
+def watch_command(app: AppContext, node: str | None, wait_s: float, instance_id: str | None,
+                  once: bool, margin_s: float, systemd_unit: bool, as_json: bool) -> None:
     """Watch for a spot interruption notice; drain, signal, requeue when one comes."""
     if systemd_unit:
         click.echo(render_unit(app.config.source_path, node), nl=False)
         return
     del instance_id
-    name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     config = app.config
+    name = resolve_node_name(config, app.slurm(), explicit=node, wait_s=wait_s)
     watcher = Watcher(config, name, app.slurm(), source_for(config, name), margin_s=margin_s)
     outcome = watcher.run(once=once)
     if outcome is None:

@@ -1,0 +1,146 @@
+"""Which Slurm node this host is, for the watcher and slurmd on a cloud instance.
+
+A cloud instance boots with its provider's hostname (``ip-10-0-1-23`` on EC2,
+``<cluster>-<node>`` on GCE, where slurm-spot names instances so), not with its Slurm node name,
+and a watcher started by systemd has no ``SLURMD_NODENAME``. The resume hook records every
+instance's private address as its node's ``NodeAddr`` (``scontrol update nodename=...
+nodeaddr=...``), so an instance can find its node by its own address. The first rule that
+gives a node of the config wins:
+
+1. the name given (``--node``);
+2. ``SLURMD_NODENAME`` (set by slurmd for prologs, epilogs and job steps);
+3. the short hostname, or the hostname without the ``<cluster>-`` prefix of GCE instance names;
+4. the one node of the config whose ``NodeAddr`` is an address of this host, asked of
+   slurmctld (loopback addresses never count: every local-provider node has 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+
+from slurm_spot.config import SpotConfig
+from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.slurm.client import Node, SlurmClient
+
+log = logging.getLogger(__name__)
+
+
+def host_addresses() -> set[str]:
+    """This host's non-loopback IP addresses (IPv4 and IPv6, no prefix length).
+
+    Read from ``ip -o addr show`` (iproute2), plus what the hostname resolves to; an empty set
+    when neither answers.
+    """
+    found: set[str] = set()
+    try:
+        out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True,
+                             timeout=5, check=False, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    for line in out.splitlines():
+        words = line.split()
+        for key in ("inet", "inet6"):
+            if key in words and words.index(key) + 1 < len(words):
+                found.add(words[words.index(key) + 1].split("/")[0])
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None):
+            found.add(str(info[4][0]))
+    except OSError:
+        pass
+    return {a for a in found if _usable(a)}
+
+
+def _usable(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    return not (ip.is_loopback or ip.is_link_local or ip.is_unspecified)
+
+
+def node_by_hostname(config: SpotConfig, hostname: str) -> str | None:
+    """The node named by ``hostname`` (short form), also as a GCE instance name
+    ``<cluster>-<node>``; None if it names no node of the config."""
+    short = hostname.split(".")[0]
+    prefix = f"{config.cluster}-"
+    for candidate in (short, short[len(prefix):] if short.startswith(prefix) else None):
+        if candidate and config.node_set_of(candidate) is not None:
+            return candidate
+    return None
+
+
+def node_by_address(config: SpotConfig, nodes: Iterable[Node], addresses: Collection[str]) -> str | None:
+    """The one node of the config whose NodeAddr is in ``addresses`` (pure).
+
+    Raises:
+        BadInputError: several nodes have one of these addresses (addresses are per instance,
+            so the Slurm records are stale; the error names the nodes).
+    """
+    matches = sorted(n.name for n in nodes
+                     if n.addr in addresses and config.node_set_of(n.name) is not None)
+    if len(matches) > 1:
+        raise BadInputError(f"several nodes have this host's address as NodeAddr: "
+                            f"{', '.join(matches)}; pass --node")
+    return matches[0] if matches else None
+
+
+def resolve_node_name(
+    config: SpotConfig,
+    client: SlurmClient,
+    explicit: str | None = None,
+    env: Mapping[str, str] = os.environ,
+    hostname: str | None = None,
+    addresses: Collection[str] | None = None,
+    wait_s: float = 0.0,
+    poll_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
+    """This host's Slurm node name, by the rules of the module docstring.
+
+    Args:
+        explicit: a name given by the user; must be a node of the config.
+        hostname, addresses: this host's (default: :func:`socket.gethostname`,
+            :func:`host_addresses`).
+        wait_s: how long (seconds) to keep asking slurmctld when no node has this host's
+            address yet (the resume hook records it right after launch; an instance can boot
+            first); 0 asks once.
+        poll_s: seconds between two questions.
+
+    Raises:
+        BadInputError: the name given belongs to no node set, or no node is this host after
+            ``wait_s`` (the message lists the hostname and addresses tried).
+    """
+    given = explicit or env.get("SLURMD_NODENAME")
+    if given:
+        if config.node_set_of(given) is None:
+            raise BadInputError(f"node {given!r} belongs to no node set of {config.source_path}")
+        return given
+    host = hostname if hostname is not None else socket.gethostname()
+    named = node_by_hostname(config, host)
+    if named:
+        return named
+    mine = set(addresses) if addresses is not None else host_addresses()
+    deadline = clock() + wait_s
+    while True:
+        if mine:
+            try:
+                found = node_by_address(config, client.nodes(with_jobs=False), mine)
+            except SlurmCommandError as exc:
+                log.warning("cannot read the nodes from slurmctld: %s", exc)
+                found = None
+            if found:
+                return found
+        if clock() >= deadline:
+            raise BadInputError(
+                f"this host (hostname {host!r}, addresses {', '.join(sorted(mine)) or 'none'}) "
+                f"is no node of {config.source_path}: no node is named so and none has one of "
+                "these addresses as NodeAddr" + (f" after {wait_s:g} s" if wait_s else "")
+                + "; pass --node")
+        sleep(min(poll_s, max(0.0, deadline - clock())))

@@ -1,0 +1,123 @@
+"""``slurm-spot node-name`` and the watcher's default node: a cloud instance finds its Slurm
+node by name, by its GCE instance name, or by the NodeAddr the resume hook recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from slurm_spot.cli import cli
+from slurm_spot.commands.common import AppContext
+from slurm_spot.config import SpotConfig, load_config
+from slurm_spot.errors import BadInputError
+from slurm_spot.node_identity import resolve_node_name
+from tests.fakes.fake_slurm import FakeSlurm
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> SpotConfig:
+    path = tmp_path / "spot.yaml"
+    path.write_text(yaml.safe_dump({
+        "cluster": "hpc",
+        "node_sets": [{"name": "gpu", "provider": "local", "count": 4}],
+        "partitions": [{"name": "spot", "node_sets": ["gpu"]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log"),
+    }))
+    return load_config(path)
+
+
+@pytest.fixture
+def slurm() -> FakeSlurm:
+    fake = FakeSlurm()
+    fake.add_node("gpu-1", "ALLOCATED+CLOUD", addr="10.0.1.23", hostname="ip-10-0-1-23")
+    fake.add_node("gpu-2", "IDLE+CLOUD", addr="10.0.2.7", hostname="ip-10-0-2-7")
+    fake.add_node("gpu-3")  # powered down: NodeAddr is its name
+    fake.add_node("login-1", "IDLE", addr="10.0.9.9")  # not a node of the config
+    return fake
+
+
+def resolve(config: SpotConfig, slurm: FakeSlurm, **kw: object) -> str:
+    kw.setdefault("env", {})
+    kw.setdefault("hostname", "ip-10-0-2-7.ec2.internal")
+    return resolve_node_name(config, slurm.client(), **kw)  # type: ignore[arg-type]
+
+
+def test_ec2_instance_finds_its_node_by_the_recorded_address(config, slurm) -> None:
+    assert resolve(config, slurm, addresses={"10.0.2.7", "172.17.0.1"}) == "gpu-2"
+
+
+def test_gce_instance_name_is_cluster_dash_node(config, slurm) -> None:
+    assert resolve(config, slurm, hostname="hpc-gpu-3.c.project.internal", addresses=set()) == "gpu-3"
+
+
+def test_given_name_and_slurmd_nodename_come_first_and_are_checked(config, slurm) -> None:
+    assert resolve(config, slurm, explicit="gpu-4", addresses={"10.0.2.7"}) == "gpu-4"
+    assert resolve(config, slurm, env={"SLURMD_NODENAME": "gpu-1"}, addresses=set()) == "gpu-1"
+    with pytest.raises(BadInputError, match="'gpu-9' belongs to no node set"):
+        resolve(config, slurm, explicit="gpu-9")
+
+
+def test_a_node_outside_the_config_never_matches(config, slurm) -> None:
+    with pytest.raises(BadInputError, match=r"addresses 10\.0\.9\.9\)"):
+        resolve(config, slurm, addresses={"10.0.9.9"})
+
+
+def test_two_nodes_with_one_address_is_an_error_not_a_guess(config, slurm) -> None:
+    slurm.nodes["gpu-3"].addr = "10.0.2.7"
+    with pytest.raises(BadInputError, match="gpu-2, gpu-3; pass --node"):
+        resolve(config, slurm, addresses={"10.0.2.7"})
+
+
+def test_waits_until_the_resume_hook_records_the_address(config, slurm) -> None:
+    clock = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+        if clock[0] >= 10:  # the resume hook's scontrol update lands after 10 s
+            slurm.nodes["gpu-3"].addr = "10.0.4.4"
+
+    name = resolve(config, slurm, addresses={"10.0.4.4"}, wait_s=60, poll_s=5, sleep=sleep,
+                   clock=lambda: clock[0])
+    assert name == "gpu-3" and slept == [5, 5]
+
+
+def test_gives_up_after_the_wait_naming_what_it_tried(config, slurm) -> None:
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    with pytest.raises(BadInputError) as err:
+        resolve(config, slurm, addresses={"10.0.7.7"}, wait_s=12, poll_s=5, sleep=sleep,
+                clock=lambda: clock[0])
+    assert "hostname 'ip-10-0-2-7.ec2.internal', addresses 10.0.7.7" in str(err.value)
+    assert "after 12 s; pass --node" in str(err.value)
+    assert clock[0] == 12
+
+
+def test_cli_prints_the_name_and_writes_the_env_file(config, slurm, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(AppContext, "slurm", lambda self: slurm.client())
+    monkeypatch.setattr("socket.gethostname", lambda: "hpc-gpu-2")
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    env_file = tmp_path / "run" / "slurm-spot" / "node.env"
+    result = CliRunner().invoke(cli, ["--config", str(config.source_path), "node-name",
+                                      "--env-file", str(env_file)])
+    assert result.exit_code == 0, result.output
+    assert result.output == "gpu-2\n"
+    assert env_file.read_text() == "SLURM_SPOT_NODE=gpu-2\n"
+
+
+def test_cli_exit_2_when_this_host_is_no_node(config, slurm, monkeypatch) -> None:
+    monkeypatch.setattr(AppContext, "slurm", lambda self: slurm.client())
+    monkeypatch.setattr("socket.gethostname", lambda: "build-box")
+    monkeypatch.setattr("slurm_spot.node_identity.host_addresses", lambda: {"192.168.5.5"})
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    for command in (["node-name"], ["watch", "--once", "--wait", "0"]):
+        result = CliRunner().invoke(cli, ["--config", str(config.source_path), *command])
+        assert result.exit_code == 2, result.output
+        assert "this host (hostname 'build-box', addresses 192.168.5.5) is no node" in result.output
