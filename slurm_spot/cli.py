@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from slurm_spot import __version__
-from slurm_spot.commands import register
+from slurm_spot.commands import check_config_path, register
 from slurm_spot.commands.common import AppContext
 from slurm_spot.errors import BadInputError, SlurmSpotError
 
@@ -36,6 +36,7 @@ class _Group(click.Group):
                                            "help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="slurm-spot")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              callback=lambda _ctx, _param, value: check_config_path(value),
               help="spot.yaml to use (default: $SLURM_SPOT_CONFIG, spot.yaml beside "
                    "$SLURM_CONF, /etc/slurm/spot.yaml).")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")

@@ -52,7 +52,7 @@ class SlurmCommandError(SlurmSpotError):
         self.argv = argv
         self.returncode = returncode
         self.stderr = stderr.strip()
-        status = "timed out" if returncode is None else f"exited {returncode}"
+        status = "did not finish" if returncode is None else f"exited {returncode}"
         super().__init__(f"{' '.join(argv)} {status}: {self.stderr or '(no error output)'}")
 
 

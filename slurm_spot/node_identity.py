@@ -11,13 +11,16 @@ gives a node of the config wins:
 2. ``SLURMD_NODENAME`` (set by slurmd for prologs, epilogs and job steps);
 3. the short hostname, or the hostname without the ``<cluster>-`` prefix of GCE instance names;
 4. the one node of the config whose ``NodeAddr`` is an address of this host, asked of
-   slurmctld (loopback addresses never count: every local-provider node has 127.0.0.1).
+   slurmctld (loopback addresses never count: every local-provider node has 127.0.0.1), and
+   that is not powered down or powering down: such a node keeps the address of its reclaimed
+   instance, which the provider may hand to a new one.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -56,34 +59,48 @@ def host_addresses() -> set[str]:
     return {a for a in found if _usable(a)}
 
 
-def _usable(address: str) -> bool:
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``address`` as an IP address (IPv6 zone id dropped), None if it is none."""
     try:
-        ip = ipaddress.ip_address(address.split("%")[0])
+        return ipaddress.ip_address(address.split("%")[0])
     except ValueError:
-        return False
-    return not (ip.is_loopback or ip.is_link_local or ip.is_unspecified)
+        return None
+
+
+def _usable(address: str) -> bool:
+    ip = _ip(address)
+    return ip is not None and not (ip.is_loopback or ip.is_link_local or ip.is_unspecified)
 
 
 def node_by_hostname(config: SpotConfig, hostname: str) -> str | None:
-    """The node named by ``hostname`` (short form), also as a GCE instance name
-    ``<cluster>-<node>``; None if it names no node of the config."""
-    short = hostname.split(".")[0]
-    prefix = f"{config.cluster}-"
-    for candidate in (short, short[len(prefix):] if short.startswith(prefix) else None):
-        if candidate and config.node_set_of(candidate) is not None:
-            return candidate
-    return None
+    """The node named by ``hostname`` (short form, any case), also as a GCE instance name
+    ``<cluster>-<node>``; None if it names no node of the config.
+
+    Raises:
+        BadInputError: both readings name a node (node sets ``gpu`` and ``<cluster>-gpu``).
+    """
+    short = hostname.split(".")[0].lower()
+    prefix = f"{config.cluster.lower()}-"
+    readings = {short, short[len(prefix):] if short.startswith(prefix) else ""}
+    nodes = sorted(n for n in readings if n and config.node_set_of(n) is not None)
+    if len(nodes) > 1:
+        raise BadInputError(f"hostname {hostname!r} names two nodes ({', '.join(nodes)}): "
+                            "pass --node")
+    return nodes[0] if nodes else None
 
 
 def node_by_address(config: SpotConfig, nodes: Iterable[Node], addresses: Collection[str]) -> str | None:
-    """The one node of the config whose NodeAddr is in ``addresses`` (pure).
+    """The one node of the config whose NodeAddr is in ``addresses`` (pure), compared as IP
+    addresses; powered-down and powering-down nodes are left out (their address is stale).
 
     Raises:
         BadInputError: several nodes have one of these addresses (addresses are per instance,
             so the Slurm records are stale; the error names the nodes).
     """
+    mine = {_ip(a) for a in addresses} - {None}
     matches = sorted(n.name for n in nodes
-                     if n.addr in addresses and config.node_set_of(n.name) is not None)
+                     if _ip(n.addr) in mine and config.node_set_of(n.name) is not None
+                     and not (n.state.is_powered_down or n.state.is_powering_down))
     if len(matches) > 1:
         raise BadInputError(f"several nodes have this host's address as NodeAddr: "
                             f"{', '.join(matches)}; pass --node")
@@ -105,39 +122,54 @@ def resolve_node_name(
     """This host's Slurm node name, by the rules of the module docstring.
 
     Args:
-        explicit: a name given by the user; must be a node of the config.
-        hostname, addresses: this host's (default: :func:`socket.gethostname`,
-            :func:`host_addresses`).
-        wait_s: how long (seconds) to keep asking slurmctld when no node has this host's
-            address yet (the resume hook records it right after launch; an instance can boot
-            first); 0 asks once.
+        explicit: a name given by the user (``--node``); must be a node of the config.
+        env: for ``SLURMD_NODENAME`` (empty counts as unset).
+        hostname, addresses: this host's (default: :func:`socket.gethostname`, and
+            :func:`host_addresses` read again on every try: the network may come up late).
+        wait_s: how long (seconds, finite) to keep asking slurmctld when no node has this
+            host's address yet (the resume hook records it right after launch; an instance
+            can boot first); 0 asks once. A slow scontrol can add its own timeout to this.
         poll_s: seconds between two questions.
 
     Raises:
-        BadInputError: the name given belongs to no node set, or no node is this host after
-            ``wait_s`` (the message lists the hostname and addresses tried).
+        BadInputError: the name given is empty or belongs to no node set, ``wait_s`` is not
+            a finite number >= 0, or no node is this host after ``wait_s`` (the message lists
+            the hostname and addresses tried).
+        SlurmCommandError: slurmctld never answered (scontrol missing, failing, timing out).
     """
-    given = explicit or env.get("SLURMD_NODENAME")
+    if explicit is not None:
+        given = explicit
+        if not given.strip():
+            raise BadInputError("--node: empty node name")
+    else:
+        given = env.get("SLURMD_NODENAME", "")
     if given:
         if config.node_set_of(given) is None:
             raise BadInputError(f"node {given!r} belongs to no node set of {config.source_path}")
         return given
+    if not (math.isfinite(wait_s) and wait_s >= 0):
+        raise BadInputError(f"--wait: {wait_s} is not a number of seconds >= 0")
     host = hostname if hostname is not None else socket.gethostname()
     named = node_by_hostname(config, host)
     if named:
         return named
-    mine = set(addresses) if addresses is not None else host_addresses()
     deadline = clock() + wait_s
+    answered = False
+    failure: SlurmCommandError | None = None
     while True:
+        mine = set(addresses) if addresses is not None else host_addresses()
         if mine:
             try:
                 found = node_by_address(config, client.nodes(with_jobs=False), mine)
+                answered = True
             except SlurmCommandError as exc:
                 log.warning("cannot read the nodes from slurmctld: %s", exc)
-                found = None
+                failure, found = exc, None
             if found:
                 return found
         if clock() >= deadline:
+            if failure is not None and not answered:
+                raise failure
             raise BadInputError(
                 f"this host (hostname {host!r}, addresses {', '.join(sorted(mine)) or 'none'}) "
                 f"is no node of {config.source_path}: no node is named so and none has one of "

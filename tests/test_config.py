@@ -115,6 +115,8 @@ def test_config_option_works_after_the_command_name_too(tmp_path: Path) -> None:
     assert result.exit_code == 0 and "6 nodes" in result.output
     result = runner.invoke(cli, ["--config", str(good), "config", "check", "--config", str(bad)])
     assert result.exit_code == 2 and "bad.yaml" in result.output
+    result = runner.invoke(cli, ["config", "--config", str(good), "check"])  # on the group
+    assert result.exit_code == 0 and "6 nodes" in result.output
     out_dir = tmp_path / "rendered"
     result = runner.invoke(cli, ["render", "--config", str(good), "--output-dir", str(out_dir)])
     assert result.exit_code == 0, result.output
@@ -133,3 +135,10 @@ def test_sbatch_leaves_config_after_the_script_to_the_script(tmp_path: Path) -> 
                                       "--json", "-N", "1", str(train), "--config", "x.yaml"])
     assert result.exit_code == 0, result.output
     assert f"{train} --config x.yaml" in json.loads(result.output)["script"]
+
+
+@pytest.mark.parametrize("argv", [["--config=", "config", "check"], ["config", "check", "--config="]])
+def test_an_empty_config_path_is_an_error_not_the_default_file(argv: list[str]) -> None:
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 2
+    assert "'--config': empty path" in result.output

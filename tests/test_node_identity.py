@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.commands.common import AppContext
 from slurm_spot.config import SpotConfig, load_config
-from slurm_spot.errors import BadInputError
+from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.node_identity import resolve_node_name
+from slurm_spot.slurm.client import SlurmClient
 from tests.fakes.fake_slurm import FakeSlurm
 
 
@@ -34,7 +35,8 @@ def slurm() -> FakeSlurm:
     fake = FakeSlurm()
     fake.add_node("gpu-1", "ALLOCATED+CLOUD", addr="10.0.1.23", hostname="ip-10-0-1-23")
     fake.add_node("gpu-2", "IDLE+CLOUD", addr="10.0.2.7", hostname="ip-10-0-2-7")
-    fake.add_node("gpu-3")  # powered down: NodeAddr is its name
+    fake.add_node("gpu-3", "IDLE+CLOUD+POWERING_UP")  # being resumed: no address recorded yet
+    fake.add_node("gpu-4")  # powered down
     fake.add_node("login-1", "IDLE", addr="10.0.9.9")  # not a node of the config
     return fake
 
@@ -58,6 +60,54 @@ def test_given_name_and_slurmd_nodename_come_first_and_are_checked(config, slurm
     assert resolve(config, slurm, env={"SLURMD_NODENAME": "gpu-1"}, addresses=set()) == "gpu-1"
     with pytest.raises(BadInputError, match="'gpu-9' belongs to no node set"):
         resolve(config, slurm, explicit="gpu-9")
+
+
+def test_hostnames_compare_without_case_and_two_readings_are_ambiguous(tmp_path, slurm) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({
+        "cluster": "hpc",
+        "node_sets": [{"name": "gpu", "provider": "local", "count": 2},
+                      {"name": "hpc-gpu", "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": ["gpu", "hpc-gpu"]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log"),
+    }))
+    two = load_config(path)
+    assert resolve(two, slurm, hostname="GPU-2.example.org", addresses=set()) == "gpu-2"
+    with pytest.raises(BadInputError, match=r"names two nodes \(gpu-1, hpc-gpu-1\)"):
+        resolve(two, slurm, hostname="hpc-gpu-1", addresses=set())
+
+
+def test_addresses_compare_as_addresses(config, slurm) -> None:
+    slurm.nodes["gpu-2"].addr = "FD00:0:0:0::2"
+    assert resolve(config, slurm, addresses={"fd00::2"}) == "gpu-2"
+
+
+def test_a_powered_down_node_keeps_a_stale_address_that_never_matches(config, slurm) -> None:
+    """EC2 may give a reclaimed instance's address to the next one: the old node, powering
+    down or powered down with that NodeAddr still set, is not this host."""
+    for state in ({"CLOUD", "POWERING_DOWN"}, {"CLOUD", "POWERED_DOWN"}):
+        slurm.nodes["gpu-2"].flags = state
+        with pytest.raises(BadInputError, match="is no node"):
+            resolve(config, slurm, addresses={"10.0.2.7"})
+
+
+@pytest.mark.parametrize("wait", [float("nan"), float("inf"), -1.0])
+def test_wait_must_be_finite_and_not_negative(config, slurm, wait: float) -> None:
+    with pytest.raises(BadInputError, match=r"--wait: .* is not a number of seconds >= 0"):
+        resolve(config, slurm, addresses={"10.0.7.7"}, wait_s=wait)
+
+
+def test_an_empty_node_name_is_an_error(config, slurm) -> None:
+    with pytest.raises(BadInputError, match="--node: empty node name"):
+        resolve(config, slurm, explicit="")
+
+
+def test_slurmctld_never_answering_is_a_failure_not_bad_input(config) -> None:
+    """scontrol missing or failing: exit 1 with Slurm's error, not 'this host is no node'."""
+    broken = SlurmClient("/nonexistent/bin")
+    with pytest.raises(SlurmCommandError, match="cannot run /nonexistent/bin/scontrol"):
+        resolve_node_name(config, broken, env={}, hostname="ip-10-0-2-7",
+                          addresses={"10.0.2.7"})
 
 
 def test_a_node_outside_the_config_never_matches(config, slurm) -> None:
@@ -110,6 +160,19 @@ def test_cli_prints_the_name_and_writes_the_env_file(config, slurm, tmp_path, mo
     assert result.exit_code == 0, result.output
     assert result.output == "gpu-2\n"
     assert env_file.read_text() == "SLURM_SPOT_NODE=gpu-2\n"
+
+
+@pytest.mark.parametrize("where", ["", "dir", "under-a-file"])
+def test_cli_env_file_that_cannot_be_written_is_exit_2(config, slurm, tmp_path, monkeypatch,
+                                                       where: str) -> None:
+    monkeypatch.setattr(AppContext, "slurm", lambda self: slurm.client())
+    monkeypatch.chdir(tmp_path)
+    target = {"": "", "dir": str(tmp_path), "under-a-file": str(config.source_path) + "/x.env"}[where]
+    result = CliRunner().invoke(cli, ["--config", str(config.source_path), "node-name", "--node",
+                                      "gpu-1", "--env-file", target])
+    assert result.exit_code == 2, result.output
+    assert "--env-file" in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spot.yaml"]  # no temp file left
 
 
 def test_cli_exit_2_when_this_host_is_no_node(config, slurm, monkeypatch) -> None:

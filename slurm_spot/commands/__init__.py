@@ -32,23 +32,33 @@ def register(group: click.Group) -> None:
             group.add_command(command)
 
 
+def check_config_path(value: str | None) -> str | None:
+    """``--config`` must name a file: an empty value would silently mean the default one.
+
+    Raises:
+        click.BadParameter: ``value`` is empty (exit 2).
+    """
+    if value is not None and not value.strip():
+        raise click.BadParameter("empty path (leave --config out for the default file)")
+    return value
+
+
 def _set_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    if value is not None:
+    if check_config_path(value) is not None:
         from slurm_spot.commands.common import AppContext
 
         app = ctx.find_object(AppContext)
         if app is not None:
-            app.use_config(value)
+            app.use_config(value)  # type: ignore[arg-type]
 
 
 def _add_config_option(command: click.Command) -> None:
-    """``--config F`` on ``command`` and its subcommands, same meaning as before the command
-    name (the later one wins). Not on commands that pass unknown options through (``sbatch``:
+    """``--config F`` on ``command`` (a group too) and its subcommands, same meaning as before
+    the command name (the later one wins). Not on commands that pass unknown options through (``sbatch``:
     ``--config`` after the script belongs to the training script)."""
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             _add_config_option(sub)
-        return
     if command.context_settings.get("ignore_unknown_options"):
         return
     if any("--config" in param.opts for param in command.params):

@@ -18,10 +18,12 @@ from slurm_spot.watch import Watcher, source_for
 @click.option("--node", default=None,
               help="This node's Slurm name (default: as 'slurm-spot node-name' finds it: "
                    "$SLURMD_NODENAME, the hostname, or the node with this host's address).")
-@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=300, show_default=True,
+@click.option("--wait", "wait_s", type=float, default=300, show_default=True,
               help="Without --node: seconds to wait for this host's address to be recorded.")
 @click.option("--instance-id", default=None, help="This instance's id (for events).")
-@click.option("--once", is_flag=True, help="Poll once and exit (0 either way).")
+@click.option("--once", is_flag=True,
+              help="Poll once and exit (0 either way); without --node, finding the node may "
+                   "wait first (--wait).")
 @click.option("--margin", "margin_s", type=float, default=5.0, show_default=True,
               help="Seconds before the deadline by which the node is powered down.")
 @click.option("--systemd-unit", is_flag=True,
