@@ -13,8 +13,8 @@ from typing import Any
 import click
 
 from slurm_spot import __version__
-from slurm_spot.commands import check_config_path, register
-from slurm_spot.commands.common import AppContext
+from slurm_spot.commands import register
+from slurm_spot.commands.common import AppContext, check_config_path
 from slurm_spot.errors import BadInputError, SlurmSpotError
 
 

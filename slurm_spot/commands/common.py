@@ -42,6 +42,41 @@ class AppContext:
 pass_app = click.make_pass_decorator(AppContext)
 
 
+def check_config_path(value: str | None) -> str | None:
+    """``--config`` must name a file: an empty value would silently mean the default one.
+
+    Raises:
+        click.BadParameter: ``value`` is empty (exit 2).
+    """
+    if value is not None and not value.strip():
+        raise click.BadParameter("empty path (leave --config out for the default file)")
+    return value
+
+
+def _set_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    path = check_config_path(value)
+    app = ctx.find_object(AppContext)
+    if path is not None and app is not None:
+        app.use_config(path)
+
+
+def add_config_option(command: click.Command) -> None:
+    """``--config F`` on ``command`` (a group too) and its subcommands, same meaning as before
+    the command name (the later one wins). Not on commands that pass unknown options through
+    (``sbatch``: ``--config`` after the script belongs to the training script)."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            add_config_option(sub)
+    if command.context_settings.get("ignore_unknown_options"):
+        return
+    if any("--config" in param.opts for param in command.params):
+        return
+    command.params.append(click.Option(
+        ["--config"], type=click.Path(dir_okay=False), expose_value=False, is_eager=True,
+        callback=_set_config, allow_from_autoenv=False,
+        help="spot.yaml to use (same as 'slurm-spot --config F COMMAND')."))
+
+
 def json_option(func: F) -> F:
     """Add ``--json``: machine-readable output on stdout."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)  # type: ignore[return-value]

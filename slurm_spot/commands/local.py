@@ -93,8 +93,8 @@ def status_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
         return
     out = console()
     out.print(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
-                  f"{'up' if info['reconciler'] else 'down'}   munge: "
-                  f"{'up' if info['munge'] else 'down'}")
+              f"{'up' if info['reconciler'] else 'down'}   munge: "
+              f"{'up' if info['munge'] else 'down'}")
     table = Table("instance", "node", "state", "market", "launched")
     for inst in info["instances"]:  # type: ignore[attr-defined]
         table.add_row(inst["instance_id"], inst["node"], inst["state"], inst["market"],
