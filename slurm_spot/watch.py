@@ -124,7 +124,9 @@ class Watcher:
         for job in outcome.jobs:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)
-        self._event("requeued", reason=reason, job_ids=tuple(outcome.requeued))
+        # "requeued" only when a job was: a notice on an idle node just powers it down.
+        self._event("requeued" if outcome.requeued else "powered_down", reason=reason,
+                    job_ids=tuple(outcome.requeued))
         return outcome
 
     def _signal(self, outcome: NoticeOutcome, job: int, signal: str) -> None:

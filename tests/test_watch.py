@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
+from slurm_spot.events import read_events
 from slurm_spot.notices.local import LocalNoticeSource
 from slurm_spot.slurm.client import CommandResult, SlurmClient
 from slurm_spot.watch import Watcher, source_for
@@ -31,8 +32,8 @@ class ScriptedSlurm:
     """scontrol/squeue/scancel as seen by the watcher: job 5 (task 3 of array 4) runs on
     spot-1 until the node is powered down, then it is pending (requeued)."""
 
-    def __init__(self) -> None:
-        self.powered_down = False
+    def __init__(self, with_job: bool = True) -> None:
+        self.powered_down = not with_job  # no job: nothing runs there from the start
         self.commands: list[str] = []
 
     def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
@@ -80,6 +81,25 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     ]
     # It powered the node down before the deadline, not at it.
     assert clock[0] <= deadline.timestamp() - 5
+    assert [e["action"] for e in read_events(config.log_dir)] == ["notice", "requeued"]
+
+
+def test_notice_on_an_idle_node_powers_it_down_and_requeues_nothing(tmp_path: Path) -> None:
+    config = parse_config({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")})
+    notices = config.state_dir / "local" / "notices"
+    notices.mkdir(parents=True)
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=30)
+    (notices / "spot-1.json").write_text(json.dumps({"action": "terminate",
+                                                     "time": deadline.isoformat()}))
+    slurm = ScriptedSlurm(with_job=False)
+    watcher = Watcher(config, "spot-1", SlurmClient("/usr/bin", runner=slurm),
+                      source_for(config, "spot-1"), sleep=lambda s: None)
+    outcome = watcher.run(once=True)
+    assert outcome is not None and outcome.jobs == [] and outcome.requeued == []
+    assert [e["action"] for e in read_events(config.log_dir)] == ["notice", "powered_down"]
 
 
 def test_systemd_unit(tmp_path: Path) -> None:
