@@ -3,18 +3,34 @@
 Built on python-hostlist, whose expansion matches ``scontrol show hostnames`` for every
 expression Slurm passes to ResumeProgram/SuspendProgram; this module adds validation and
 errors that name the bad part.
+
+Which node names are valid: slurm.conf(5) (22.05), NodeName: "It may also be an arbitrary
+string if NodeHostname is specified". Slurm's own hostlist code splits only on commas and
+whitespace and reads ``[...]`` as ranges, so ``gpu+a100_1``, ``n.rack1-01``, ``a:b1`` and
+``n@1`` are all node names (``scontrol show hostnames`` expands them, and slurmctld accepts
+them; see tests/test_hostlist_e2e.py). What is refused here is what cannot survive the trip
+through slurm.conf, a hostlist or a file name: whitespace and control characters, ``,``,
+``[``, ``]``, ``=`` and ``#`` (slurm.conf key and comment), ``/`` and NUL (slurm-spot keeps
+per-node files named after the node), and a leading ``-`` (scontrol reads it as an option).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 
 import hostlist as _hostlist
 
 from slurm_spot.errors import HostlistError
 
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+# Printable, no whitespace, none of , [ ] = # / and not starting with '-'.
+_NODE_NAME = re.compile(r"(?!-)[^\s\x00-\x1f\x7f,\[\]=#/]+")
+
+
+def is_node_name(name: str) -> bool:
+    """True if ``name`` is a node name slurm-spot can manage (see the module docstring)."""
+    return bool(_NODE_NAME.fullmatch(name))
 
 
 def _split_top_level(expr: str) -> list[str]:
@@ -36,35 +52,49 @@ def _split_top_level(expr: str) -> list[str]:
     return parts
 
 
-def expand(expr: str) -> list[str]:
-    """Expand a hostlist expression into node names, in order, without duplicates.
+def expand(expr: str, allow_duplicates: bool = False) -> list[str]:
+    """Expand a hostlist expression into node names, in order.
 
     Args:
         expr: e.g. ``"nodeA,nodeB[001,003]"``; surrounding whitespace is ignored.
+        allow_duplicates: keep names that appear twice (``scontrol show hostnames x[1-2,2]``
+            prints ``x2`` twice) instead of refusing the expression.
 
     Returns:
         ``["nodeA", "nodeB001", "nodeB003"]``.
 
     Raises:
-        HostlistError: empty input, unbalanced brackets, a reversed or non-numeric range, or a
-            character that cannot appear in a node name; the message quotes the bad part.
+        HostlistError: empty input, unbalanced brackets, a reversed or non-numeric range, a
+            name Slurm cannot take (see the module docstring), or, unless
+            ``allow_duplicates``, a name given twice (``x[1-3,2-4]``: ``x2``, ``x3``); the
+            message quotes the bad part.
     """
     text = expr.strip()
     if not text:
         raise HostlistError("empty hostlist: expected node names such as 'spot-[1-4]'")
+    names: list[str] = []
     for part in _split_top_level(text):
         if not part.strip():
             raise HostlistError(f"bad hostlist {expr!r}: empty element between commas")
         try:
-            names = _hostlist.expand_hostlist(part)
+            expanded = _hostlist.expand_hostlist(part, allow_duplicates=True)
         except _hostlist.BadHostlist as exc:
             raise HostlistError(f"bad hostlist {expr!r}: part {part!r}: {exc}") from None
-        for name in names:
-            if not _NODE_NAME.fullmatch(name):
+        for name in expanded:
+            if not is_node_name(name):
                 raise HostlistError(
-                    f"bad hostlist {expr!r}: part {part!r} gives {name!r}, not a valid node name"
+                    f"bad hostlist {expr!r}: part {part!r} gives {name!r}, not a valid node "
+                    "name (no whitespace, control characters, ',', '[', ']', '=', '#', '/', "
+                    "or leading '-')"
                 )
-    return list(dict.fromkeys(_hostlist.expand_hostlist(text)))
+        names.extend(expanded)
+    if not allow_duplicates:
+        twice = [name for name, n in Counter(names).items() if n > 1]
+        if twice:
+            raise HostlistError(
+                f"bad hostlist {expr!r}: {', '.join(twice)} given more than once"
+            )
+    return names
 
 
 def compress(names: Iterable[str]) -> str:

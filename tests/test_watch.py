@@ -72,7 +72,8 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     outcome = watcher.run(once=True)
     assert outcome is not None and outcome.jobs == [5] and outcome.requeued == [5]
     reason = f"spot-interruption:terminate@{deadline:%Y-%m-%dT%H:%M:%SZ}"
-    steps = [c for c in slurm.commands if not c.startswith(("squeue", "scontrol -o"))]
+    reads = ("squeue", "scontrol -o", "scontrol --json", "sinfo")
+    steps = [c for c in slurm.commands if not c.startswith(reads)]
     assert steps == [
         f"scontrol update nodename=spot-1 state=DRAIN reason={reason}",
         "scancel -s USR2 4_3",  # the task by its own name: '4' would be the whole array

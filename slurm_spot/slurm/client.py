@@ -7,27 +7,30 @@ carrying its stderr; nothing is swallowed.
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from slurm_spot.errors import SlurmCommandError
-from slurm_spot.hostlist import compress
-from slurm_spot.slurm.states import (
-    JobState,
-    NodeState,
-    parse_job_state,
-    parse_node_state,
-    parse_oneline,
-)
+from slurm_spot.errors import HostlistError, SlurmCommandError
+from slurm_spot.hostlist import compress, expand
+from slurm_spot.slurm.output import load_json, node_fields_text, nodes_json
+from slurm_spot.slurm.states import JobState, NodeState, parse_job_state
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 # scontrol accepts a hostlist of any length, but keep each argv well under ARG_MAX.
 _MAX_NODES_PER_UPDATE = 2000
+# Where node records come from, tried in this order (see slurm_spot.slurm.output).
+_NODE_SOURCES: dict[str, tuple[str, ...]] = {
+    "scontrol-json": ("scontrol", "--json", "show", "node"),
+    "sinfo-json": ("sinfo", "--json"),
+    "text": (),
+}
 
 
 @dataclass(frozen=True)
@@ -96,14 +99,6 @@ class Job:
     flags: frozenset[str] = field(default_factory=frozenset)
 
 
-def _strip_reason(reason: str) -> str:
-    """Drop the ``[user@2026-01-01T00:00:00]`` suffix that scontrol appends to a reason."""
-    text = reason.strip()
-    if text.endswith("]") and " [" in text:
-        text = text[: text.rindex(" [")]
-    return "" if text == "none" else text
-
-
 class SlurmClient:
     """Access to a Slurm cluster through its command-line tools.
 
@@ -123,6 +118,7 @@ class SlurmClient:
         self._run = runner
         self.timeout_s = timeout_s
         self._refs: dict[int, str] = {}
+        self._node_source: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
     def run(self, tool: str, *args: str, check: bool = True) -> CommandResult:
@@ -139,51 +135,72 @@ class SlurmClient:
 
     # -- nodes ------------------------------------------------------------------------------
     def nodes(self, names: Iterable[str] | None = None, with_jobs: bool = True) -> list[Node]:
-        """Nodes as ``scontrol -o show node`` reports them (all nodes, or ``names``).
+        """Nodes of the cluster (all nodes, or those of ``names`` that exist).
+
+        Read from JSON where this Slurm has it (``scontrol --json show node``, 23.02+; else
+        ``sinfo --json``, 22.05), else from ``scontrol -o show node`` text; see
+        :mod:`slurm_spot.slurm.output`. The first call finds out which works and later calls
+        use it. A node whose record cannot be read is logged and left out: one odd node never
+        hides the others.
 
         Raises:
-            SlurmCommandError: scontrol failed (slurmctld down, unknown node name, ...).
+            SlurmCommandError: no source could be read (slurmctld down, ...).
         """
-        args = ["-o", "show", "node"]
         wanted = list(names) if names is not None else None
+        if wanted is not None and not wanted:
+            return []
+        records = self._node_records(wanted)
         if wanted is not None:
-            if not wanted:
-                return []
-            args.append(compress(wanted))
-        out = self.run("scontrol", *args).stdout
+            keep = set(wanted)
+            records = [r for r in records if r["name"] in keep]
         job_map = self._jobs_by_node() if with_jobs else {}
-        nodes = []
-        for line in out.splitlines():
+        return [Node(**r, jobs=tuple(job_map.get(r["name"], ()))) for r in records]
+
+    def _node_records(self, wanted: list[str] | None) -> list[dict[str, Any]]:
+        for source in ([self._node_source] if self._node_source else list(_NODE_SOURCES)):
+            if source == "text":
+                self._node_source = source
+                return self._node_records_text(wanted)
+            argv = _NODE_SOURCES[source]
+            result = self.run(argv[0], *argv[1:], check=False)
+            found = nodes_json(result.stdout) if result.returncode == 0 else None
+            if found is not None:
+                self._node_source = source
+                return found
+            if self._node_source == source:  # it worked before: a real failure now
+                raise SlurmCommandError([str(self.bin_dir / argv[0]), *argv[1:]],
+                                        result.returncode, result.stderr or "no JSON nodes")
+        raise AssertionError("unreachable: the text source always answers or raises")
+
+    def _node_records_text(self, wanted: list[str] | None) -> list[dict[str, Any]]:
+        args = ["-o", "show", "node"]
+        if wanted is not None:
+            args.append(compress(wanted))
+        records = []
+        for line in self.run("scontrol", *args).stdout.splitlines():
             if not line.startswith("NodeName="):
                 continue
-            fields = parse_oneline(line)
-            name = fields["NodeName"]
-            nodes.append(
-                Node(
-                    name=name,
-                    state=parse_node_state(fields.get("State", "UNKNOWN")),
-                    reason=_strip_reason(fields.get("Reason", "")),
-                    addr=fields.get("NodeAddr", ""),
-                    hostname=fields.get("NodeHostName", ""),
-                    partitions=tuple(p for p in fields.get("Partitions", "").split(",") if p),
-                    jobs=tuple(job_map.get(name, ())),
-                    boot_time=fields.get("BootTime", ""),
-                )
-            )
-        return nodes
+            try:
+                records.append(node_fields_text(line))
+            except ValueError as exc:
+                log.error("skipping a node scontrol printed: %s", exc)
+        return records
 
     def _jobs_by_node(self) -> dict[str, list[int]]:
         out = self.run("squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING",
                        "-o", "%A %F %K %N").stdout
-        from slurm_spot.hostlist import expand
-
         result: dict[str, list[int]] = {}
         for line in out.splitlines():
             parts = line.split()
             if len(parts) != 4 or not parts[0].isdigit():
                 continue
             self._remember_ref(parts[0], parts[1], parts[2])
-            for node in expand(parts[3]):
+            try:
+                names = expand(parts[3], allow_duplicates=True)
+            except HostlistError as exc:  # one job's odd node list never stops the others
+                log.error("job %s: cannot read its nodes: %s", parts[0], exc)
+                continue
+            for node in names:
                 result.setdefault(node, []).append(int(parts[0]))
         return result
 
@@ -271,8 +288,17 @@ class SlurmClient:
             if not wanted:
                 return []
             args += ["--jobs", ",".join(str(j) for j in sorted(wanted))]
-        data = json.loads(self.run("squeue", *args).stdout or "{}")
-        found = [_job_from_json(obj) for obj in data.get("jobs", [])]
+        out = self.run("squeue", *args)
+        try:
+            data = load_json(out.stdout) if out.stdout.strip() else {}
+        except ValueError as exc:
+            raise SlurmCommandError(out.argv, out.returncode, f"unreadable JSON: {exc}") from None
+        found = []
+        for obj in data.get("jobs", []) if isinstance(data, dict) else []:
+            try:
+                found.append(_job_from_json(obj))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("skipping a job squeue printed: %s", exc)
         if wanted is None:
             return found
         # Unique ids only: an array task's id can equal its array's id (see job_ref).

@@ -141,6 +141,30 @@ class NodeState:
         return "+".join([self.base, *sorted(self.flags)])
 
 
+# Older spellings of flags (Slurm before 20.11 and some sinfo/scontrol forms) -> today's names.
+# slurm.conf(5)/sinfo(1) 20.02: "POWER" (NODE_STATE_POWER_SAVE) is today's POWERED_DOWN;
+# POWER_SAVE and POWER_UP are the long forms of the same two flags.
+FLAG_ALIASES = {
+    "POWER": "POWERED_DOWN",
+    "POWER_SAVE": "POWERED_DOWN",
+    "POWERED_OFF": "POWERED_DOWN",
+    "POWER_UP": "POWERING_UP",
+    "NO_RESPOND": "NOT_RESPONDING",
+}
+
+
+def _flag_words(parts: Iterable[str]) -> set[str]:
+    """Flags from ``+``-joined words, each possibly with sinfo's one-character suffixes
+    (``IDLE#``, ``CLOUD*``), old spellings mapped by :data:`FLAG_ALIASES`."""
+    flags: set[str] = set()
+    for part in parts:
+        word = part.rstrip("".join(_SUFFIX_FLAGS))
+        flags.update(_SUFFIX_FLAGS[c] for c in part[len(word):])
+        if word:
+            flags.add(FLAG_ALIASES.get(word, word))
+    return flags
+
+
 def parse_node_state(text: str) -> NodeState:
     """Parse ``scontrol show node`` ``State=`` text, or a ``sinfo %t``/``%T`` short form.
 
@@ -153,11 +177,11 @@ def parse_node_state(text: str) -> NodeState:
     if "+" in value or value.upper() == value:
         parts = value.upper().split("+")
         base = parts[0].rstrip("".join(_SUFFIX_FLAGS))
-        suffix_flags = {_SUFFIX_FLAGS[c] for c in parts[0][len(base):]}
+        flags = _flag_words([parts[0][len(base):], *parts[1:]])
         if base in NODE_BASES:
-            return NodeState(base, frozenset(parts[1:]) | suffix_flags)
+            return NodeState(base, frozenset(flags))
         if base.lower() in _SHORT_BASES:
-            return _short(base.lower(), set(parts[1:]) | suffix_flags)
+            return _short(base.lower(), flags)
         raise ValueError(f"unknown node state {text!r}")
     return parse_sinfo_short(value)
 
@@ -195,11 +219,15 @@ def parse_node_state_json(node: Mapping[str, Any]) -> NodeState:
     if raw is None:
         raise ValueError(f"node object without 'state': {dict(node)!r}")
     words = [raw] if isinstance(raw, str) else list(raw)
-    words = [w.upper() for w in words] + [f.upper() for f in node.get("state_flags", [])]
-    bases = [w for w in words if w in NODE_BASES]
+    words = [str(w).upper() for w in words] + [
+        str(f).upper() for f in node.get("state_flags") or []]
+    bases = [w.rstrip("".join(_SUFFIX_FLAGS)) for w in words
+             if w.rstrip("".join(_SUFFIX_FLAGS)) in NODE_BASES]
     if not bases:
         raise ValueError(f"no base state in {raw!r}")
-    return NodeState(bases[0], frozenset(w for w in words if w != bases[0]))
+    first = next(w for w in words if w.rstrip("".join(_SUFFIX_FLAGS)) == bases[0])
+    rest = [w for w in words if w is not first]
+    return NodeState(bases[0], frozenset(_flag_words([first[len(bases[0]):], *rest])))
 
 
 @dataclass(frozen=True)
@@ -260,7 +288,7 @@ def parse_oneline(line: str, keys: Iterable[str] | None = None) -> dict[str, str
     for i, start in enumerate(starts):
         end = starts[i + 1] - 1 if i + 1 < len(starts) else len(line)
         key, _, value = line[start:end].partition("=")
-        result[key] = value.strip()
+        result.setdefault(key, value.strip())  # a repeated key is text of a value
     if keys is not None:
         wanted = set(keys)
         result = {k: v for k, v in result.items() if k in wanted}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from slurm_spot.hostlist import compress, expand
@@ -59,6 +60,9 @@ class FakeSlurm:
         self.expedited: list[int] = []
         self.on_show: Callable[[int], None] | None = None
         self.show_calls = 0
+        # Like Slurm 22.05: sinfo --json lists nodes, scontrol has no --json. False: neither
+        # (the text fallback); "warn": sinfo prints a warning line before its JSON.
+        self.json_nodes: bool | str = True
 
     # -- setup ----------------------------------------------------------------------------
     def add_node(self, name: str, state: str = "IDLE+CLOUD+POWERED_DOWN", **kw: str) -> FakeNode:
@@ -95,7 +99,23 @@ class FakeSlurm:
             return CommandResult(argv, 1, "", str(exc))
         return CommandResult(argv, 0, out, "")
 
+    def _sinfo(self, args: list[str]) -> str:
+        if args != ["--json"] or not self.json_nodes:
+            raise _Refused(f"sinfo: unrecognized option {args}")
+        self.show_calls += 1
+        if self.on_show:
+            self.on_show(self.show_calls)
+        data = {"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "nodes": [
+            {"name": n.name, "address": n.addr, "hostname": n.hostname,
+             "state": n.base.lower(), "state_flags": sorted(n.flags), "reason": n.reason,
+             "partitions": ["spot"], "boot_time": _epoch(n.boot_time)}
+            for n in self.nodes.values()]}
+        warning = "sinfo: warning: plugin said something\n" if self.json_nodes == "warn" else ""
+        return warning + json.dumps(data, indent=2)
+
     def _scontrol(self, args: list[str]) -> str:
+        if args and args[0] == "--json":
+            raise _Refused("scontrol: unrecognized option '--json'")
         if args[:3] == ["-o", "show", "node"]:
             self.show_calls += 1
             if self.on_show:
@@ -217,6 +237,11 @@ class FakeSlurm:
         return "".join(f"{j.job_id} {j.job_id} N/A {compress(j.nodes)}\n"
                        for j in self.jobs.values()
                        if j.state in ("RUNNING", "COMPLETING", "CONFIGURING") and j.nodes)
+
+
+def _epoch(text: str) -> int:
+    """sinfo --json gives Unix seconds where scontrol prints local time (0: none)."""
+    return 0 if text in ("None", "") else int(datetime.fromisoformat(text).timestamp())
 
 
 class _Refused(Exception):
