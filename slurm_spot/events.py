@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import BinaryIO
 
 EVENTS_FILE = "events.jsonl"
 log = logging.getLogger(__name__)
@@ -72,29 +73,75 @@ def record(
         emit(log_dir, Event(action=action, source=source, node=node, **fields))  # type: ignore[arg-type]
 
 
+MAX_LINE_BYTES = 64 * 1024  # an event line is well under 4 KiB; longer is not ours
+
+
+def read_lines(fh: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES,
+               whole_only: bool = False) -> Iterator[tuple[int, bytes | None]]:
+    """Lines of a binary file from its current position: ``(offset after the line, line)``.
+
+    A line longer than ``max_line_bytes`` is consumed in bounded chunks and given as ``None``
+    (never held in memory whole). With ``whole_only``, a last line without its newline (a
+    write still in progress) is not given: the caller reads it again from the offset it has.
+    """
+    while True:
+        line = fh.readline(max_line_bytes + 1)
+        if not line:
+            return
+        if len(line) > max_line_bytes and not line.endswith(b"\n"):
+            while True:  # skip the rest of an over-long line
+                chunk = fh.readline(max_line_bytes)
+                if not chunk or chunk.endswith(b"\n"):
+                    break
+            if whole_only and not chunk:
+                return
+            yield fh.tell(), None
+            continue
+        if whole_only and not line.endswith(b"\n"):
+            return
+        yield fh.tell(), line
+
+
+def parse_line(line: bytes | None) -> dict[str, object] | None:
+    """One events-file line as an event dict, or None (not a JSON object, too long)."""
+    if line is None or not line.strip():
+        return None
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the limit
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[str, object]]:
-    """Events from the file, oldest first. Lines that are not JSON objects, or whose time
-    cannot be read when ``since`` is given, are skipped."""
+    """Events from the file, oldest first.
+
+    Lines that are not JSON objects, longer than :data:`MAX_LINE_BYTES`, or whose time cannot
+    be read when ``since`` is given, are skipped; how many is logged as one warning at the end.
+    """
     path = log_dir / EVENTS_FILE
     try:
-        fh = open(path, encoding="utf-8", errors="replace")
+        fh = open(path, "rb")
     except OSError:
         return
+    skipped = 0
     with fh:
-        for line in fh:
-            try:
-                data = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(data, dict):
+        for _, line in read_lines(fh):
+            data = parse_line(line)
+            if data is None:
+                skipped += 1 if line is None or line.strip() else 0
                 continue
             if since is not None:
                 try:
                     when = datetime.fromisoformat(str(data.get("time")))
                 except ValueError:
+                    skipped += 1
                     continue
                 if when.tzinfo is None:
                     when = when.replace(tzinfo=timezone.utc)
                 if when < since:
                     continue
             yield data
+    if skipped:
+        log.warning("%s: skipped %d line(s) that are not events (malformed or longer than "
+                    "%d bytes)", path, skipped, MAX_LINE_BYTES)

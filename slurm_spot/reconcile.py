@@ -40,7 +40,7 @@ from slurm_spot.metrics import ReconcileMetrics
 from slurm_spot.power import ProviderFactory
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
-from slurm_spot.reconcile_history import build_history, read_tail
+from slurm_spot.reconcile_history import EventTail, build_history, history_keep_s
 from slurm_spot.reconcile_rules import (
     History,
     NodeDecision,
@@ -138,6 +138,7 @@ class Reconciler:
         self.settings = settings_of(config)
         self.node_set_of = {n: ns.name for ns in config.node_sets for n in ns.node_names}
         self._failures_seen_after = clock()
+        self._tail = EventTail(config.log_dir, history_keep_s(self.settings))
         self._handlers: dict[Verdict, Callable[[NodeDecision, PassResult], None]] = {
             Verdict.RECLAIMED: self._power_down_lost,
             Verdict.BOOT_LOST: self._power_down_lost,
@@ -172,7 +173,7 @@ class Reconciler:
             provider_of.update((i.instance_id, name) for i in listed)
         nodes = tuple(self.slurm.nodes())
         now = self.clock()
-        tail = read_tail(self.config.log_dir)
+        tail = self._tail.read(now)
         history = build_history(tail, self.node_set_of, now, self.settings)
         return Snapshot(now, nodes, tuple(instances), provider_of, frozenset(unavailable),
                         history, self._held_jobs(history, result), tuple(tail))

@@ -5,18 +5,19 @@ only adds what neither keeps: how often a node failed to resume, which capacity 
 cooldown already covered, which dead instances were already acted on, which jobs were
 requeued by an interruption. A restarted reconciler reads the same facts back.
 
-Only the tail of the file is read (:data:`TAIL_BYTES`), so a pass stays cheap as the file grows.
+The reconciler reads the file with :class:`EventTail`: the last :data:`TAIL_BYTES` once, then
+only what was appended, so a pass stays cheap as the file grows; it survives log rotation.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import BinaryIO
 
-from slurm_spot.events import EVENTS_FILE
+from slurm_spot.events import EVENTS_FILE, parse_line, read_lines
 from slurm_spot.providers.base import normalize_code
 from slurm_spot.reconcile_rules import History, Settings
 
@@ -35,29 +36,125 @@ INTERRUPTION_ACTIONS = ("reclaimed", "boot_lost", "requeued", "notice")
 def read_tail(log_dir: Path, max_bytes: int = TAIL_BYTES) -> list[dict[str, object]]:
     """The last ``max_bytes`` of the events file as parsed events, oldest first.
 
-    A partial first line and lines that are not JSON objects are skipped; a missing file
-    gives no events.
+    A partial first line, lines that are not JSON objects and lines longer than
+    :data:`~slurm_spot.events.MAX_LINE_BYTES` are skipped; a missing file gives no events.
     """
-    path = log_dir / EVENTS_FILE
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - max_bytes))
-            data = fh.read()
+        with open(log_dir / EVENTS_FILE, "rb") as fh:
+            return [e for _, e in _read_from(fh, max_bytes)]
     except OSError:
         return []
-    lines = data.split(b"\n")
-    if size > max_bytes:
-        lines = lines[1:]
-    found = []
-    for line in lines:
+
+
+def _read_from(fh: BinaryIO, max_bytes: int) -> list[tuple[int, dict[str, object]]]:
+    """Events of the last ``max_bytes`` of ``fh`` (whole lines only), with their end offsets."""
+    size = os.fstat(fh.fileno()).st_size
+    start = max(0, size - max_bytes)
+    fh.seek(start)
+    lines = read_lines(fh, whole_only=True)
+    if start > 0:
+        next(lines, None)  # the partial first line
+    return [(end, e) for end, line in lines if (e := parse_line(line)) is not None]
+
+
+class EventTail:
+    """The reconciler's own view of the events file, kept between passes (``tail -F``).
+
+    The first :meth:`read` parses the last ``first_read_bytes`` of the file; each later one
+    only what was appended since, so a pass's cost does not grow with the file's length.
+    Events are kept in memory for ``keep_s`` seconds (their ``time``), at most ``max_events``.
+
+    Safe under log rotation: when the file is renamed away (logrotate ``create``), the rest of
+    the old file is read through the descriptor still open, then the new file from its start;
+    when it is truncated in place (``copytruncate``), reading starts again at offset 0.
+    Malformed and over-long lines are skipped (:func:`~slurm_spot.events.read_lines`).
+    """
+
+    def __init__(self, log_dir: Path, keep_s: float, first_read_bytes: int = TAIL_BYTES,
+                 max_events: int = 200_000) -> None:
+        self.path = log_dir / EVENTS_FILE
+        self.keep_s = keep_s
+        self.first_read_bytes = first_read_bytes
+        self.max_events = max_events
+        self._fh: BinaryIO | None = None
+        self._offset = 0
+        self._events: list[tuple[datetime, dict[str, object]]] = []
+        self.bytes_read = 0  # parsed by the last read (for tests and benchmarks)
+
+    def read(self, now: datetime) -> list[dict[str, object]]:
+        """Every kept event, oldest first, after reading what was appended since last time."""
+        self.bytes_read = 0
         try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            found.append(event)
-    return found
+            current = os.stat(self.path)
+        except OSError:
+            current = None
+        if self._fh is not None:
+            opened = os.fstat(self._fh.fileno())
+            if current is None or (opened.st_dev, opened.st_ino) != (current.st_dev,
+                                                                      current.st_ino):
+                self._consume(self._fh)  # rotated away: finish the old file first
+                self._fh.close()
+                self._fh, self._offset = None, 0
+                if current is not None:
+                    self._open(from_start=True)
+            else:
+                if opened.st_size < self._offset:  # copytruncate
+                    self._offset = 0
+                self._consume(self._fh)
+        elif current is not None:
+            self._open(from_start=False)
+        self._prune(now)
+        return [e for _, e in self._events]
+
+    def close(self) -> None:
+        """Close the events file (a later :meth:`read` reopens it)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def _open(self, from_start: bool) -> None:
+        try:
+            fh = open(self.path, "rb")
+        except OSError:
+            return
+        self._fh = fh
+        if from_start:
+            self._offset = 0
+            self._consume(fh)
+        else:
+            size = os.fstat(fh.fileno()).st_size
+            found = _read_from(fh, self.first_read_bytes)
+            self.bytes_read += min(size, self.first_read_bytes)
+            self._offset = found[-1][0] if found else fh.tell()
+            self._add(e for _, e in found)
+
+    def _consume(self, fh: BinaryIO) -> None:
+        fh.seek(self._offset)
+        new = []
+        for end, line in read_lines(fh, whole_only=True):
+            self.bytes_read += end - self._offset
+            self._offset = end
+            event = parse_line(line)
+            if event is not None:
+                new.append(event)
+        self._add(new)
+
+    def _add(self, found: Iterable[dict[str, object]]) -> None:
+        for event in found:
+            when = _when(event)
+            if when is not None:
+                self._events.append((when, event))
+
+    def _prune(self, now: datetime) -> None:
+        oldest = now - timedelta(seconds=self.keep_s)
+        self._events = [(w, e) for w, e in self._events if w >= oldest][-self.max_events:]
+
+
+def history_keep_s(settings: Settings) -> float:
+    """How long (seconds) the reconciler keeps events in memory: the longest window any fact
+    of :func:`build_history` looks back over, and at least 2 hours (a terminated instance
+    stays in EC2/GCE listings about an hour, and must stay "handled" as long)."""
+    return max(settings.failure_window_s, settings.cooldown_s, INTERRUPTION_MEMORY_S, 7200.0)
 
 
 def _when(event: Mapping[str, object]) -> datetime | None:
