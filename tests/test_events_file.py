@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.events import EVENTS_FILE, Event, emit, read_events
-from slurm_spot.reconcile_history import EventTail, read_tail
+from slurm_spot.reconcile.history import EventTail, read_tail
 from tests.fakes.fake_provider import FakeProvider
 from tests.fakes.fake_slurm import FakeSlurm
 from tests.test_reconcile_daemon import _patch, write_config
