@@ -174,6 +174,21 @@ def test_admin_drain_is_left_alone_even_when_the_instance_is_gone(tmp_path: Path
     assert world.slurm.jobs[8].state == "RUNNING"
 
 
+@pytest.mark.parametrize("reason", ["slurm-spot: keep drained, debugging NCCL",
+                                    "Not responding, NIC swapped (ticket 42)",
+                                    "spot-interruption: check GPU 3"])
+def test_admin_reasons_that_look_like_ours_are_never_lifted(tmp_path: Path, reason: str) -> None:
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", "DOWN+CLOUD+POWERED_DOWN", reason=reason)
+    world.slurm.add_node("spot-2", "IDLE+CLOUD+DRAIN+POWERED_DOWN", reason=reason)
+    world.slurm.add_node("spot-3", "DOWN+CLOUD+POWERED_DOWN", reason="ResumeTimeout reached")
+    for _ in range(2):
+        world.run()
+    assert (world.state("spot-1"), world.reason("spot-1")) == ("DOWN+CLOUD+POWERED_DOWN", reason)
+    assert world.reason("spot-2") == reason and "DRAIN" in world.state("spot-2")
+    assert world.state("spot-3") == "IDLE+CLOUD+POWERED_DOWN"  # Slurm's own reason: lifted
+
+
 def test_booting_node_with_alive_instance_waits(tmp_path: Path) -> None:
     world = World(tmp_path)
     world.slurm.add_node("spot-1", "MIXED+CLOUD+NOT_RESPONDING+POWERING_UP")
@@ -186,7 +201,7 @@ def test_booting_node_with_alive_instance_waits(tmp_path: Path) -> None:
 def test_reclaimed_watcher_drained_node_requeues_its_job(tmp_path: Path) -> None:
     """The watcher drained the node, then died with the instance: the pass finishes its work."""
     world = World(tmp_path)
-    world.slurm.add_node("spot-1", "MIXED+CLOUD+DRAIN", reason="spot-interruption:terminate@x")
+    world.slurm.add_node("spot-1", "MIXED+CLOUD+DRAIN", reason="spot-interruption:terminate@2026-03-01T11:00:00Z")
     world.slurm.add_job(9, ["spot-1"])
     world.provider.add("spot-1", 900, NOW, InstanceState.TERMINATED,
                        reason="Server.SpotInstanceTermination")
@@ -450,9 +465,22 @@ def test_short_state(state: str, short: str) -> None:
 
 
 @pytest.mark.parametrize(("reason", "clearable"), [
-    ("", True), ("spot-interruption:terminate@x", True), ("(Code:X)y", True),
-    ("slurm-spot:circuit-breaker: 3", True), ("ResumeTimeout reached", True),
-    ("Not responding", True), ("bad GPU", False), ("slurm spot", False)])
+    ("", True), ("spot-interruption:terminate@2026-03-01T11:00:00Z", True), ("(Code:X)y", True),
+    ("(Code:InsufficientInstanceCapacity)Temporarily disabled until 2026-03-01T11:10:00Z", True),
+    ("slurm-spot:circuit-breaker: 3 resume failures within 3600 s, last: x", True),
+    ("slurm-spot:instance lost while booting@2026-03-01T11:00:00Z", True),
+    ("ResumeTimeout reached", True), ("Not responding", True),
+    ("Node unexpectedly rebooted boot_time=1767225600 last response=1767225500", True),
+    ("bad GPU", False), ("slurm spot", False),
+    # Admin reasons that only start like ours or Slurm's (issue 11, section 5).
+    ("spot-interruption: check GPU 3 before reuse", False),
+    ("spot-interruption:terminate@x", False),
+    ("slurm-spot: keep drained, debugging NCCL", False),
+    ("slurm-spot:circuit-breaker: 3", False),
+    ("(Code:17) bad DIMM per vendor", False),
+    ("Not responding, NIC swapped (ticket 42)", False),
+    ("ResumeTimeout reached; disk died, do not resume", False),
+])
 def test_only_our_and_slurms_power_saving_reasons_are_clearable(reason: str, clearable: bool) -> None:
     assert is_clearable(reason) is clearable
 

@@ -14,7 +14,22 @@ from datetime import datetime, timezone
 from slurm_spot.slurm.states import NodeState
 
 OUR_PREFIXES = ("spot-interruption:", "(Code:", "slurm-spot:")
-SLURM_REASONS = ("ResumeTimeout reached", "Not responding", "Node unexpectedly rebooted")
+_STAMP = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z"
+# The exact shapes of the reasons slurm-spot writes: a reason an admin typed that merely starts
+# like one (``slurm-spot: keep drained``, ``spot-interruption: check GPU 3``) is not ours.
+OUR_REASONS = re.compile(
+    rf"spot-interruption:[a-z][a-z_-]*@{_STAMP}"            # watcher, reconciler
+    rf"|\(Code:[A-Za-z0-9_.:/-]+\)(\S.*)?"                    # resume failures, cooldowns
+    rf"|slurm-spot:circuit-breaker: \d+ resume failures .*"    # reconciler breaker
+    rf"|slurm-spot:instance lost while booting@{_STAMP}",     # reconciler
+    re.DOTALL,
+)
+# slurmctld's own reasons, exactly as Slurm 22.05 writes them (src/slurmctld/node_mgr.c,
+# power_save.c); "Not responding, NIC swapped (ticket 42)" is an admin's.
+SLURM_REASONS = re.compile(
+    r"ResumeTimeout reached|Not responding"
+    r"|Node unexpectedly rebooted( boot_time=\d+ last response=\d+)?"
+)
 BREAKER_PREFIX = "slurm-spot:circuit-breaker"
 COOLDOWN_TEXT = "Temporarily disabled until "
 _CODE_RE = re.compile(r"^\(Code:(?P<code>[^)]*)\)")
@@ -27,14 +42,15 @@ def utc_stamp(when: datetime) -> str:
 
 
 def is_ours(reason: str) -> bool:
-    """True if slurm-spot wrote ``reason`` (one of the fixed prefixes)."""
-    return reason.startswith(OUR_PREFIXES)
+    """True if slurm-spot wrote ``reason``: it has the whole shape of one of slurm-spot's
+    reasons (:data:`OUR_REASONS`), not just its first word."""
+    return OUR_REASONS.fullmatch(reason) is not None
 
 
 def is_clearable(reason: str) -> bool:
     """True if the reconciler may replace or clear ``reason``: empty, ours, or one of
     slurmctld's own power-saving reasons. Anything else is an admin's."""
-    return not reason or is_ours(reason) or reason.startswith(SLURM_REASONS)
+    return not reason or is_ours(reason) or SLURM_REASONS.fullmatch(reason) is not None
 
 
 def reason_code(reason: str) -> str | None:
