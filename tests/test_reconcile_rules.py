@@ -201,7 +201,8 @@ def test_booting_node_with_alive_instance_waits(tmp_path: Path) -> None:
 def test_reclaimed_watcher_drained_node_requeues_its_job(tmp_path: Path) -> None:
     """The watcher drained the node, then died with the instance: the pass finishes its work."""
     world = World(tmp_path)
-    world.slurm.add_node("spot-1", "MIXED+CLOUD+DRAIN", reason="spot-interruption:terminate@2026-03-01T11:00:00Z")
+    world.slurm.add_node("spot-1", "MIXED+CLOUD+DRAIN",
+                         reason="spot-interruption:terminate@2026-03-01T11:00:00Z")
     world.slurm.add_job(9, ["spot-1"])
     world.provider.add("spot-1", 900, NOW, InstanceState.TERMINATED,
                        reason="Server.SpotInstanceTermination")
