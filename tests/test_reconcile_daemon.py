@@ -257,3 +257,23 @@ def test_metrics_over_http() -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     assert 'slurm_spot_reconcile_actions_total{action="reclaimed",outcome="ok"} 1.0' in text
+
+
+def test_metrics_port_in_use_is_a_clear_error_exit_2(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 11, section 5: a taken --metrics-port was a traceback."""
+    import socket
+
+    path = write_config(tmp_path)
+    slurm, provider = FakeSlurm(), FakeProvider()
+    slurm.add_node("spot-1")
+    _patch(monkeypatch, slurm, provider)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["--config", str(path), "reconcile", "--once",
+                                          "--metrics-port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert f"--metrics-port {port}" in result.output and "in use" in result.output
+    assert "Traceback" not in result.output

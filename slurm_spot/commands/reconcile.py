@@ -12,6 +12,7 @@ import click
 from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.config import SpotConfig
+from slurm_spot.errors import BadInputError
 from slurm_spot.providers import get_provider
 from slurm_spot.reconcile.loop import ConfigSource, Loop, single_instance, summarize
 from slurm_spot.reconcile.metrics import ReconcileMetrics
@@ -85,7 +86,13 @@ def reconcile_command(app: AppContext, once: bool, metrics_port: int | None,
     with single_instance(config.state_dir):
         metrics = ReconcileMetrics()
         if metrics_port is not None:
-            metrics.serve(metrics_port)
+            try:
+                metrics.serve(metrics_port)
+            except OSError as exc:  # EADDRINUSE, EACCES: the operator's choice of port
+                raise BadInputError(
+                    f"--metrics-port {metrics_port}: cannot listen on 0.0.0.0:{metrics_port}: "
+                    f"{exc.strerror or exc}; pick a free port (see 'ss -ltnp "
+                    f"sport = :{metrics_port}')") from None
 
         def make(cfg: SpotConfig) -> Reconciler:
             return Reconciler(cfg, SlurmClient(cfg.slurm_bin_dir), providers=get_provider,
