@@ -105,3 +105,78 @@ def test_task_prolog_exports(tmp_path: Path) -> None:
         "export SLURM_SPOT_PREEMPT_SIGNAL=USR2",
         "export SLURM_SPOT_REQUEUE_EXIT_CODE=85",
     ]
+
+
+def _swap_forever(user_fd: int, target: str) -> None:
+    """Child, as the job's user (uid 65534): turn ``777`` into nothing, a directory, a symlink
+    to ``target`` and a file, over and over, as fast as it can."""
+    os.setgid(65534)
+    os.setuid(65534)
+    i = 0
+    while True:
+        i += 1
+        for step in ("rm", "dir", "rm", "link", "rm", "file"):
+            try:
+                if step == "rm":
+                    try:
+                        os.rmdir("777", dir_fd=user_fd)
+                    except NotADirectoryError:
+                        os.unlink("777", dir_fd=user_fd)
+                elif step == "dir":
+                    os.mkdir("777", dir_fd=user_fd)
+                elif step == "link":
+                    os.symlink(target, "777", dir_fd=user_fd)
+                else:
+                    os.close(os.open("777", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=user_fd))
+            except OSError:
+                pass
+        if i % 50 == 0:  # keep the moved-aside entries from piling up
+            for entry in os.listdir(user_fd):
+                if ".refused-" in entry:
+                    try:
+                        os.rmdir(entry, dir_fd=user_fd)
+                    except OSError:
+                        try:
+                            os.unlink(entry, dir_fd=user_fd)
+                        except OSError:
+                            pass
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the prolog runs as root; the swapper as nobody")
+def test_prolog_never_fails_while_the_user_swaps_the_job_dir(tmp_path: Path) -> None:
+    """Issue 11, section 5: the user swaps their checkpoint directory between nothing, a
+    directory and a symlink (and a file) while the prolog runs: 400 prologs, none fails, none
+    touches anything outside the root, and once the user stops, the directory is right."""
+    import signal
+
+    root, outside = tmp_path / "ck", tmp_path / "etc"
+    outside.mkdir(mode=0o755)
+    (outside / "shadow").write_text("secret")
+    cfg = config(root)
+    prepare_checkpoint_dir(cfg, JOB)  # the user dir exists, owned by nobody
+    before = [(p.name, p.stat().st_uid, p.stat().st_mode) for p in [outside, *outside.iterdir()]]
+    user_fd = os.open(root / "nobody", os.O_RDONLY | os.O_DIRECTORY)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            _swap_forever(user_fd, str(outside))
+        finally:
+            os._exit(0)
+    failures: list[str] = []
+    try:
+        for _ in range(400):
+            try:
+                assert prepare_checkpoint_dir(cfg, JOB) == root / "nobody" / "777"
+            except Exception as exc:
+                failures.append(repr(exc))
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(user_fd)
+    assert failures == []
+    after = [(p.name, p.stat().st_uid, p.stat().st_mode) for p in [outside, *outside.iterdir()]]
+    assert after == before
+    prepare_checkpoint_dir(cfg, JOB)
+    final = root / "nobody" / "777"
+    assert final.is_dir() and not final.is_symlink()
+    assert (final.stat().st_uid, stat.S_IMODE(final.stat().st_mode)) == (65534, 0o700)

@@ -5,8 +5,11 @@
   ``<array job id>_<task id>`` for an array task, never the restart count, so a requeued job
   finds its checkpoints again. Created without following symlinks, component by component
   relative to open directory descriptors (no race between check and use), owned by the job
-  user, mode 0700. A symlink anywhere below the root, or a key that would leave the root, is
-  refused: the prolog fails and Slurm requeues the job held, with nothing written.
+  user, mode 0700. A symlink at the root or the user directory (both held by root), or a key
+  that would leave the root, is refused: the prolog fails and Slurm requeues the job held, with
+  nothing written. The job directory's entry is the user's: whatever the user puts there, even
+  while the prolog runs (nothing, a directory, a symlink, a file), is never followed and never
+  fails the prolog (a failing prolog drains the node for everyone).
 - **TaskProlog** (slurmd, as the job user, before each task): prints ``export NAME=value``
   lines, which slurmd adds to the task's environment (slurm.conf(5), TaskProlog):
   ``SLURM_SPOT_CHECKPOINT_DIR``, ``SLURM_SPOT_RESTART_COUNT``, ``SLURM_SPOT_PREEMPT_SIGNAL``,
@@ -56,31 +59,28 @@ def _open_dir(name: str, parent_fd: int) -> int:
     return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
 
 
-def _ensure_child(parent_fd: int, name: str, uid: int, gid: int, where: Path,
-                  move_aside: bool = False) -> int:
-    """Create (if needed) and open directory ``name`` under ``parent_fd`` without following a
-    symlink; give it to uid:gid with mode 0700. Returns its fd.
+def _ensure_child(parent_fd: int, name: str, uid: int, gid: int, where: Path) -> int:
+    """Create (if needed) and open directory ``name`` under ``parent_fd`` (a root-held
+    directory) without following a symlink; give it to uid:gid with mode 0700. Returns its fd.
 
-    An existing entry that is a symlink, not a directory, or owned by someone else than the
-    user or root is refused, or with ``move_aside`` renamed to ``<name>.refused-<time>``
-    (rename never follows a symlink) and replaced by a fresh directory.
+    Raises:
+        BadInputError: the entry is a symlink, not a directory, or owned by someone else than
+            the user or root.
     """
-    for _ in range(2):
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    problem = _entry_problem(parent_fd, name, uid)
+    if not problem:
         try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-        problem = _entry_problem(parent_fd, name, uid)
-        if not problem:
             fd = _open_dir(name, parent_fd)
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+        else:
             os.fchown(fd, uid, gid)
             os.fchmod(fd, 0o700)
             return fd
-        if not move_aside:
-            break
-        aside = f"{name}.refused-{int(time.time())}"
-        os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-        log.warning("%s: %s; moved it aside to %s", where, problem, aside)
     raise BadInputError(f"{where}: {problem}; refusing to use it as a checkpoint directory")
 
 
@@ -95,12 +95,79 @@ def _entry_problem(parent_fd: int, name: str, uid: int) -> str:
     return ""
 
 
+# How often the prolog retries while the user keeps changing their job directory entry.
+USER_RACE_ATTEMPTS = 20
+
+
+def _ensure_job_dir(user_fd: int, name: str, uid: int, gid: int, where: Path) -> bool:
+    """Create/open the job directory ``name`` in the user's directory, which its user controls.
+
+    Every outcome of a concurrent change by the user is handled: each step works on the
+    directory descriptor (``mkdir``/``open``/``rename`` with ``dir_fd``, ``O_NOFOLLOW``,
+    ``fstat``/``fchown``/``fchmod`` on the opened descriptor, never on a path), so a symlink
+    swapped in is never followed; an entry that is a symlink, a file or a directory of another
+    owner is renamed aside (``<name>.refused-<ns>-<pid>``); an entry that vanishes or changes
+    between two steps makes the loop start again. Never raises for such a conflict.
+
+    Returns:
+        True if the directory exists, owned by uid:gid with mode 0700; False if the user kept
+        changing the entry for :data:`USER_RACE_ATTEMPTS` rounds (logged; the job still runs).
+    """
+    for _ in range(USER_RACE_ATTEMPTS):
+        try:
+            os.mkdir(name, 0o700, dir_fd=user_fd)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # pragma: no cover - the user dir itself is root-held
+            continue
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=user_fd)
+        except FileNotFoundError:
+            continue  # removed after our mkdir: again
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            _move_aside(user_fd, name, where, "is a symlink" if exc.errno == errno.ELOOP
+                        else "is not a directory")
+            continue
+        try:
+            owner = os.fstat(fd).st_uid
+            if owner in (0, uid):
+                os.fchown(fd, uid, gid)
+                os.fchmod(fd, 0o700)
+                return True
+        finally:
+            os.close(fd)
+        _move_aside(user_fd, name, where, f"is owned by uid {owner}, not the job's user")
+    log.warning("%s: the entry kept changing during %d attempts; the job runs without a "
+                "checkpoint directory prepared by the prolog", where, USER_RACE_ATTEMPTS)
+    return False
+
+
+def _move_aside(parent_fd: int, name: str, where: Path, problem: str) -> None:
+    """Rename ``name`` to a fresh ``<name>.refused-<ns>-<pid>`` (rename never follows a
+    symlink); an entry already gone is fine."""
+    aside = f"{name}.refused-{time.time_ns()}-{os.getpid()}"
+    try:
+        os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # e.g. the user made the new name first: try again next round
+        log.warning("%s: %s; cannot move it aside: %s", where, problem, exc.strerror)
+        return
+    log.warning("%s: %s; moved it aside to %s", where, problem, aside)
+
+
 def prepare_checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path:
     """Prolog: create the job's checkpoint directory safely (see the module docstring).
 
+    What the job's user controls (the entries in ``<root>/<user>/``) never makes this fail:
+    see :func:`_ensure_job_dir`. What only root or the admin controls does.
+
     Raises:
-        BadInputError: bad job environment, an unknown user, or a symlink / non-directory on
-            the way; nothing is created below a refused component.
+        BadInputError: bad job environment, an unknown user, or a symlink / non-directory /
+            foreign owner at the root or the user directory (both held by root); nothing is
+            created below a refused component.
     """
     path = checkpoint_dir(config, env)
     user = path.parent.name
@@ -118,8 +185,7 @@ def prepare_checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path:
     try:
         user_fd = _ensure_child(root_fd, user, uid, gid, root / user)
         try:
-            job_fd = _ensure_child(user_fd, path.name, uid, gid, path, move_aside=True)
-            os.close(job_fd)
+            _ensure_job_dir(user_fd, path.name, uid, gid, path)
         finally:
             os.close(user_fd)
     finally:
