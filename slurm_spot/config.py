@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from slurm_spot.configfile import Path_, check_trusted_file, line_of, read_yaml
 from slurm_spot.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm/spot.yaml")
@@ -42,7 +43,8 @@ SIGNAL_NAMES = {"USR1": 10, "USR2": 12, "TERM": 15, "INT": 2, "HUP": 1, "QUIT": 
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: .inf/.nan are floats YAML accepts; no duration, price or size is either.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class LocalProviderConfig(_Model):
@@ -51,10 +53,13 @@ class LocalProviderConfig(_Model):
     type: Literal["local"] = "local"
     slurmd: str = Field("/usr/sbin/slurmd", pattern=r"^/", description="absolute path of slurmd")
     port_base: int = Field(17000, ge=1024, le=65000, description="node i listens on port_base+i")
-    boot_delay_s: float = Field(2.0, ge=1.0, description="seconds between request and slurmd start")
-    slurmd_timeout_s: int = Field(300, ge=10, description="SlurmdTimeout of the local cluster")
-    kill_wait_s: int = Field(30, ge=1, description="KillWait of the local cluster")
-    notice_poll_s: float = Field(1.0, gt=0, description="how often a local watcher polls")
+    boot_delay_s: float = Field(2.0, ge=1.0, le=600,
+                                description="seconds between request and slurmd start")
+    slurmd_timeout_s: int = Field(300, ge=10, le=86400,
+                                  description="SlurmdTimeout of the local cluster")
+    kill_wait_s: int = Field(30, ge=1, le=3600, description="KillWait of the local cluster")
+    notice_poll_s: float = Field(1.0, ge=0.05, le=60,
+                                 description="how often a local watcher polls (seconds)")
 
 
 class AwsProviderConfig(_Model):
@@ -103,7 +108,7 @@ class AwsNodeSetOptions(_Model):
     allocation_strategy: Literal[
         "price-capacity-optimized", "capacity-optimized", "lowest-price", "diversified"
     ] = "price-capacity-optimized"
-    max_price_usd_per_hour: float | None = Field(None, gt=0)
+    max_price_usd_per_hour: float | None = Field(None, gt=0, le=10000)
     subnet_zones: dict[str, str] = Field(
         default_factory=dict, description="subnet id -> availability zone, for config checks"
     )
@@ -122,8 +127,8 @@ class GcpNodeSetOptions(_Model):
     subnetwork: str | None = None
     termination_action: Literal["DELETE", "STOP"] = "DELETE"
     preemptible: bool = False
-    local_ssds: int = Field(0, ge=0)
-    disk_size_gb: int = Field(50, ge=10)
+    local_ssds: int = Field(0, ge=0, le=24)
+    disk_size_gb: int = Field(50, ge=10, le=65536)
 
 
 class NodeSetConfig(_Model):
@@ -139,11 +144,11 @@ class NodeSetConfig(_Model):
     market: Literal["spot", "on-demand"] = "spot"
     fallback: Literal["on-demand", "none"] = "none"
     instance_types: list[str] = Field(default_factory=list)
-    cpus: int = Field(1, ge=1)
-    memory_mib: int = Field(1000, ge=1)
+    cpus: int = Field(1, ge=1, le=65536)
+    memory_mib: int = Field(1000, ge=1, le=2**40)
     gpus: GpuSpec | None = None
     features: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")]] = Field(default_factory=list)
-    weight: int = Field(1, ge=0)
+    weight: int = Field(1, ge=0, le=65533)  # slurm.conf(5) Weight: 0..65533
     aws: AwsNodeSetOptions | None = None
     gcp: GcpNodeSetOptions | None = None
 
@@ -164,8 +169,8 @@ class PartitionConfig(_Model):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,40}$")
     node_sets: list[str] = Field(min_length=1)
     default: bool = False
-    suspend_time_s: int | None = Field(None, ge=0)
-    resume_timeout_s: int | None = Field(None, ge=30)
+    suspend_time_s: int | None = Field(None, ge=0, le=365 * 86400)
+    resume_timeout_s: int | None = Field(None, ge=30, le=86400)
     max_time: str = Field("INFINITE", pattern=MAX_TIME_PATTERN)
 
 
@@ -194,25 +199,25 @@ class CheckpointConfig(_Model):
     """Where job checkpoints live: ``<root>/<user>/<job key>``; ``keep`` newest are kept."""
 
     root: Path = Path("/var/spool/slurm-spot/checkpoints")
-    keep: int = Field(2, ge=1)
+    keep: int = Field(2, ge=1, le=10000)
 
 
 class PowerConfig(_Model):
     """Slurm power-saving timers (seconds), written into ``slurm-spot.conf``."""
 
-    suspend_time_s: int = Field(300, ge=0)
-    suspend_timeout_s: int = Field(60, ge=1)
-    resume_timeout_s: int = Field(600, ge=30)
+    suspend_time_s: int = Field(300, ge=0, le=365 * 86400)
+    suspend_timeout_s: int = Field(60, ge=1, le=86400)
+    resume_timeout_s: int = Field(600, ge=30, le=86400)
 
 
 class ReconcileConfig(_Model):
     """The controller loop (``slurm-spot reconcile``). Durations in seconds."""
 
-    interval_s: float = Field(30, gt=0)
-    orphan_grace_s: float = Field(90, ge=0)
-    cooldown_s: float = Field(600, ge=0)
-    max_resume_failures: int = Field(3, ge=1)
-    failure_window_s: float = Field(3600, gt=0)
+    interval_s: float = Field(30, ge=0.01, le=3600)  # below 10 ms: a typo, not a setting
+    orphan_grace_s: float = Field(90, ge=0, le=7 * 86400)
+    cooldown_s: float = Field(600, ge=0, le=7 * 86400)
+    max_resume_failures: int = Field(3, ge=1, le=1000)
+    failure_window_s: float = Field(3600, ge=1, le=30 * 86400)
     metrics_file: Path | None = None
 
 
@@ -272,6 +277,7 @@ class SpotConfig(_Model):
                     )
                     break
                 owner[node] = ns.name
+        problems.extend(self._port_problems())
         defaults = [p.name for p in self.partitions if p.default]
         if len(defaults) > 1:
             problems.append(f"partitions: more than one default partition: {', '.join(defaults)}")
@@ -288,6 +294,21 @@ class SpotConfig(_Model):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _port_problems(self) -> list[str]:
+        """Local nodes listen on port_base + offset + index (render.node_lines): the last one
+        must still be a TCP port."""
+        problems = []
+        for name, provider in self.providers.items():
+            if not isinstance(provider, LocalProviderConfig):
+                continue
+            total = sum(ns.count for ns in self.node_sets if ns.provider == name)
+            if provider.port_base + total > 65535:
+                problems.append(
+                    f"providers.{name}.port_base: {provider.port_base} + {total} local nodes "
+                    f"gives port {provider.port_base + total}, above 65535; lower port_base "
+                    "or the node counts")
+        return problems
 
     def node_set(self, name: str) -> NodeSetConfig:
         """The node set called ``name``. Raises ``KeyError`` if there is none."""
@@ -340,18 +361,23 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return DEFAULT_CONFIG_PATH
 
 
-def parse_config(data: object, path: str = "<config>") -> SpotConfig:
+def parse_config(data: object, path: str = "<config>",
+                 lines: dict[Path_, int] | None = None) -> SpotConfig:
     """Validate already-parsed YAML data.
 
+    Args:
+        lines: where each key was in the file (:func:`slurm_spot.configfile.read_yaml`), so
+            each problem can start with ``line N:``.
+
     Raises:
-        ConfigError: naming ``path``, each bad field and the reason.
+        ConfigError: naming ``path``, each bad field (with its line when known) and the reason.
     """
     if not isinstance(data, dict):
-        raise ConfigError(path, ["(top level): expected a mapping of settings"])
+        raise ConfigError(path, ["line 1: (top level): expected a mapping of settings"])
     try:
         return SpotConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(path, _describe(exc)) from None
+        raise ConfigError(path, _describe(exc, lines or {})) from None
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
@@ -366,35 +392,90 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
     """
     file = config_path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        with open(file, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            raw = fh.read()
     except OSError as exc:
         raise ConfigError(str(file), [f"cannot read the file: {exc.strerror}"]) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(file), [f"byte {exc.start}: not UTF-8 text"]) from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(str(file), [f"line {line}: byte {exc.start}: not UTF-8 text"]) from None
+    untrusted = check_trusted_file(file, info, "config file")
+    if untrusted:
+        raise ConfigError(str(file), [untrusted])
+    try:
+        data, lines, problems = read_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "line ?"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(str(file), [f"{where}: not valid YAML: {problem}"]) from None
-    config = parse_config(data, str(file))
+    if problems:
+        raise ConfigError(str(file), problems)
+    config = parse_config(data, str(file), lines)
+    problems = _credential_problems(config, lines)
+    if problems:
+        raise ConfigError(str(file), problems)
     config._source_path = file.absolute()
     return config
 
 
-def _describe(exc: ValidationError) -> list[str]:
+def _credential_problems(config: SpotConfig, lines: dict[Path_, int]) -> list[str]:
+    """Credentials files named in the config that root must not trust (see
+    :func:`~slurm_spot.configfile.check_trusted_file`). A missing file is the provider's
+    error to report when it is used."""
     problems = []
+    for name, provider in config.providers.items():
+        file = getattr(provider, "credentials_file", None)
+        if file is None:
+            continue
+        try:
+            info = os.stat(file)
+        except OSError:
+            continue
+        problem = check_trusted_file(Path(file), info, "credentials file")
+        if problem:
+            line = line_of(lines, ("providers", name, "credentials_file"))
+            problems.append(f"line {line}: providers.{name}.credentials_file: {problem}"
+                            if line else f"providers.{name}.credentials_file: {problem}")
+    return problems
+
+
+def _describe(exc: ValidationError, lines: dict[Path_, int]) -> list[str]:
+    """One line per problem: ``line N: dotted.path: reason`` (``line N:`` when known)."""
+    problems: list[str] = []
     for err in exc.errors():
-        loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         if err["type"] == "value_error" and not err["loc"]:
-            problems.extend(msg.split("; "))
+            problems.extend(_with_line(p, lines) for p in msg.split("; "))
             continue
-        problems.append(f"{loc}: {msg}")
+        loc = _model_loc(err["loc"])
+        where = ".".join(str(part) for part in loc) or "(top level)"
+        line = line_of(lines, loc) if lines else None
+        problems.append(f"line {line}: {where}: {msg}" if line else f"{where}: {msg}")
     return problems
+
+
+def _model_loc(loc: tuple[int | str, ...]) -> Path_:
+    """pydantic's location without the union tag it adds after a provider's name
+    (``providers.ec2.aws.region`` -> ``providers.ec2.region``)."""
+    if len(loc) >= 3 and loc[0] == "providers" and loc[2] in ("local", "aws", "gcp"):
+        return (*loc[:2], *loc[3:])
+    return tuple(loc)
+
+
+def _with_line(problem: str, lines: dict[Path_, int]) -> str:
+    """``node_sets.1.name: ...`` -> ``line 9: node_sets.1.name: ...``."""
+    head = problem.split(":", 1)[0]
+    if not lines or " " in head:
+        return problem
+    path = tuple(int(p) if p.isdigit() else p for p in head.split("."))
+    line = line_of(lines, path)
+    return f"line {line}: {problem}" if line else problem
 
 
 def default_local_config(

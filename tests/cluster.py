@@ -19,6 +19,10 @@ from typing import IO
 import yaml
 
 LOCK_PATH = Path("/tmp/slurm-spot-test-cluster.lock")
+# One file per test cluster started on this machine, naming its config, until it is stopped:
+# a run that crashed leaves its file, and the next run stops exactly that cluster's processes
+# (from the pids its state dir records), never other slurmctld/slurmd processes of the host.
+REGISTRY_DIR = Path("/tmp/slurm-spot-test-clusters")
 
 
 def base_config(root: Path, **overrides: object) -> dict:
@@ -50,6 +54,7 @@ class Cluster:
         self.env = {**os.environ, "SLURM_CONF": str(self.conf_dir / "slurm.conf")}
         self.env.pop("SLURM_SPOT_CONFIG", None)
         self._lock = None
+        self._entry: Path | None = None
 
     @property
     def spot_yaml(self) -> Path:
@@ -82,6 +87,9 @@ class Cluster:
         self._lock = acquire_cluster_lock()
         _stop_strays()
         self.conf_dir.mkdir(parents=True, exist_ok=True)
+        REGISTRY_DIR.mkdir(exist_ok=True)
+        self._entry = REGISTRY_DIR / f"{os.getpid()}-{time.time_ns()}"
+        self._entry.write_text(str(self.conf_dir))
         source = self.root / "spot-source.yaml"
         source.write_text(yaml.safe_dump(self.config_data))
         args = ["--config", str(source), "local", "up", "--conf-dir", str(self.conf_dir)]
@@ -97,6 +105,9 @@ class Cluster:
         try:
             if self.spot_yaml.exists():
                 self.spot("local", "down", "--conf-dir", str(self.conf_dir), check=False)
+            if self._entry is not None:
+                self._entry.unlink(missing_ok=True)
+                self._entry = None
         finally:
             if self._lock is not None:
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
@@ -179,7 +190,18 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
 
 
 def _stop_strays() -> None:
-    """A slurmctld or slurmd left by a crashed earlier run would hold the ports."""
-    for name in ("slurmctld", "slurmd"):
-        subprocess.run(["pkill", "-9", "-x", name], capture_output=True, check=False)
-    time.sleep(0.2)
+    """Stop what earlier test clusters left running (a crashed run holds the ports): for each
+    entry of :data:`REGISTRY_DIR`, ``slurm-spot local down`` of that cluster, which stops only
+    the pids its state dir recorded. Processes the tests did not start are never touched."""
+    if not REGISTRY_DIR.is_dir():
+        return
+    for entry in sorted(REGISTRY_DIR.iterdir()):
+        conf_dir = Path(entry.read_text().strip())
+        spot_yaml = conf_dir / "spot.yaml"
+        if spot_yaml.exists():
+            env = {**os.environ, "SLURM_CONF": str(conf_dir / "slurm.conf")}
+            env.pop("SLURM_SPOT_CONFIG", None)
+            subprocess.run([sys.executable, "-m", "slurm_spot", "--config", str(spot_yaml),
+                            "local", "down", "--conf-dir", str(conf_dir)],
+                           env=env, capture_output=True, timeout=120, check=False)
+        entry.unlink(missing_ok=True)

@@ -1,0 +1,93 @@
+"""spot.yaml under real-world input (issue 11, section 4): placeholders, duplicate keys,
+numbers that make no sense, control characters, untrusted files; every error names its line.
+Inputs: tests/data/config-inputs.yaml."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_spot.cli import cli
+from slurm_spot.config import load_config
+from slurm_spot.errors import ConfigError
+
+CASES = __import__("yaml").safe_load(
+    (Path(__file__).parent / "data" / "config-inputs.yaml").read_text())
+
+
+def check(path: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["--config", str(path), "config", "check"])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("case", CASES["bad"], ids=lambda c: c["id"])
+def test_config_check_rejects_naming_file_and_line(tmp_path: Path, case: dict) -> None:
+    path = tmp_path / "spot.yaml"
+    path.write_text(case["text"])
+    code, out = check(path)
+    assert code == 2, out
+    assert str(path) in out
+    hits = [line for line in out.splitlines() if case["says"] in line]
+    assert hits, out
+    assert f"line {case['line']}:" in hits[0], out
+
+
+@pytest.mark.parametrize("text", CASES["good"])
+def test_real_values_that_look_like_placeholders_pass(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "spot.yaml"
+    path.write_text(text)
+    config = load_config(path)
+    assert config.node_sets[0].aws is not None
+    assert config.node_sets[0].aws.launch_template_version == "$Latest"
+
+
+GOOD = ("cluster: demo\nnode_sets: [{name: gpu, provider: local, count: 2}]\n"
+        "partitions: [{name: spot, node_sets: [gpu]}]\n")
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o664, 0o646])
+def test_config_writable_by_others_is_refused_with_a_fix(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "spot.yaml"
+    path.write_text(GOOD)
+    path.chmod(mode)
+    code, out = check(path)
+    assert code == 2
+    assert f"chmod go-w {path}" in out and f"mode {mode:04o}" in out
+    path.chmod(0o644)
+    assert check(path)[0] == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ownership matters when slurm-spot runs as root")
+def test_config_not_owned_by_root_is_refused_when_running_as_root(tmp_path: Path) -> None:
+    path = tmp_path / "spot.yaml"
+    path.write_text(GOOD)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(ConfigError, match=r"owned by uid 65534.*chown root:root"):
+        load_config(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ownership matters when slurm-spot runs as root")
+def test_credentials_file_not_owned_by_root_is_refused(tmp_path: Path) -> None:
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\naws_access_key_id = x\naws_secret_access_key = y\n")
+    creds.chmod(0o600)
+    os.chown(creds, 65534, 65534)
+    path = tmp_path / "spot.yaml"
+    path.write_text(
+        "cluster: demo\nproviders:\n  ec2:\n    type: aws\n    region: us-east-1\n"
+        f"    credentials_file: {creds}\n"
+        "node_sets:\n  - {name: gpu, provider: ec2, count: 1,\n"
+        "     aws: {launch_template: lt-1, subnets: [subnet-1]}}\n"
+        "partitions: [{name: spot, node_sets: [gpu]}]\n")
+    code, out = check(path)
+    assert code == 2
+    assert "line 6: providers.ec2.credentials_file" in out and "owned by uid 65534" in out
+    os.chown(creds, 0, 0)
+    creds.chmod(0o660)
+    code, out = check(path)
+    assert code == 2 and f"chmod go-w {creds}" in out
+    creds.chmod(0o600)
+    assert load_config(path).providers["ec2"].credentials_file == creds  # type: ignore[union-attr]
