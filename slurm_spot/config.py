@@ -37,6 +37,9 @@ from slurm_spot.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm/spot.yaml")
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,40}$"
+# Node set names become node names (<name>-<i>): Slurm takes any string there (slurm.conf(5)
+# NodeName), so "." "_" "+" are allowed too; GCE instance names are checked by its provider.
+NODE_SET_PATTERN = r"^[a-z][a-z0-9._+-]{0,40}$"
 # slurm.conf(5) MaxTime: minutes, [days-]hours[:minutes[:seconds]], or INFINITE/UNLIMITED.
 MAX_TIME_PATTERN = r"^(INFINITE|UNLIMITED|[0-9]+(-[0-9]{1,2})?(:[0-9]{1,2}){0,2})$"
 SIGNAL_NAMES = {"USR1": 10, "USR2": 12, "TERM": 15, "INT": 2, "HUP": 1, "QUIT": 3, "URG": 23}
@@ -138,7 +141,7 @@ class NodeSetConfig(_Model):
     primary market has no capacity (``on-demand`` for a spot node set), or ``none``.
     """
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NODE_SET_PATTERN)
     provider: str
     count: StrictInt = Field(ge=1, le=10000)
     market: Literal["spot", "on-demand"] = "spot"

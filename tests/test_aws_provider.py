@@ -420,3 +420,37 @@ def test_1000_nodes_take_a_handful_of_calls(monkeypatch):
         launch.assert_no_pending_responses()
     assert result.api_calls == 14
     assert {i.instance_id: i.node for i in result.launched} == dict(zip(ids, nodes, strict=True))
+
+
+# ---- idempotency across runs (issue 11, section 3) -----------------------------------------
+def test_unfinished_launch_is_adopted_by_a_run_hours_later(aws):
+    """The ClientToken has no time in it: a hook killed after CreateFleet (before the mapping
+    tags and before its answer was recorded) is adopted by a run in another hour."""
+    ec2, world = aws
+    h = Harness(make_config(world))
+    ledger = h.config.state_dir / "aws" / "aws-launch-tokens.json"
+    first = h.launch("gpu-1", "gpu-2")
+    ids = sorted(i.instance_id for i in first.launched)
+    ec2.delete_tags(Resources=ids, Tags=[{"Key": TAG_NODE_MAPPED}])
+    ledger.unlink()  # killed before the answer was recorded
+    h.now += 3 * 3600 + 17
+    fleet_calls = h.calls["CreateFleet"]
+    again = h.launch("gpu-1", "gpu-2")
+    assert h.calls["CreateFleet"] == fleet_calls
+    assert sorted(i.instance_id for i in again.launched) == ids
+    assert len(tags_of(ec2)) == 2
+
+
+def test_a_token_that_was_answered_is_not_sent_again(aws):
+    """No capacity at 08:00; at 08:10 the same nodes are resumed again: a new token, not EC2's
+    stored answer to the first one."""
+    _, world = aws
+    h = Harness(make_config(world))
+    h.market.fail_pools()
+    assert h.launch("gpu-1").launched == ()
+    h.market.pool_errors.clear()
+    h.now += 600
+    result = h.launch("gpu-1")
+    tokens = [r["ClientToken"] for r in h.market.requests]
+    assert len(tokens) == len(set(tokens)) >= 2
+    assert [i.node for i in result.launched] == ["gpu-1"]

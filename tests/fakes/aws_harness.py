@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -44,6 +45,7 @@ def make_config(world: World, **node_set: Any) -> SpotConfig:
             "instance_types": ["g5.xlarge", "g6.xlarge"], "aws": aws, **node_set}
     return parse_config({
         "cluster": "c1",
+        "state_dir": tempfile.mkdtemp(prefix="slurm-spot-aws-"),  # the launch-token ledger
         "providers": {"aws": {"type": "aws", "region": REGION}},
         "node_sets": [spec],
         "partitions": [{"name": "gpu", "node_sets": ["gpu"]}],
@@ -56,10 +58,11 @@ class Harness:
     def __init__(self, config: SpotConfig) -> None:
         self.config = config
         self.sleeps: list[float] = []
+        self.now = NOW
         settings = config.providers["aws"]
         assert settings.type == "aws"
         self.provider = AwsProvider(config, "aws", settings, session=SESSION,
-                                    sleep=self.sleeps.append, now=lambda: NOW)
+                                    sleep=self.sleeps.append, now=lambda: self.now)
         self.market = FleetMarket(self.provider.launch_client)
         self.market.price_answers(self.provider.client)
         self.calls = count_requests(self.provider.client, self.provider.launch_client)

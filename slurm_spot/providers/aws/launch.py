@@ -37,7 +37,6 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Protocol
 
 import tenacity
@@ -68,6 +67,7 @@ from slurm_spot.providers.base import (
     LaunchResult,
     normalize_code,
 )
+from slurm_spot.providers.ledger import TokenLedger
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,9 @@ class FleetLauncher:
     Args:
         ops: the EC2 I/O.
         request: what to launch; ``request.node_set.aws`` must be set.
-        now: clock (seconds since the epoch) for the hourly part of the ClientToken.
+        now: clock (seconds since the epoch).
+        ledger: tokens whose CreateFleet was answered before (never sent again); None: only
+            the instances' launch tags tell (tests of a single launch).
         sleep: how to wait between throttled attempts (seconds).
         max_rounds: CreateFleet calls per market for capacity retries over the remaining pools.
         throttle_attempts: CreateFleet attempts in a row while throttled.
@@ -135,6 +137,7 @@ class FleetLauncher:
         max_rounds: int = 3,
         throttle_attempts: int = 5,
         unknown_retries: int = 2,
+        ledger: TokenLedger | None = None,
     ) -> None:
         opts = request.node_set.aws
         if opts is None:
@@ -151,6 +154,7 @@ class FleetLauncher:
         self.unknown_retries = unknown_retries
         self._ended_tokens: set[str] = set()
         self._adoptable: dict[str, list[str]] = {}
+        self._ledger = ledger
 
     # ---- the whole launch ---------------------------------------------------------------
     def run(self) -> LaunchResult:
@@ -172,9 +176,13 @@ class FleetLauncher:
         if remaining and problem is not None:
             out.failed.append(self._failure(remaining, problem, self.ns.market))
             remaining = []
-        if remaining:
-            self._launch_markets(remaining, out)
-        launched = [existing[n] for n in nodes if n in existing] + self._finish(out)
+        try:
+            if remaining:
+                self._launch_markets(remaining, out)
+            launched = [existing[n] for n in nodes if n in existing] + self._finish(out)
+        finally:  # answered (or raised after an answer); a killed hook never gets here
+            if self._ledger is not None:
+                self._ledger.finish(out.tokens)
         return LaunchResult(
             launched=tuple(launched),
             failed=tuple(out.failed),
@@ -271,12 +279,16 @@ class FleetLauncher:
         return remaining, False
 
     def _token(self, spec: FleetSpec, target: list[str]) -> str:
-        hour = datetime.fromtimestamp(self._now(), timezone.utc).strftime("%Y%m%d%H")
+        """The ClientToken for launching ``target`` with ``spec``: the same in every run (no
+        time in it), so an unfinished launch is adopted by any later run; a token whose
+        instances ended, or whose call was answered before (the ledger), moves on to its next
+        generation, unless alive unmapped instances carry it (they are adopted)."""
         parts = [self.request.cluster, self.ns.name, ",".join(target), self.request.client_token]
-        key = "|".join([*parts, hour])
+        key = "|".join(parts)
         generation = 0
         token = client_token(spec, key)
-        while token in self._ended_tokens:
+        while token not in self._adoptable and (token in self._ended_tokens or (
+                self._ledger is not None and self._ledger.finished(token))):
             generation += 1
             token = client_token(spec, key, generation)
         return token

@@ -41,6 +41,7 @@ from slurm_spot.providers.base import (
     LaunchResult,
     normalize_code,
 )
+from slurm_spot.providers.ledger import TokenLedger
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,8 @@ class AwsProvider:
             ProviderError: the lookup before launching failed (endpoint, credentials), or
                 credentials were refused before anything was launched.
         """
-        launcher = FleetLauncher(self, request, now=self._now, sleep=self._sleep)
+        ledger = TokenLedger(self.config.state_dir / "aws" / f"{self.name}-launch-tokens.json")
+        launcher = FleetLauncher(self, request, now=self._now, sleep=self._sleep, ledger=ledger)
         return launcher.run()
 
     def list_instances(self) -> list[Instance]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -64,6 +65,10 @@ def inside(config_path: str, node: str, instance_id: str) -> None:
     config = load_config(config_path)
     settings = _local_settings(config, node)
     socket.sethostname(node)
+    # A new instance has a fresh disk: a spool left by the node's previous (killed) instance
+    # holds that life's job directories, and slurmd refuses to start a requeued job there
+    # ("couldn't open .../job00001/slurm_script: File exists", the job is held).
+    shutil.rmtree(config.state_dir / "slurmd" / node, ignore_errors=True)
     log_dir = config.log_dir
     watch_log = open(log_dir / f"watch-{node}.log", "ab")
     subprocess.Popen(  # noqa: S603 - argv list

@@ -1,0 +1,68 @@
+"""Launch tokens whose request got an answer: the memory that lets idempotency tokens be stable.
+
+A launch's idempotency token (EC2 CreateFleet ``ClientToken``; EC2 API reference, "Ensuring
+idempotency") is derived from what is launched, never from the time, so a hook killed
+mid-launch is adopted by any later run: EC2 answers the repeated token with the first call's
+instances. A token whose call *was answered* (instances placed, or an error such as no
+capacity) must not be sent again, or EC2 would repeat that old answer; this ledger remembers
+those tokens, and the launcher then moves to the token's next generation.
+
+The ledger is one small JSON file (``{token: ISO time}``) under the state dir, changed under
+an exclusive ``flock`` and replaced atomically; entries older than :data:`KEEP_S` are dropped
+(EC2 keeps a token at least 24 hours after the instances it launched end). A ledger that
+cannot be read or written degrades to "nothing finished" (logged): a token is then reused,
+which at worst repeats an old answer once, never launches twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+KEEP_S = 7 * 86400
+log = logging.getLogger(__name__)
+
+
+class TokenLedger:
+    """Finished launch tokens of one provider, in ``path`` (created on first write)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _read(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("launch token ledger %s unreadable (%s); starting afresh", self.path, exc)
+            return {}
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def finished(self, token: str) -> bool:
+        """True if a call with ``token`` was answered before."""
+        return token in self._read()
+
+    def finish(self, tokens: Iterable[str], now: datetime | None = None) -> None:
+        """Record ``tokens`` as answered (and forget entries older than :data:`KEEP_S`)."""
+        tokens = list(tokens)
+        if not tokens:
+            return
+        now = now or datetime.now(timezone.utc)
+        oldest = (now - timedelta(seconds=KEEP_S)).isoformat()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                data = {k: v for k, v in self._read().items() if v >= oldest}
+                data.update(dict.fromkeys(tokens, now.isoformat()))
+                tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(json.dumps(data, sort_keys=True))
+                os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot record launch tokens in %s: %s", self.path, exc)
