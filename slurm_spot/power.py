@@ -13,10 +13,13 @@ Nodes are validated before anything is done: an unknown name changes nothing.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
+import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from slurm_spot import events
@@ -94,8 +97,12 @@ def resume(
     hostlist: str,
     slurm: SlurmClient,
     providers: ProviderFactory = get_provider,
+    lock_timeout_s: float = 300.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> PowerResult:
     """Launch instances for ``hostlist`` (see the module docstring).
+
+    Launches for one node set are serialized across processes (:func:`node_set_lock`).
 
     A failure for one node set (provider error, Slurm refusing an update) is recorded and the
     other node sets still proceed.
@@ -107,8 +114,47 @@ def resume(
     result = PowerResult()
     for set_name, nodes in groups.items():
         node_set = config.node_set(set_name)
-        _resume_node_set(config, node_set, nodes, slurm, providers, result)
+        try:
+            with node_set_lock(config, set_name, timeout_s=lock_timeout_s):
+                _resume_node_set(config, node_set, nodes, slurm, providers, result, sleep)
+        except TimeoutError as exc:
+            # Another hook holds the set for longer than a launch takes: it is stuck. Leave
+            # these nodes to it and to ResumeTimeout rather than risk a second instance.
+            result.errors.append(str(exc))
     return result
+
+
+@contextmanager
+def node_set_lock(config: SpotConfig, node_set: str, timeout_s: float = 300.0) -> Iterator[None]:
+    """Hold ``<state_dir>/locks/resume-<node set>.lock`` (``flock``, exclusive) while a hook
+    launches for the node set.
+
+    Two resume hooks for the same nodes at once (slurmctld runs ResumeProgram for every
+    power-up request, and an admin may run ``slurm-spot power up``) then launch one after the
+    other: the second one's provider lookup sees the first one's instances and starts nothing
+    for them (providers launch only for nodes without an alive instance).
+
+    Raises:
+        TimeoutError: not acquired within ``timeout_s`` seconds (names the lock file).
+    """
+    path = config.state_dir / "locks" / f"resume-{node_set}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"node set {node_set}: another resume still holds {path} after "
+                        f"{timeout_s:g} s") from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _resume_node_set(
@@ -118,6 +164,7 @@ def _resume_node_set(
     slurm: SlurmClient,
     providers: ProviderFactory,
     result: PowerResult,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     request = LaunchRequest(config.cluster, node_set, tuple(nodes), client_token(config.cluster, nodes))
     try:
@@ -141,13 +188,47 @@ def _resume_node_set(
     }
     if addresses:
         try:
-            slurm.set_addresses(addresses)  # type: ignore[arg-type]
+            _record_addresses(slurm, addresses, sleep)  # type: ignore[arg-type]
         except SlurmCommandError as exc:
             # An instance Slurm cannot reach is a leak: give it back now, tell the caller.
             result.errors.append(f"{exc}; terminating the instances just launched")
             _give_back(config, node_set, providers, launched, result)
     for failure in failures:
         mark_launch_failed(config, slurm, failure, result)
+
+
+# slurmctld restarting (systemctl restart, a failover) answers "Unable to contact slurm
+# controller" for some seconds: retry the address update for up to ~60 s, well inside any
+# ResumeTimeout, rather than give the instances back.
+ADDRESS_RETRY_WAIT_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+
+
+def _record_addresses(slurm: SlurmClient, addresses: dict[str, tuple[str, str]],
+                      sleep: Callable[[float], None] = time.sleep) -> None:
+    """``scontrol update nodeaddr=...`` with retries while slurmctld cannot be reached.
+
+    Raises:
+        SlurmCommandError: still failing after :data:`ADDRESS_RETRY_WAIT_S`, or refused for a
+            reason other than an unreachable controller.
+    """
+    for wait_s in (*ADDRESS_RETRY_WAIT_S, None):
+        try:
+            slurm.set_addresses(addresses)
+            return
+        except SlurmCommandError as exc:
+            if wait_s is None or not _controller_unreachable(exc):
+                raise
+            log.warning("recording node addresses: %s; retrying in %g s", exc, wait_s)
+            sleep(wait_s)
+
+
+def _controller_unreachable(exc: SlurmCommandError) -> bool:
+    """scontrol could not talk to slurmctld at all (down, restarting, timed out): Slurm 22.05
+    prints "Unable to contact slurm controller (connect failure)" or "Socket timed out"."""
+    text = str(exc).lower()
+    return exc.returncode is None or any(m in text for m in (
+        "unable to contact slurm controller", "socket timed out", "connection refused",
+        "connect failure", "zero bytes were transmitted"))
 
 
 def _give_back(config: SpotConfig, node_set: NodeSetConfig, providers: ProviderFactory,

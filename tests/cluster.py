@@ -116,9 +116,15 @@ class Cluster:
 
     # -- helpers ------------------------------------------------------------------------
     def node(self, name: str) -> dict[str, str]:
+        """``scontrol -o show node NAME`` as fields; ``Reason`` whole, without its suffix."""
+        from slurm_spot.slurm.output import split_reason
         from slurm_spot.slurm.states import parse_oneline
 
-        return parse_oneline(self.slurm("scontrol", "-o", "show", "node", name).strip())
+        rest, reason = split_reason(self.slurm("scontrol", "-o", "show", "node", name).strip())
+        fields = parse_oneline(rest)
+        if reason:
+            fields["Reason"] = reason
+        return fields
 
     def job(self, job_id: int | str) -> dict[str, str]:
         from slurm_spot.slurm.states import parse_oneline

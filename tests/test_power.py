@@ -175,8 +175,10 @@ def test_instances_slurm_cannot_record_are_given_back(setup) -> None:  # type: i
     def refusing(argv: list[str], timeout_s: float) -> CommandResult:
         return CommandResult(argv, 1, "", "Unable to contact slurm controller (connect failure)")
 
+    sleeps: list[float] = []
     result = power.resume(config, "gpu-[1-2]", SlurmClient("/usr/bin", runner=refusing),
-                          lambda c, name: clouds[name])
+                          lambda c, name: clouds[name], sleep=sleeps.append)
+    assert sleeps == list(power.ADDRESS_RETRY_WAIT_S)  # ~60 s of retries first
     assert result.launched == []
     assert sorted(i.node for i in result.terminated) == ["gpu-1", "gpu-2"]
     assert "Unable to contact slurm controller" in result.errors[0]
@@ -191,3 +193,84 @@ def test_unwritable_event_log_never_stops_a_hook(setup, tmp_path) -> None:  # ty
     result = power.resume(config, "gpu-[1-2]", slurm, lambda c, name: clouds[name])
     assert [i.node for i in result.launched] == ["gpu-1"]
     assert scontrol.nodes["gpu-2"]["state"] == "POWER_DOWN"
+
+
+# -- concurrency and restarts (issue 11, section 3) ------------------------------------------
+def test_slurmctld_restart_while_recording_addresses_is_retried(setup) -> None:  # type: ignore[no-untyped-def]
+    """slurmctld restarts while the hook records NodeAddr: retry, keep the instances."""
+    config, clouds, scontrol, _ = setup
+    down = {"left": 2}
+
+    def restarting(argv: list[str], timeout_s: float) -> CommandResult:
+        if any(a.startswith("nodeaddr=") for a in argv) and down["left"]:
+            down["left"] -= 1
+            return CommandResult(argv, 1, "",
+                                 "slurm_update error: Unable to contact slurm controller "
+                                 "(connect failure)")
+        return scontrol(argv, timeout_s)
+
+    sleeps: list[float] = []
+    result = power.resume(config, "gpu-[1-2]", SlurmClient("/usr/bin", runner=restarting),
+                          lambda c, name: clouds[name], sleep=sleeps.append)
+    assert sleeps == [1.0, 2.0]
+    assert sorted(i.node for i in result.launched) == ["gpu-1", "gpu-2"] and result.errors == []
+    assert scontrol.nodes["gpu-1"]["nodeaddr"] == "10.0.0.1"
+    assert len([i for i in clouds["cloud"].instances if i.state.is_alive]) == 2
+
+
+def test_an_address_refused_for_another_reason_is_not_retried(setup) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, _, _ = setup
+
+    def invalid(argv: list[str], timeout_s: float) -> CommandResult:
+        return CommandResult(argv, 1, "", "Invalid node name specified")
+
+    sleeps: list[float] = []
+    result = power.resume(config, "gpu-1", SlurmClient("/usr/bin", runner=invalid),
+                          lambda c, name: clouds[name], sleep=sleeps.append)
+    assert sleeps == [] and result.launched == [] and len(result.terminated) == 1
+
+
+class SlowCloud(FakeCloud):
+    """Looks up alive instances, then takes a while before creating (an API round trip): two
+    unserialized launches for the same nodes would both create."""
+
+    def launch(self, request: LaunchRequest) -> LaunchResult:
+        import time
+
+        alive = {i.node for i in self.instances if i.state.is_alive}
+        time.sleep(0.3)
+        for node in request.nodes:
+            if node not in alive:
+                self.instances.append(Instance(
+                    f"i-{len(self.instances)}", node, request.node_set.name,
+                    InstanceState.PENDING, "spot", "t", "z", datetime.now(timezone.utc),
+                    f"10.0.0.{len(self.instances) + 1}", f"ip-{node}"))
+        mine = {i.node: i for i in self.instances if i.state.is_alive}
+        return LaunchResult(tuple(mine[n] for n in request.nodes))
+
+
+def test_two_overlapping_resumes_never_give_a_node_two_instances(setup) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    config, _, _, slurm = setup
+    cloud = SlowCloud()
+    results: list[power.PowerResult] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        power.resume(config, "gpu-[1-3]", slurm, lambda c, name: cloud))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i.node or "" for i in cloud.instances) == ["gpu-1", "gpu-2", "gpu-3"]
+    assert [sorted(i.instance_id for i in r.launched) for r in results] == [
+        ["i-0", "i-1", "i-2"]] * 2
+
+
+def test_a_stuck_hook_holding_the_node_set_is_reported_not_doubled(setup) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, _, slurm = setup
+    with power.node_set_lock(config, "gpu"):
+        result = power.resume(config, "gpu-1,cpu-1", slurm, lambda c, name: clouds[name],
+                              lock_timeout_s=0.3)
+    assert [i.node for i in result.launched] == ["cpu-1"]  # the other node set went ahead
+    assert "another resume still holds" in result.errors[0] and "resume-gpu.lock" in result.errors[0]
+    assert clouds["cloud"].instances == []
