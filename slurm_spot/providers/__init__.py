@@ -6,7 +6,38 @@ from __future__ import annotations
 
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import ConfigError
-from slurm_spot.providers.base import Provider
+from slurm_spot.providers.base import ErrorClass, Provider, normalize_code
+
+#: Codes slurm-spot's own launchers use (local provider; EC2's spelling).
+LOCAL_ERROR_CLASSES = {"InsufficientInstanceCapacity": ErrorClass.CAPACITY}
+
+
+def error_classes(provider_type: str) -> dict[str, ErrorClass]:
+    """The one code -> class table of a provider type (``local``, ``aws``, ``gcp``): what the
+    hooks classify launch errors with, and what the reconciler reads reasons' codes with.
+
+    Raises:
+        KeyError: an unknown provider type.
+    """
+    if provider_type == "aws":
+        from slurm_spot.providers.aws.errors import error_classes as aws_classes
+
+        return aws_classes()
+    if provider_type == "gcp":
+        from slurm_spot.providers.gcp.errors import GCP_ERROR_CLASSES
+
+        return dict(GCP_ERROR_CLASSES)
+    if provider_type == "local":
+        return dict(LOCAL_ERROR_CLASSES)
+    raise KeyError(provider_type)
+
+
+def codes_of_class(error_class: ErrorClass, provider_types: tuple[str, ...] = (
+        "local", "aws", "gcp")) -> frozenset[str]:
+    """Normalized codes (:func:`~slurm_spot.providers.base.normalize_code`) that the providers'
+    tables put in ``error_class``."""
+    return frozenset(normalize_code(code) for kind in provider_types
+                     for code, cls in error_classes(kind).items() if cls is error_class)
 
 
 def get_provider(config: SpotConfig, name: str) -> Provider:

@@ -66,3 +66,45 @@ class TokenLedger:
                 os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("cannot record launch tokens in %s: %s", self.path, exc)
+
+
+class UnofferedPairs:
+    """(instance type, zone) pairs a provider answered with a permanent error (EC2
+    ``Unsupported``: the type is not offered in that zone), in ``path``; never tried again.
+
+    Kept until the file is removed (the offering changes rarely; ``rm`` the file to retry).
+    Unreadable or unwritable: logged, and treated as empty (the pair is tried and fails again).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def pairs(self) -> frozenset[tuple[str, str]]:
+        """Every remembered ``(instance type, zone)``."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return frozenset()
+        except (OSError, ValueError) as exc:
+            log.warning("%s unreadable (%s); trying every pair", self.path, exc)
+            return frozenset()
+        if not isinstance(data, list):
+            return frozenset()
+        return frozenset((str(p[0]), str(p[1])) for p in data
+                         if isinstance(p, list) and len(p) == 2)
+
+    def remember(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Add ``pairs`` (under an exclusive flock, replaced atomically)."""
+        new = set(pairs)
+        if not new:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                data = sorted(self.pairs() | new)
+                tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(json.dumps([list(p) for p in data]))
+                os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot remember %s in %s: %s", sorted(new), self.path, exc)

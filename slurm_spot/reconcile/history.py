@@ -18,17 +18,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from slurm_spot.events import EVENTS_FILE, parse_line, read_lines
-from slurm_spot.providers.base import normalize_code
+from slurm_spot.providers import codes_of_class
+from slurm_spot.providers.base import ErrorClass, normalize_code
 from slurm_spot.reconcile.rules import History, Settings
 
 TAIL_BYTES = 8 * 1024 * 1024
 INTERRUPTION_MEMORY_S = 900.0  # a requeued job waits ~121 s; keep its id well beyond that
-# Codes that mean "no capacity" even before any event says so (EC2, GCE, the local market).
-KNOWN_CAPACITY_CODES = frozenset(normalize_code(c) for c in (
-    "InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
-    "UnfulfillableCapacity", "SpotMaxPriceTooLow", "ZONE_RESOURCE_POOL_EXHAUSTED",
-    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "STOCKOUT", "VM_MIN_COUNT_NOT_REACHED",
-))
+# Codes that mean "no capacity" even before any event says so: the providers' own tables
+# (slurm_spot.providers.error_classes), so hooks and reconciler never disagree.
+KNOWN_CAPACITY_CODES = codes_of_class(ErrorClass.CAPACITY)
 FAILURE_ACTIONS = ("resume_failed", "boot_lost")
 INTERRUPTION_ACTIONS = ("reclaimed", "boot_lost", "requeued", "notice")
 

@@ -62,7 +62,8 @@ ERROR_TABLE: Mapping[str, ErrorKind] = {
     "InsufficientCapacity": ErrorKind(_C, Scope.POOL),
     "InsufficientReservedInstanceCapacity": ErrorKind(_C, Scope.POOL),
     "UnfulfillableCapacity": ErrorKind(_C, Scope.POOL),
-    "Unsupported": ErrorKind(_C, Scope.POOL),  # type not offered in that zone
+    # the instance type is not offered in that zone: remembered, never capacity
+    "Unsupported": ErrorKind(ErrorClass.PERMANENT, Scope.POOL),
     "InsufficientFreeAddressesInSubnet": ErrorKind(_C, Scope.ZONE),
     "Server.InsufficientInstanceCapacity": ErrorKind(_C, Scope.POOL),  # a StateReason code
     # quotas (regional)
@@ -121,8 +122,13 @@ POINTER_CODE = "UnfulfillableCapacity"
 #: When several errors come back for one request, the first class in this order decides.
 PRECEDENCE: tuple[ErrorClass, ...] = (
     ErrorClass.AUTH, ErrorClass.CONFIG, ErrorClass.QUOTA, ErrorClass.CAPACITY,
-    ErrorClass.THROTTLE, ErrorClass.UNKNOWN,
+    ErrorClass.PERMANENT, ErrorClass.THROTTLE, ErrorClass.UNKNOWN,
 )
+
+
+def error_classes() -> dict[str, ErrorClass]:
+    """The table as ``{code: class}`` (for :func:`slurm_spot.providers.error_classes`)."""
+    return {code: kind.error_class for code, kind in ERROR_TABLE.items()}
 
 
 def error_kind(code: str) -> ErrorKind:

@@ -67,7 +67,7 @@ from slurm_spot.providers.base import (
     LaunchResult,
     normalize_code,
 )
-from slurm_spot.providers.ledger import TokenLedger
+from slurm_spot.providers.ledger import TokenLedger, UnofferedPairs
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,8 @@ class FleetLauncher:
         now: clock (seconds since the epoch).
         ledger: tokens whose CreateFleet was answered before (never sent again); None: only
             the instances' launch tags tell (tests of a single launch).
+        unoffered: (instance type, zone) pairs EC2 answered ``Unsupported`` for: left out of
+            every request, and new ones added (None: not remembered).
         sleep: how to wait between throttled attempts (seconds).
         max_rounds: CreateFleet calls per market for capacity retries over the remaining pools.
         throttle_attempts: CreateFleet attempts in a row while throttled.
@@ -138,6 +140,7 @@ class FleetLauncher:
         throttle_attempts: int = 5,
         unknown_retries: int = 2,
         ledger: TokenLedger | None = None,
+        unoffered: UnofferedPairs | None = None,
     ) -> None:
         opts = request.node_set.aws
         if opts is None:
@@ -155,6 +158,7 @@ class FleetLauncher:
         self._ended_tokens: set[str] = set()
         self._adoptable: dict[str, list[str]] = {}
         self._ledger = ledger
+        self._unoffered = unoffered
 
     # ---- the whole launch ---------------------------------------------------------------
     def run(self) -> LaunchResult:
@@ -230,6 +234,15 @@ class FleetLauncher:
     # ---- CreateFleet rounds -------------------------------------------------------------
     def _launch_markets(self, remaining: list[str], out: _Outcome) -> None:
         pools = [Pool(t, s) for t in self.ns.instance_types for s in self.opts.subnets]
+        known = self._unoffered.pairs() if self._unoffered is not None else frozenset()
+        if known:
+            pools = [p for p in pools if (p.instance_type, self.ops.zone_of(p.subnet)) not in known]
+            if not pools:
+                unoffered = ", ".join(f"{t} in {z}" for t, z in sorted(known))
+                out.failed.append(self._failure(remaining, FleetError(
+                    "Unsupported", f"no instance type of the node set is offered in its zones "
+                    f"(remembered: {unoffered})"), self.ns.market))
+                return
         markets: list[str] = [self.ns.market]
         if self.ns.market == "spot" and self.ns.fallback == "on-demand":
             markets.append("on-demand")
@@ -257,6 +270,7 @@ class FleetLauncher:
             )
             token = self._token(spec, target)
             got, errors = self._attempt(spec, token)
+            available = self._without_unoffered(available, errors)
             if token not in out.tokens:
                 out.tokens.append(token)
             remaining = self._place(got, target, remaining, out)
@@ -267,7 +281,7 @@ class FleetLauncher:
             )
             out.last = (error, market)
             cls = error.error_class
-            if cls is ErrorClass.CAPACITY:
+            if cls in (ErrorClass.CAPACITY, ErrorClass.PERMANENT):
                 available = self._drop_failed_pools(available, errors or [error], market, out)
             elif cls is ErrorClass.UNKNOWN and unknown_left > 0:
                 unknown_left, rounds = unknown_left - 1, rounds - 1
@@ -330,9 +344,31 @@ class FleetLauncher:
         taken = set(out.placed.values())
         return [n for n in remaining if n not in taken]
 
+    def _without_unoffered(self, available: list[Pool], errors: list[FleetError]) -> list[Pool]:
+        """``available`` without the pools EC2 called ``Unsupported`` (the instance type is not
+        offered in that zone), which are remembered for every later launch."""
+        unoffered = [
+            p for p in available
+            for e in errors
+            if e.error_class is ErrorClass.PERMANENT
+            and e.instance_type in ("", p.instance_type)
+            and e.subnet in ("", p.subnet)
+        ]
+        if unoffered and self._unoffered is not None:
+            self._unoffered.remember(
+                (p.instance_type, zone) for p in unoffered
+                if p.instance_type and (zone := self.ops.zone_of(p.subnet)))
+        return [p for p in available if p not in unoffered]
+
     def _drop_failed_pools(
         self, available: list[Pool], errors: list[FleetError], market: str, out: _Outcome
     ) -> list[Pool]:
+        """Pools to ask in the next round: without those that had no capacity (labelled in
+        ``out.failed_pools`` for cooldowns). Pools not offered at all were already removed by
+        :meth:`_without_unoffered` and are never labelled (not capacity)."""
+        if not any(e.error_class is ErrorClass.CAPACITY for e in errors) and any(
+                e.error_class is ErrorClass.PERMANENT for e in errors):
+            return available
         failed = [
             p for p in available
             for e in errors

@@ -41,7 +41,7 @@ from slurm_spot.providers.base import (
     LaunchResult,
     normalize_code,
 )
-from slurm_spot.providers.ledger import TokenLedger
+from slurm_spot.providers.ledger import TokenLedger, UnofferedPairs
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +131,11 @@ class AwsProvider:
             ProviderError: the lookup before launching failed (endpoint, credentials), or
                 credentials were refused before anything was launched.
         """
-        ledger = TokenLedger(self.config.state_dir / "aws" / f"{self.name}-launch-tokens.json")
-        launcher = FleetLauncher(self, request, now=self._now, sleep=self._sleep, ledger=ledger)
+        state = self.config.state_dir / "aws"
+        launcher = FleetLauncher(
+            self, request, now=self._now, sleep=self._sleep,
+            ledger=TokenLedger(state / f"{self.name}-launch-tokens.json"),
+            unoffered=UnofferedPairs(state / f"{self.name}-unoffered.json"))
         return launcher.run()
 
     def list_instances(self) -> list[Instance]:

@@ -1,0 +1,91 @@
+"""Every provider error has a scope and a memory (issue 11, section 2): EC2 ``Unsupported``
+is remembered per (instance type, zone) and never capacity; hooks and reconciler read one code
+table per provider."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from slurm_spot.providers import codes_of_class, error_classes
+from slurm_spot.providers.aws.errors import ERROR_TABLE
+from slurm_spot.providers.base import ErrorClass, normalize_code
+from slurm_spot.providers.gcp.errors import GCP_ERROR_CLASSES
+from slurm_spot.reconcile.history import KNOWN_CAPACITY_CODES, build_history
+from slurm_spot.reconcile.rules import Settings
+from tests.fakes.aws_harness import Harness, make_config, moto_world, nodes_in_ec2
+from tests.fakes.ec2 import World
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, World]]:
+    with moto_world(monkeypatch) as world:
+        yield world
+
+
+def _pairs(request: dict[str, Any], world: World) -> set[tuple[str, str]]:
+    overrides = request["LaunchTemplateConfigs"][0]["Overrides"]
+    return {(o["InstanceType"], world.zones[o["SubnetId"]]) for o in overrides}
+
+
+def test_unsupported_pair_is_remembered_and_never_asked_again(aws):
+    """p5.48xlarge-like case: g5.xlarge is not offered in the second zone."""
+    _, world = aws
+    h = Harness(make_config(world))
+    bad_subnet = world.subnets[1]
+    bad = ("g5.xlarge", world.zones[bad_subnet])
+    h.market.fail_pools(code="Unsupported", instance_type="g5.xlarge", subnet=bad_subnet)
+    first = h.launch("gpu-1", "gpu-2")
+    assert sorted(i.node or "" for i in first.launched) == ["gpu-1", "gpu-2"]
+    assert first.failed == () and first.failed_pools == ()  # not capacity: no cooldown
+    assert bad in _pairs(h.market.requests[0], world)
+    # A later hook (a new provider object, as a new process would have) leaves it out.
+    again = Harness(h.config)
+    again.launch("gpu-3")
+    assert bad not in _pairs(again.market.requests[-1], world)
+    assert len(_pairs(again.market.requests[-1], world)) == 3
+    assert nodes_in_ec2(again.provider.client) == ["gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_a_node_set_whose_only_pair_is_unsupported_fails_permanent_not_capacity(aws):
+    _, world = aws
+    h = Harness(make_config(world, instance_types=["g5.xlarge"],
+                            aws={"subnets": world.subnets[:1]}))
+    h.market.fail_pools(code="Unsupported")
+    (failure,) = h.launch("gpu-1").failed
+    assert failure.error_class is ErrorClass.PERMANENT and failure.code == "Unsupported"
+    calls = h.calls["CreateFleet"]
+    (again,) = h.launch("gpu-2").failed  # remembered: not even asked
+    assert h.calls["CreateFleet"] == calls
+    assert again.error_class is ErrorClass.PERMANENT
+    assert f"g5.xlarge in {world.zones[world.subnets[0]]}" in again.reason
+
+
+def test_permanent_failures_never_start_a_capacity_cooldown() -> None:
+    now = datetime(2026, 3, 1, 8, 0, tzinfo=timezone.utc)
+    event = {"action": "launch_failed", "source": "resume", "node": "gpu-1",
+             "time": (now - timedelta(seconds=5)).isoformat(),
+             "reason": "(Code:Unsupported)permanent: ...",
+             "extra": {"code": "Unsupported", "class": "permanent", "pool": ""}}
+    history = build_history([event], {"gpu-1": "gpu"}, now, Settings())
+    assert history.new_capacity == {}
+    assert normalize_code("Unsupported") not in history.capacity_codes
+
+
+def test_one_code_table_per_provider_for_hooks_and_reconciler() -> None:
+    """The reconciler's capacity codes are exactly the providers' (it had SpotMaxPriceTooLow,
+    a config error in the AWS table, as capacity)."""
+    assert error_classes("aws")["SpotMaxPriceTooLow"] is ErrorClass.CONFIG
+    assert normalize_code("SpotMaxPriceTooLow") not in KNOWN_CAPACITY_CODES
+    from_tables = {normalize_code(c) for c, k in ERROR_TABLE.items()
+                   if k.error_class is ErrorClass.CAPACITY}
+    from_tables |= {normalize_code(c) for c, k in GCP_ERROR_CLASSES.items()
+                    if k is ErrorClass.CAPACITY}
+    from_tables.add(normalize_code("InsufficientInstanceCapacity"))
+    assert KNOWN_CAPACITY_CODES == from_tables == codes_of_class(ErrorClass.CAPACITY)
+    assert error_classes("aws")["Unsupported"] is ErrorClass.PERMANENT
+    with pytest.raises(KeyError):
+        error_classes("azure")
