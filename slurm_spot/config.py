@@ -221,6 +221,10 @@ class ReconcileConfig(_Model):
     cooldown_s: float = Field(600, ge=0, le=7 * 86400)
     max_resume_failures: int = Field(3, ge=1, le=1000)
     failure_window_s: float = Field(3600, ge=1, le=30 * 86400)
+    missing_grace_s: float = Field(
+        60, ge=0, le=3600,
+        description="an up node with no instance at all in successful listings is declared "
+        "reclaimed only after this many seconds (listings are eventually consistent)")
     metrics_file: Path | None = None
 
 

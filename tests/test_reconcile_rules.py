@@ -4,6 +4,7 @@ runner that parses scontrol/squeue argv and keeps state) and of a provider."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -33,6 +34,9 @@ class World:
     """A config with node set spot-[1-4], a fake Slurm, a fake provider and a fixed clock."""
 
     def __init__(self, tmp_path: Path, **reconcile: object) -> None:
+        # No grace for an absent instance unless a test asks for one (the cases file's rows
+        # with "instance: null" are about what happens once the absence is evidence).
+        reconcile.setdefault("missing_grace_s", 0)
         self.config = SpotConfig.model_validate({
             "cluster": "test",
             "node_sets": [{"name": "spot", "provider": "local", "count": 4}],
@@ -491,3 +495,84 @@ def test_cooldown_reason_round_trips() -> None:
     assert reason == f"(Code:InsufficientInstanceCapacity)Temporarily disabled until {STAMP}"
     assert parse_cooldown(reason) == ("InsufficientInstanceCapacity", NOW)
     assert parse_cooldown("(Code:X)no capacity") is None
+
+
+# -- evidence before "reclaimed" (issue 11, section 3) -----------------------------------------
+FIELD = yaml.safe_load((Path(__file__).parent / "data" / "field-2026-12.yaml").read_text())
+
+
+def test_field_case_pending_instance_without_ip_is_not_missing(tmp_path: Path) -> None:
+    """instance-pending-without-ip: DescribeInstances shows a pending instance without
+    PrivateIpAddress; the node is matched by tag and nothing is replaced or terminated."""
+    from slurm_spot.providers.aws.fleet import instance_from_ec2
+    from slurm_spot.providers.base import TAG_CLUSTER, TAG_NODE
+
+    case = next(c for c in FIELD if c["id"] == "instance-pending-without-ip")
+    record = dict(case["input"]["instance"])
+    record["Tags"] = [*record["Tags"], {"Key": TAG_NODE, "Value": "spot-1"},
+                      {"Key": TAG_CLUSTER, "Value": "test"}]
+    inst = instance_from_ec2(record)
+    assert inst.private_ip is None and inst.state is InstanceState.PENDING
+    world = World(tmp_path, missing_grace_s=60)
+    world.slurm.add_node("spot-1", case["input"]["node_state"])
+    world.slurm.add_job(5, ["spot-1"])
+    world.provider.instances[inst.instance_id] = replace(inst, launch_time=NOW)
+    for minutes in range(3):
+        world.now = NOW + timedelta(minutes=minutes)
+        assert world.run().actions == []
+    assert world.provider.alive() == ["i-0abc"]
+    assert world.slurm.jobs[5].state == "RUNNING"
+    # Up now, still without an address: alive all the same.
+    world.slurm.nodes["spot-1"].flags = {"CLOUD"}
+    world.slurm.nodes["spot-1"].base = "ALLOCATED"
+    assert world.run().actions == [] and world.provider.alive() == ["i-0abc"]
+
+
+def test_an_ec2_record_without_a_state_is_not_an_ended_instance() -> None:
+    from slurm_spot.providers.aws.fleet import instance_from_ec2
+
+    assert instance_from_ec2({"InstanceId": "i-1"}).state.is_alive
+
+
+def test_absent_instance_is_reclaimed_only_after_the_grace(tmp_path: Path) -> None:
+    world = World(tmp_path, missing_grace_s=60)
+    world.slurm.add_node("spot-1", "ALLOCATED+CLOUD")
+    world.slurm.add_job(9, ["spot-1"])
+    assert world.run().verdicts.get("wait") == 1  # first pass to see it absent
+    world.now = NOW + timedelta(seconds=59)
+    assert world.run().actions == []
+    world.now = NOW + timedelta(seconds=61)
+    assert [a["action"] for a in world.run().actions][:1] == ["reclaimed"]
+    assert world.slurm.jobs[9].state == "PENDING"
+
+
+def test_failed_listings_are_no_evidence_however_long(tmp_path: Path) -> None:
+    """The provider's API fails for ten minutes: nothing is declared reclaimed; the grace only
+    counts passes whose listing succeeded."""
+    world = World(tmp_path, missing_grace_s=60)
+    world.slurm.add_node("spot-1", "ALLOCATED+CLOUD")
+    world.slurm.add_job(9, ["spot-1"])
+    world.provider.fail_listing = RuntimeError("RequestLimitExceeded")
+    for minutes in range(10):
+        world.now = NOW + timedelta(minutes=minutes)
+        result = world.run()
+        assert result.actions == [] and result.errors
+    world.provider.fail_listing = None
+    world.provider.add("spot-1", 700, NOW)  # it was there all along
+    world.now = NOW + timedelta(minutes=11)
+    assert world.run().actions == []
+    assert world.slurm.jobs[9].state == "RUNNING"
+
+
+def test_a_failed_scontrol_call_decides_nothing(tmp_path: Path) -> None:
+    from slurm_spot.errors import SlurmCommandError
+
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", "ALLOCATED+CLOUD")
+    world.slurm.add_job(9, ["spot-1"])
+    world.provider.add("spot-1", 600, NOW)
+    world.slurm.json_nodes = False
+    world.slurm.refuse_show = "Unable to contact slurm controller (connect failure)"
+    with pytest.raises(SlurmCommandError):
+        world.run()
+    assert world.provider.alive() and world.slurm.jobs[9].state == "RUNNING"

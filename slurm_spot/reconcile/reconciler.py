@@ -48,6 +48,7 @@ from slurm_spot.reconcile.rules import (
     Settings,
     Termination,
     Verdict,
+    missing_since,
     plan_pass,
 )
 from slurm_spot.slurm.client import Node, SlurmClient
@@ -67,7 +68,8 @@ def settings_of(config: SpotConfig) -> Settings:
     return Settings(orphan_grace_s=rc.orphan_grace_s, cooldown_s=rc.cooldown_s,
                     max_resume_failures=rc.max_resume_failures,
                     failure_window_s=rc.failure_window_s,
-                    resume_timeout_s=float(config.power.resume_timeout_s))
+                    resume_timeout_s=float(config.power.resume_timeout_s),
+                    missing_grace_s=rc.missing_grace_s)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,8 @@ class Reconciler:
         self.node_set_of = {n: ns.name for ns in config.node_sets for n in ns.node_names}
         self._failures_seen_after = clock()
         self._tail = EventTail(config.log_dir, history_keep_s(self.settings))
+        # node -> first pass that found it up with no instance listed (see missing_since)
+        self._missing_since: dict[str, datetime] = {}
         self._handlers: dict[Verdict, Callable[[NodeDecision, PassResult], None]] = {
             Verdict.RECLAIMED: self._power_down_lost,
             Verdict.BOOT_LOST: self._power_down_lost,
@@ -198,8 +202,12 @@ class Reconciler:
         started = time.monotonic()
         result = PassResult(self.clock())
         snap = self.snapshot(result)
+        self._missing_since = missing_since(
+            snap.nodes, snap.instances, self.node_set_of, snap.unavailable_sets, snap.now,
+            self._missing_since)
         plan = plan_pass(snap.nodes, snap.instances, self.node_set_of, snap.now, self.settings,
-                         snap.history, snap.unavailable_sets, snap.held_jobs)
+                         snap.history, snap.unavailable_sets, snap.held_jobs,
+                         self._missing_since)
         for decision in plan.nodes:
             name = decision.verdict.value
             result.verdicts[name] = result.verdicts.get(name, 0) + 1

@@ -59,6 +59,7 @@ class Settings:
     max_resume_failures: int = 3
     failure_window_s: float = 3600.0
     resume_timeout_s: float = 600.0
+    missing_grace_s: float = 0.0  # 0: no instance listed at all is evidence at once
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,14 @@ def classify_node(
     settings: Settings,
     history: History,
     cooldown: Cooldown | None = None,
+    missing_since: datetime | None = None,
 ) -> NodeDecision:
     """Decide what to do with one node (see :class:`Verdict` and the module docstring).
+
+    A node is RECLAIMED only on the provider's evidence: its instance is listed as ended, or
+    no instance of it has been listed (by listings that succeeded) since ``missing_since``,
+    for at least ``settings.missing_grace_s``. An instance without a private IP (pending,
+    eventually consistent) is matched by its node tag and counts as alive.
 
     RECLAIMED also covers a node still powering down whose job is stuck COMPLETING behind a
     dead instance (POWER_DOWN_FORCE issued after the instance died, e.g. by a late watcher).
@@ -196,6 +203,11 @@ def classify_node(
         return _up_and_alive(node, alive)
     if (state.is_down or state.is_drained) and not is_clearable(node.reason):
         return NodeDecision(node.name, Verdict.HANDS_OFF, why="admin reason; instance gone")
+    if not instances and settings.missing_grace_s > 0 and (
+            missing_since is None
+            or (now - missing_since).total_seconds() < settings.missing_grace_s):
+        return NodeDecision(node.name, Verdict.WAIT,
+                            why="no instance listed yet; within missing_grace_s")
     dead = _newest(instances)
     return NodeDecision(
         node.name, Verdict.RECLAIMED, f"spot-interruption:reclaimed@{utc_stamp(now)}",
@@ -307,6 +319,32 @@ class Plan:
     cooldowns: Mapping[str, Cooldown] = field(default_factory=dict)
 
 
+def missing_since(
+    nodes: Sequence[Node], instances: Sequence[Instance], node_set_of: Mapping[str, str],
+    unavailable_sets: frozenset[str], now: datetime, before: Mapping[str, datetime],
+) -> dict[str, datetime]:
+    """Node -> since when it has been up (not powered down or powering up/down) while the
+    listings, all successful for its node set, showed no instance of it at all (pure).
+
+    A node whose provider listing failed keeps its earlier time, never gets a new one: a
+    failed call is no evidence.
+    """
+    listed = {i.node for i in instances if i.node}
+    result: dict[str, datetime] = {}
+    for node in nodes:
+        set_name = node_set_of.get(node.name)
+        state = node.state
+        if set_name is None or state.is_powered_down or state.is_powering_up \
+                or state.is_powering_down:
+            continue
+        if set_name in unavailable_sets:
+            if node.name in before:
+                result[node.name] = before[node.name]
+        elif node.name not in listed:
+            result[node.name] = before.get(node.name, now)
+    return result
+
+
 def plan_pass(
     nodes: Sequence[Node],
     instances: Sequence[Instance],
@@ -316,6 +354,7 @@ def plan_pass(
     history: History,
     unavailable_sets: frozenset[str] = frozenset(),
     held_jobs: Sequence[int] = (),
+    missing: Mapping[str, datetime] | None = None,
 ) -> Plan:
     """Classify every node of our node sets and every instance (pure).
 
@@ -327,6 +366,8 @@ def plan_pass(
         settings, history: see :class:`Settings` and :class:`History`.
         unavailable_sets: node sets whose provider listing failed: their nodes WAIT.
         held_jobs: PENDING jobs with Reason=BeginTime (requeue delay).
+        missing: node -> since when it has been up with no instance listed
+            (:func:`missing_since`); absent: not yet seen so, no RECLAIMED on absence alone.
     """
     ours = [n for n in nodes if n.name in node_set_of]
     by_node: dict[str, list[Instance]] = {}
@@ -340,7 +381,8 @@ def plan_pass(
             decisions.append(NodeDecision(node.name, Verdict.WAIT, why="provider unavailable"))
             continue
         decisions.append(classify_node(node, by_node.get(node.name, ()), now, settings,
-                                       history, cools.get(set_name)))
+                                       history, cools.get(set_name),
+                                       (missing or {}).get(node.name)))
     known = {n.name for n in ours}
     orphans = tuple(
         Termination(i, "orphan") for i in instances

@@ -63,6 +63,7 @@ class FakeSlurm:
         # Like Slurm 22.05: sinfo --json lists nodes, scontrol has no --json. False: neither
         # (the text fallback); "warn": sinfo prints a warning line before its JSON.
         self.json_nodes: bool | str = True
+        self.refuse_show: str = ""  # scontrol show node fails with this (slurmctld away)
 
     # -- setup ----------------------------------------------------------------------------
     def add_node(self, name: str, state: str = "IDLE+CLOUD+POWERED_DOWN", **kw: str) -> FakeNode:
@@ -117,6 +118,8 @@ class FakeSlurm:
         if args and args[0] == "--json":
             raise _Refused("scontrol: unrecognized option '--json'")
         if args[:3] == ["-o", "show", "node"]:
+            if self.refuse_show:
+                raise _Refused(self.refuse_show)
             self.show_calls += 1
             if self.on_show:
                 self.on_show(self.show_calls)

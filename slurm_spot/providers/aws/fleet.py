@@ -286,7 +286,8 @@ def instance_from_ec2(record: Mapping[str, Any]) -> Instance:
         instance_id=str(record["InstanceId"]),
         node=decode_node(tags),
         node_set=tags.get(TAG_NODE_SET),
-        state=_STATES.get((record.get("State") or {}).get("Name", ""), InstanceState.TERMINATED),
+        # A state EC2 did not (yet) report is no evidence of an end: count it as pending.
+        state=_STATES.get((record.get("State") or {}).get("Name", ""), InstanceState.PENDING),
         market="spot" if record.get("InstanceLifecycle") == "spot" else "on-demand",
         instance_type=str(record.get("InstanceType") or ""),
         zone=str((record.get("Placement") or {}).get("AvailabilityZone") or ""),
