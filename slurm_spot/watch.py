@@ -23,9 +23,6 @@ from dataclasses import dataclass, field
 
 from slurm_spot import events
 from slurm_spot.config import (
-    AwsProviderConfig,
-    GcpProviderConfig,
-    LocalProviderConfig,
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
@@ -44,20 +41,10 @@ def source_for(config: SpotConfig, node: str) -> NoticeSource:
     node_set = config.node_set_of(node)
     if node_set is None:
         raise BadInputError(f"node {node!r} belongs to no node set of {config.source_path}")
+    from slurm_spot.providers import package_for
+
     settings = config.providers[node_set.provider]
-    if isinstance(settings, LocalProviderConfig):
-        from slurm_spot.providers.local.notices import LocalNoticeSource
-
-        path = config.state_dir / "local" / "notices" / f"{node}.json"
-        return LocalNoticeSource(path, settings.notice_poll_s)
-    if isinstance(settings, AwsProviderConfig):
-        from slurm_spot.providers.aws.notices import ImdsNoticeSource
-
-        return ImdsNoticeSource()
-    assert isinstance(settings, GcpProviderConfig)
-    from slurm_spot.providers.gcp.notices import GceMetadataNoticeSource
-
-    return GceMetadataNoticeSource()
+    return package_for(config, node_set.provider).notice_source(config, node, settings)
 
 
 @dataclass

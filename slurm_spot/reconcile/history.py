@@ -17,17 +17,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from slurm_spot.events import EVENTS_FILE
+from slurm_spot.providers import capacity_codes
 from slurm_spot.providers.base import normalize_code
 from slurm_spot.reconcile.rules import History, Settings
 
 TAIL_BYTES = 8 * 1024 * 1024
 INTERRUPTION_MEMORY_S = 900.0  # a requeued job waits ~121 s; keep its id well beyond that
-# Codes that mean "no capacity" even before any event says so (EC2, GCE, the local market).
-KNOWN_CAPACITY_CODES = frozenset(normalize_code(c) for c in (
-    "InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
-    "UnfulfillableCapacity", "SpotMaxPriceTooLow", "ZONE_RESOURCE_POOL_EXHAUSTED",
-    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "STOCKOUT", "VM_MIN_COUNT_NOT_REACHED",
-))
+# Codes that mean "no capacity" even before any event says so: the CAPACITY rows of every
+# provider's error table (providers/<type>/errors.py), so the two never disagree.
+KNOWN_CAPACITY_CODES = capacity_codes()
 FAILURE_ACTIONS = ("resume_failed", "boot_lost")
 INTERRUPTION_ACTIONS = ("reclaimed", "boot_lost", "requeued", "notice")
 
