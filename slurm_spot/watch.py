@@ -87,7 +87,7 @@ class Watcher:
         self.clock = clock
         self.sleep = sleep
 
-    def _event(self, action: str, **fields: object) -> None:
+    def _event(self, action: events.Action, **fields: object) -> None:
         events.emit(self.config.log_dir,
                     events.Event(action, "watch", node=self.node, **fields))  # type: ignore[arg-type]
 
@@ -98,7 +98,7 @@ class Watcher:
         self._try(outcome, lambda: self.slurm.set_state([self.node], "DRAIN", reason))
         jobs = self._jobs_here(outcome)
         outcome.jobs = jobs
-        self._event("notice", reason=reason, job_ids=tuple(jobs),
+        self._event(events.Action.NOTICE, reason=reason, job_ids=tuple(jobs),
                     extra={"deadline": notice.deadline.isoformat(), "source": notice.source})
         signal = self.config.preemption.signal
         for job in jobs:
@@ -112,7 +112,8 @@ class Watcher:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)
         # "requeued" only when a job was: a notice on an idle node just powers it down.
-        self._event("requeued" if outcome.requeued else "powered_down", reason=reason,
+        self._event(events.Action.REQUEUED if outcome.requeued else events.Action.POWERED_DOWN,
+                    reason=reason,
                     job_ids=tuple(outcome.requeued))
         return outcome
 
@@ -172,7 +173,7 @@ class Watcher:
     def _rebalance(self, notice: Notice) -> None:
         node_set = self.config.node_set_of(self.node)
         drain = bool(node_set and node_set.aws and node_set.aws.rebalance_drain)
-        self._event("rebalance_recommendation", reason=notice.reason,
+        self._event(events.Action.REBALANCE, reason=notice.reason,
                     extra={"drained": drain})
         if drain:
             reason = f"spot-interruption:rebalance@{notice.deadline:%Y-%m-%dT%H:%M:%SZ}"
