@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -90,9 +90,9 @@ class GcpProviderConfig(_Model):
     credentials_file: Path | None = None
 
 
-ProviderConfig = Annotated[
-    LocalProviderConfig | AwsProviderConfig | GcpProviderConfig, Field(discriminator="type")
-]
+#: The settings of one ``providers:`` entry, whichever its type.
+ProviderSettings = LocalProviderConfig | AwsProviderConfig | GcpProviderConfig
+ProviderConfig = Annotated[ProviderSettings, Field(discriminator="type")]
 
 
 class GpuSpec(_Model):
@@ -228,7 +228,7 @@ class ReconcileConfig(_Model):
     metrics_file: Path | None = None
 
 
-def _default_providers() -> dict[str, LocalProviderConfig | AwsProviderConfig | GcpProviderConfig]:
+def _default_providers() -> dict[str, ProviderSettings]:
     return {"local": LocalProviderConfig()}
 
 
@@ -455,12 +455,18 @@ def _describe(exc: ValidationError, lines: dict[Path_, int]) -> list[str]:
     problems: list[str] = []
     for err in exc.errors():
         msg = err["msg"].removeprefix("Value error, ")
+        loc = _model_loc(err["loc"])
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # providers.<name>.type
+            loc = (*loc, "type")
+            known = ", ".join(repr(c.model_fields["type"].default) for c in get_args(ProviderSettings))
+            given = err["input"].get("type") if isinstance(err["input"], dict) else None
+            msg = (f"unknown provider type {given!r}" if given is not None else "missing") + \
+                f"; known types: {known}"
         if err["type"] == "value_error" and not err["loc"]:
             problems.extend(_with_line(p, lines) for p in msg.split("; "))
             continue
-        loc = _model_loc(err["loc"])
         where = ".".join(str(part) for part in loc) or "(top level)"
         line = line_of(lines, loc) if lines else None
         problems.append(f"line {line}: {where}: {msg}" if line else f"{where}: {msg}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from slurm_spot.providers import codes_of_class, error_classes
+from slurm_spot.providers import capacity_codes
 from slurm_spot.providers.aws.errors import ERROR_TABLE
 from slurm_spot.providers.base import ErrorClass, normalize_code
 from slurm_spot.providers.gcp.errors import GCP_ERROR_CLASSES
@@ -76,16 +76,16 @@ def test_permanent_failures_never_start_a_capacity_cooldown() -> None:
 
 
 def test_one_code_table_per_provider_for_hooks_and_reconciler() -> None:
-    """The reconciler's capacity codes are exactly the providers' (it had SpotMaxPriceTooLow,
-    a config error in the AWS table, as capacity)."""
-    assert error_classes("aws")["SpotMaxPriceTooLow"] is ErrorClass.CONFIG
+    """The reconciler's capacity codes are exactly the providers' tables' (it had
+    SpotMaxPriceTooLow, a config error in the AWS table, as capacity); Unsupported is
+    PERMANENT in the table the hooks classify with, so the reconciler never cools down on it."""
+    assert ERROR_TABLE["SpotMaxPriceTooLow"].error_class is ErrorClass.CONFIG
     assert normalize_code("SpotMaxPriceTooLow") not in KNOWN_CAPACITY_CODES
     from_tables = {normalize_code(c) for c, k in ERROR_TABLE.items()
                    if k.error_class is ErrorClass.CAPACITY}
     from_tables |= {normalize_code(c) for c, k in GCP_ERROR_CLASSES.items()
                     if k is ErrorClass.CAPACITY}
     from_tables.add(normalize_code("InsufficientInstanceCapacity"))
-    assert KNOWN_CAPACITY_CODES == from_tables == codes_of_class(ErrorClass.CAPACITY)
-    assert error_classes("aws")["Unsupported"] is ErrorClass.PERMANENT
-    with pytest.raises(KeyError):
-        error_classes("azure")
+    assert KNOWN_CAPACITY_CODES == from_tables == capacity_codes()
+    assert ERROR_TABLE["Unsupported"].error_class is ErrorClass.PERMANENT
+    assert normalize_code("Unsupported") not in KNOWN_CAPACITY_CODES

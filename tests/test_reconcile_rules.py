@@ -113,7 +113,9 @@ def test_case_classifier(case: dict, expect: tuple, tmp_path: Path) -> None:
     world = World(tmp_path)
     _setup_case(world, case)
     n = world.slurm.client().nodes(["spot-1"])[0]
-    decision = classify_node(n, world.provider.list_instances(), NOW, Settings(), History())
+    # The World's settings: an absent instance counts at once (missing_grace_s 0).
+    decision = classify_node(n, world.provider.list_instances(), NOW, world.reconciler.settings,
+                             History())
     assert decision.verdict is expect[0]
     assert bool(decision.terminate) is expect[1]
 
@@ -576,3 +578,11 @@ def test_a_failed_scontrol_call_decides_nothing(tmp_path: Path) -> None:
     with pytest.raises(SlurmCommandError):
         world.run()
     assert world.provider.alive() and world.slurm.jobs[9].state == "RUNNING"
+
+
+def test_rule_settings_default_to_the_config_models_defaults() -> None:
+    """A default changed in spot.yaml's model reaches the rules with no second copy."""
+    from slurm_spot.config import default_local_config
+    from slurm_spot.reconcile.reconciler import settings_of
+
+    assert Settings() == settings_of(default_local_config())

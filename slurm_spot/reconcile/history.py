@@ -17,18 +17,18 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO
 
-from slurm_spot.events import EVENTS_FILE, parse_line, read_lines
-from slurm_spot.providers import codes_of_class
-from slurm_spot.providers.base import ErrorClass, normalize_code
+from slurm_spot.events import EVENTS_FILE, Action, parse_line, read_lines
+from slurm_spot.providers import capacity_codes
+from slurm_spot.providers.base import normalize_code
 from slurm_spot.reconcile.rules import History, Settings
 
 TAIL_BYTES = 8 * 1024 * 1024
 INTERRUPTION_MEMORY_S = 900.0  # a requeued job waits ~121 s; keep its id well beyond that
-# Codes that mean "no capacity" even before any event says so: the providers' own tables
-# (slurm_spot.providers.error_classes), so hooks and reconciler never disagree.
-KNOWN_CAPACITY_CODES = codes_of_class(ErrorClass.CAPACITY)
-FAILURE_ACTIONS = ("resume_failed", "boot_lost")
-INTERRUPTION_ACTIONS = ("reclaimed", "boot_lost", "requeued", "notice")
+# Codes that mean "no capacity" even before any event says so: the CAPACITY rows of every
+# provider's error table (providers/<type>/errors.py), so the two never disagree.
+KNOWN_CAPACITY_CODES = capacity_codes()
+FAILURE_ACTIONS = (Action.RESUME_FAILED, Action.BOOT_LOST)
+INTERRUPTION_ACTIONS = (Action.RECLAIMED, Action.BOOT_LOST, Action.REQUEUED, Action.NOTICE)
 
 
 def read_tail(log_dir: Path, max_bytes: int = TAIL_BYTES) -> list[dict[str, object]]:
@@ -189,15 +189,15 @@ class _Facts:
         if event.get("source") == "reconcile":
             if action in FAILURE_ACTIONS and not extra.get("reclaimed"):
                 self.failures.setdefault(node, []).append(when)
-            elif action == "breaker":
+            elif action == Action.BREAKER:
                 self.last_breaker[node] = when
-            elif action == "cooldown" and extra.get("node_set"):
+            elif action == Action.COOLDOWN and extra.get("node_set"):
                 self.last_cooldown[str(extra["node_set"])] = when
-        if action == "launch_failed" and extra.get("class") == "capacity":
+        if action == Action.LAUNCH_FAILED and extra.get("class") == "capacity":
             self._capacity(node, str(extra.get("code") or ""), when)
-        elif action == "launch_failed" and event.get("source") == "resume":
+        elif action == Action.LAUNCH_FAILED and event.get("source") == "resume":
             self.failures.setdefault(node, []).append(when)
-        if action in ("reclaimed", "boot_lost") and event.get("instance"):
+        if action in (Action.RECLAIMED, Action.BOOT_LOST) and event.get("instance"):
             self.handled.add(str(event["instance"]))
         job_ids = event.get("job_ids")
         if action in INTERRUPTION_ACTIONS and when > self.jobs_start and isinstance(job_ids, list):

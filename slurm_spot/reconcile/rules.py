@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from slurm_spot.config import PowerConfig, ReconcileConfig
 from slurm_spot.providers.base import Instance, normalize_code
 from slurm_spot.reconcile.reasons import (
     BREAKER_PREFIX,
@@ -50,16 +51,21 @@ class Verdict(str, enum.Enum):
     UNDRAIN = "undrain"  # powered down but still drained with one of our reasons
 
 
+_RECONCILE, _POWER = ReconcileConfig(), PowerConfig()
+
+
 @dataclass(frozen=True)
 class Settings:
-    """The knobs of the rules, in seconds (from ``reconcile:`` and ``power:`` of spot.yaml)."""
+    """The knobs of the rules, in seconds (from ``reconcile:`` and ``power:`` of spot.yaml;
+    :func:`~slurm_spot.reconcile.reconciler.settings_of`). The defaults are the config
+    model's, read from it, never written twice."""
 
-    orphan_grace_s: float = 90.0
-    cooldown_s: float = 600.0
-    max_resume_failures: int = 3
-    failure_window_s: float = 3600.0
-    resume_timeout_s: float = 600.0
-    missing_grace_s: float = 0.0  # 0: no instance listed at all is evidence at once
+    orphan_grace_s: float = _RECONCILE.orphan_grace_s
+    cooldown_s: float = _RECONCILE.cooldown_s
+    max_resume_failures: int = _RECONCILE.max_resume_failures
+    failure_window_s: float = _RECONCILE.failure_window_s
+    resume_timeout_s: float = float(_POWER.resume_timeout_s)
+    missing_grace_s: float = _RECONCILE.missing_grace_s
 
 
 @dataclass(frozen=True)

@@ -126,9 +126,6 @@ PRECEDENCE: tuple[ErrorClass, ...] = (
 )
 
 
-def error_classes() -> dict[str, ErrorClass]:
-    """The table as ``{code: class}`` (for :func:`slurm_spot.providers.error_classes`)."""
-    return {code: kind.error_class for code, kind in ERROR_TABLE.items()}
 
 
 def error_kind(code: str) -> ErrorKind:
