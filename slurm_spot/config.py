@@ -211,6 +211,10 @@ class PowerConfig(_Model):
     suspend_time_s: int = Field(300, ge=0, le=365 * 86400)
     suspend_timeout_s: int = Field(60, ge=1, le=86400)
     resume_timeout_s: int = Field(600, ge=30, le=86400)
+    all_or_nothing: bool = Field(
+        True, description="when a multi-node job's resume could not launch all its nodes, "
+        "give back at once the nodes of that job that were launched (SLURM_RESUME_FILE says "
+        "which nodes are whose), instead of letting them idle until SuspendTime")
 
 
 class ReconcileConfig(_Model):

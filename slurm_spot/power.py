@@ -18,7 +18,7 @@ import hashlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -99,10 +99,17 @@ def resume(
     providers: ProviderFactory = get_provider,
     lock_timeout_s: float = 300.0,
     sleep: Callable[[float], None] = time.sleep,
+    jobs: Mapping[int, Sequence[str]] | None = None,
 ) -> PowerResult:
     """Launch instances for ``hostlist`` (see the module docstring).
 
     Launches for one node set are serialized across processes (:func:`node_set_lock`).
+
+    Args:
+        jobs: job id -> the job's allocated nodes (``SLURM_RESUME_FILE``,
+            :func:`slurm_spot.slurm.resume_file.read_resume_file`). With
+            ``power.all_or_nothing``, a job with a node that got no instance gets its launched
+            nodes given back at once (:func:`give_back_incomplete_jobs`).
 
     A failure for one node set (provider error, Slurm refusing an update) is recorded and the
     other node sets still proceed.
@@ -121,7 +128,60 @@ def resume(
             # Another hook holds the set for longer than a launch takes: it is stuck. Leave
             # these nodes to it and to ResumeTimeout rather than risk a second instance.
             result.errors.append(str(exc))
+    if jobs and config.power.all_or_nothing:
+        give_back_incomplete_jobs(config, jobs, slurm, providers, result)
     return result
+
+
+def give_back_incomplete_jobs(
+    config: SpotConfig, jobs: Mapping[int, Sequence[str]], slurm: SlurmClient,
+    providers: ProviderFactory, result: PowerResult,
+) -> None:
+    """All-or-nothing per job: for each job with a node that got no instance (slurmctld
+    requeues it when that node goes DOWN), terminate the instances just launched for the
+    job's other nodes and power those nodes down (``POWER_DOWN_FORCE``) now, instead of
+    leaving them to boot and idle until SuspendTime. Nodes shared with a job that got all its
+    nodes are kept. Each step's failure is recorded in ``result.errors``; the rest proceeds.
+    """
+    failed = {n for f in result.failed for n in f.nodes}
+    complete = {n for nodes in jobs.values() if not failed & set(nodes) for n in nodes}
+    launched = {i.node: i for i in result.launched if i.node}
+    victims: dict[str, int] = {}
+    for job_id, nodes in sorted(jobs.items()):
+        lost = sorted(failed & set(nodes))
+        if not lost:
+            continue
+        for node in nodes:
+            if node in launched and node not in complete:
+                victims.setdefault(node, job_id)
+    if not victims:
+        return
+    by_set: dict[str, list[Instance]] = defaultdict(list)
+    for node in victims:
+        node_set = config.node_set_of(node)
+        if node_set is not None:
+            by_set[node_set.name].append(launched[node])
+    for set_name, instances in by_set.items():
+        ns = config.node_set(set_name)
+        ids = [i.instance_id for i in instances]
+        try:
+            providers(config, ns.provider).terminate_instances(ids)
+        except ProviderError as exc:
+            result.errors.append(f"all-or-nothing: could not terminate {', '.join(ids)}: {exc}")
+            continue
+        names = [i.node for i in instances if i.node]
+        result.launched = [i for i in result.launched if i.instance_id not in set(ids)]
+        result.terminated.extend(instances)
+        for inst in instances:
+            job = victims[inst.node or ""]
+            events.emit(config.log_dir, events.Event(
+                events.Action.TERMINATED, "resume", node=inst.node, instance=inst.instance_id,
+                job_ids=(job,), reason=f"all-or-nothing: job {job} could not get all its "
+                f"nodes ({','.join(sorted(failed & set(jobs[job])))} failed)"))
+        try:
+            slurm.set_state(names, "POWER_DOWN_FORCE")
+        except SlurmCommandError as exc:
+            result.errors.append(f"all-or-nothing: {exc}")
 
 
 @contextmanager

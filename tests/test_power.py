@@ -274,3 +274,70 @@ def test_a_stuck_hook_holding_the_node_set_is_reported_not_doubled(setup) -> Non
     assert [i.node for i in result.launched] == ["cpu-1"]  # the other node set went ahead
     assert "another resume still holds" in result.errors[0] and "resume-gpu.lock" in result.errors[0]
     assert clouds["cloud"].instances == []
+
+
+# -- all-or-nothing per job (issue 11, section 2) ---------------------------------------------
+RESUME_FILE = {  # slurm.conf(5) 22.05, ResumeProgram: the SLURM_RESUME_FILE example's shape
+    "all_nodes_resume": "gpu-[1-4]",
+    "jobs": [
+        {"extra": "", "features": "", "job_id": 7, "nodes_alloc": "gpu-[1-3]",
+         "nodes_resume": "gpu-[1-3]", "oversubscribe": "OK", "partition": "p",
+         "reservation": ""},
+        {"job_id": 8, "nodes_alloc": "gpu-4", "nodes_resume": "gpu-4"},
+        {"job_id": "not-a-number"},  # skipped, the others still read
+    ],
+}
+
+
+def test_resume_file_maps_jobs_to_their_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from slurm_spot.slurm.resume_file import parse_resume_file, read_resume_file
+
+    assert parse_resume_file(json.dumps(RESUME_FILE)) == {
+        7: ("gpu-1", "gpu-2", "gpu-3"), 8: ("gpu-4",)}
+    path = tmp_path / "resume.json"
+    path.write_text(json.dumps(RESUME_FILE))
+    assert read_resume_file({"SLURM_RESUME_FILE": str(path)}) == parse_resume_file(
+        path.read_text())
+    assert read_resume_file({}) is None
+    assert read_resume_file({"SLURM_RESUME_FILE": str(tmp_path / "gone")}) is None
+    path.write_text("not json")
+    assert read_resume_file({"SLURM_RESUME_FILE": str(path)}) is None
+
+
+def test_a_job_that_cannot_get_all_its_nodes_gives_the_launched_ones_back(setup) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from slurm_spot.slurm.resume_file import parse_resume_file
+
+    config, clouds, scontrol, slurm = setup
+    clouds["cloud"].capacity = 2  # gpu-1, gpu-2 launch; gpu-3, gpu-4 get none
+    jobs = parse_resume_file(json.dumps(RESUME_FILE))
+    result = power.resume(config, "gpu-[1-4]", slurm, lambda c, name: clouds[name], jobs=jobs)
+    assert [i for i in clouds["cloud"].instances if i.state.is_alive] == []
+    assert result.launched == []
+    assert sorted(i.node for i in result.terminated) == ["gpu-1", "gpu-2"]
+    assert scontrol.nodes["gpu-1"]["state"] == "POWER_DOWN_FORCE"
+    assert scontrol.nodes["gpu-3"]["state"] == "POWER_DOWN"  # DOWN first: Slurm requeues job 7
+    from slurm_spot.events import read_events
+
+    given_back = [e for e in read_events(config.log_dir) if e["action"] == "terminated"]
+    assert {e["node"] for e in given_back} == {"gpu-1", "gpu-2"}
+    assert all(e["job_ids"] == [7] and "job 7" in str(e["reason"]) and "gpu-3" in str(e["reason"])
+               for e in given_back)
+
+
+def test_nodes_of_complete_jobs_are_kept_and_the_option_turns_it_off(setup, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config, clouds, _, slurm = setup
+    clouds["cloud"].capacity = 2
+    jobs = {7: ("gpu-1", "gpu-2"), 8: ("gpu-2", "gpu-3")}  # gpu-2 shared by a complete job
+    power.resume(config, "gpu-[1-3]", slurm, lambda c, name: clouds[name], jobs=jobs)
+    assert sorted(i.node for i in clouds["cloud"].instances if i.state.is_alive) == [
+        "gpu-1", "gpu-2"]
+    keep = config.model_copy(update={"power": config.power.model_copy(
+        update={"all_or_nothing": False})})
+    clouds2 = {"cloud": FakeCloud(capacity=1), "other": FakeCloud()}
+    power.resume(keep, "gpu-[1-2]", slurm, lambda c, name: clouds2[name],
+                 jobs={9: ("gpu-1", "gpu-2")})
+    assert [i.node for i in clouds2["cloud"].instances if i.state.is_alive] == ["gpu-1"]

@@ -17,6 +17,7 @@ from slurm_spot import power
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.hooks import run_detached
 from slurm_spot.hostlist import expand
+from slurm_spot.slurm.resume_file import read_resume_file
 
 log = logging.getLogger("slurm_spot.hooks")
 
@@ -63,9 +64,14 @@ _detach_option = click.option(
 @json_option
 @pass_app
 def resume_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) -> None:
-    """ResumeProgram: launch instances for HOSTLIST (e.g. 'gpu-[1-4]')."""
+    """ResumeProgram: launch instances for HOSTLIST (e.g. 'gpu-[1-4]').
+
+    SLURM_RESUME_FILE (set by slurmctld) is read first, while it exists: with
+    power.all_or_nothing, a job that cannot get all its nodes has the launched ones given back.
+    """
+    jobs = read_resume_file()
     _run_hook(app, "resume", hostlist, detach, as_json,
-              lambda: power.resume(app.config, hostlist, app.slurm()))
+              lambda: power.resume(app.config, hostlist, app.slurm(), jobs=jobs))
 
 
 @click.command("suspend")
