@@ -223,6 +223,10 @@ class ReconcileConfig(_Model):
     interval_s: float = Field(30, ge=0.01, le=3600)  # below 10 ms: a typo, not a setting
     orphan_grace_s: float = Field(90, ge=0, le=7 * 86400)
     cooldown_s: float = Field(600, ge=0, le=7 * 86400)
+    quota_backoff_s: float = Field(
+        1800, ge=0, le=7 * 86400,
+        description="after a quota error (regional: another zone will not help) the node set "
+        "is disabled this long; separate from capacity cooldowns")
     max_resume_failures: int = Field(3, ge=1, le=1000)
     failure_window_s: float = Field(3600, ge=1, le=30 * 86400)
     missing_grace_s: float = Field(

@@ -128,9 +128,46 @@ def resume(
             # Another hook holds the set for longer than a launch takes: it is stuck. Leave
             # these nodes to it and to ResumeTimeout rather than risk a second instance.
             result.errors.append(str(exc))
+    if jobs:
+        flag_jobs_beyond_quota(config, jobs, slurm, result)
     if jobs and config.power.all_or_nothing:
         give_back_incomplete_jobs(config, jobs, slurm, providers, result)
     return result
+
+
+def flag_jobs_beyond_quota(config: SpotConfig, jobs: Mapping[int, Sequence[str]],
+                           slurm: SlurmClient, result: PowerResult) -> None:
+    """A job that needs more of a quota than the quota is (3 nodes x 16 vCPU under a 32 vCPU
+    quota) can never start, however long the back-off: its nodes get a reason naming the quota
+    and the job, and the job is held (``scontrol hold``: it would only power nodes up, fail
+    and be requeued for ever). The admin raises the quota and releases the job."""
+    for failure in result.failed:
+        if failure.error_class is not ErrorClass.QUOTA or not failure.quota_limit \
+                or not failure.quota_per_node:
+            continue
+        failed = set(failure.nodes)
+        for job_id, nodes in sorted(jobs.items()):
+            if not failed & set(nodes):
+                continue
+            node_set = config.node_set_of(next(iter(failed & set(nodes))))
+            same_set = [n for n in nodes if node_set is not None and config.node_set_of(n) is node_set]
+            need = len(same_set) * failure.quota_per_node
+            if need <= failure.quota_limit:
+                continue
+            unit = failure.quota_unit or "units"
+            reason = (f"(Code:{failure.code})quota: job {job_id} needs {need} {unit} "
+                      f"({len(same_set)} nodes x {failure.quota_per_node}), more than the "
+                      f"{failure.quota_limit} {unit} quota; job held until the quota is raised")
+            mine = sorted(failed & set(nodes))
+            events.record(config.log_dir, "resume", events.Action.LAUNCH_FAILED, mine,
+                          reason=reason, job_ids=(job_id,),
+                          extra={"code": failure.code, "class": "quota", "beyond_quota": True})
+            try:
+                slurm.set_state(mine, "DOWN", reason)
+                slurm.set_state(mine, "POWER_DOWN", reason)
+                slurm.run("scontrol", "hold", slurm.job_ref(job_id))
+            except SlurmCommandError as exc:
+                result.errors.append(f"job {job_id} beyond quota: {exc}")
 
 
 def give_back_incomplete_jobs(

@@ -89,3 +89,47 @@ def test_one_code_table_per_provider_for_hooks_and_reconciler() -> None:
     assert KNOWN_CAPACITY_CODES == from_tables == capacity_codes()
     assert ERROR_TABLE["Unsupported"].error_class is ErrorClass.PERMANENT
     assert normalize_code("Unsupported") not in KNOWN_CAPACITY_CODES
+
+
+def test_a_job_beyond_the_quota_is_flagged_naming_quota_and_job_and_held(aws):
+    """The issue's input: a 3-node job of 16 vCPU each under a 32 vCPU spot quota."""
+    from slurm_spot import power
+    from slurm_spot.events import read_events
+    from slurm_spot.slurm.client import SlurmClient
+    from tests.test_power import FakeScontrol
+
+    _, world = aws
+    h = Harness(make_config(world, instance_types=["g5.4xlarge"]))
+    h.market.vcpu_limit["spot"] = 32
+    scontrol = FakeScontrol()
+    result = power.resume(h.config, "gpu-[1-3]", SlurmClient("/usr/bin", runner=scontrol),
+                          lambda c, name: h.provider, jobs={12: ("gpu-1", "gpu-2", "gpu-3")})
+    (failure,) = result.failed
+    assert failure.error_class is ErrorClass.QUOTA
+    assert (failure.quota_limit, failure.quota_per_node) == (32, 16)
+    reason = scontrol.nodes["gpu-3"]["reason"]
+    assert reason.startswith("(Code:VcpuLimitExceeded)quota: job 12 needs 48 vCPU")
+    assert "32 vCPU quota" in reason
+    assert ["/usr/bin/scontrol", "hold", "12"] in scontrol.calls
+    # all-or-nothing: the two instances the quota allowed are given back, not left idle
+    assert result.launched == [] and len(result.terminated) == 2
+    flagged = [e for e in read_events(h.config.log_dir)
+               if (e.get("extra") or {}).get("beyond_quota")]
+    assert [(e["node"], e["job_ids"]) for e in flagged] == [("gpu-3", [12])]
+
+
+def test_a_job_within_the_quota_is_not_held(aws):
+    from slurm_spot import power
+    from slurm_spot.slurm.client import SlurmClient
+    from tests.test_power import FakeScontrol
+
+    _, world = aws
+    h = Harness(make_config(world, instance_types=["g5.4xlarge"]))
+    h.market.vcpu_limit["spot"] = 32
+    Harness.launch(h, "gpu-9")  # 16 of the 32 vCPU in use by another job
+    scontrol = FakeScontrol()
+    result = power.resume(h.config, "gpu-[1-2]", SlurmClient("/usr/bin", runner=scontrol),
+                          lambda c, name: h.provider, jobs={13: ("gpu-1", "gpu-2")})
+    assert [f.error_class for f in result.failed] == [ErrorClass.QUOTA]
+    assert not any(c[1:2] == ["hold"] for c in scontrol.calls)  # it fits once gpu-9 is gone
+    assert "job 13" not in scontrol.nodes["gpu-2"]["reason"]

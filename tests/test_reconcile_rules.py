@@ -586,3 +586,37 @@ def test_rule_settings_default_to_the_config_models_defaults() -> None:
     from slurm_spot.reconcile.reconciler import settings_of
 
     assert Settings() == settings_of(default_local_config())
+
+
+# -- quota: its own back-off, never capacity (issue 11, section 2) ------------------------------
+def _quota_failure(world: World, node: str, ago_s: float) -> None:
+    reason = "(Code:VcpuLimitExceeded)quota: You have requested more vCPU capacity than 32"
+    world.emit("launch_failed", "resume", node, ago_s, reason=reason,
+               extra={"code": "VcpuLimitExceeded", "class": "quota", "pool": ""})
+    world.slurm.nodes[node].reason = reason
+    world.slurm.nodes[node].base = "DOWN"
+
+
+def test_quota_failure_backs_the_node_set_off_longer_than_a_cooldown(tmp_path: Path) -> None:
+    world = World(tmp_path, cooldown_s=600, quota_backoff_s=1800, max_resume_failures=1)
+    _quota_failure(world, "spot-2", 30)
+    world.run()
+    reason = "(Code:VcpuLimitExceeded)Temporarily disabled until 2026-03-01T12:30:00Z"
+    assert {world.reason(n) for n in ("spot-1", "spot-2", "spot-3", "spot-4")} == {reason}
+    assert world.events("breaker") == []  # a quota error is no resume failure of the node
+    world.now = NOW + timedelta(seconds=900)  # a capacity cooldown would be over here
+    world.run()
+    assert world.state("spot-3") == "DOWN+CLOUD+POWERED_DOWN"
+    world.now = NOW + timedelta(seconds=1801)
+    world.run()
+    assert world.state("spot-3") == "IDLE+CLOUD+POWERED_DOWN" and world.reason("spot-3") == ""
+
+
+def test_quota_codes_are_not_capacity_codes(tmp_path: Path) -> None:
+    from slurm_spot.reconcile.history import KNOWN_CAPACITY_CODES
+
+    assert "vcpulimitexceeded" not in KNOWN_CAPACITY_CODES
+    world = World(tmp_path, cooldown_s=600, quota_backoff_s=0)
+    _quota_failure(world, "spot-2", 30)
+    world.run()  # back-off off: no cooldown either
+    assert world.events("cooldown") == []

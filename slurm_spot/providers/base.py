@@ -156,6 +156,11 @@ class LaunchFailure:
     message: str
     error_class: ErrorClass
     pool: str = ""  # "<instance type>/<zone>/<market>" that failed, for cooldowns
+    # QUOTA only, when the provider says: the quota's size and what one node takes of it, in
+    # the quota's unit (vCPU for EC2 VcpuLimitExceeded), to tell a job that can never fit.
+    quota_limit: int | None = None
+    quota_per_node: int | None = None
+    quota_unit: str = ""
 
     @property
     def reason(self) -> str:

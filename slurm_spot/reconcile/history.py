@@ -152,7 +152,8 @@ def history_keep_s(settings: Settings) -> float:
     """How long (seconds) the reconciler keeps events in memory: the longest window any fact
     of :func:`build_history` looks back over, and at least 2 hours (a terminated instance
     stays in EC2/GCE listings about an hour, and must stay "handled" as long)."""
-    return max(settings.failure_window_s, settings.cooldown_s, INTERRUPTION_MEMORY_S, 7200.0)
+    return max(settings.failure_window_s, settings.cooldown_s, settings.quota_backoff_s,
+               INTERRUPTION_MEMORY_S, 7200.0)
 
 
 def _when(event: Mapping[str, object]) -> datetime | None:
@@ -180,6 +181,8 @@ class _Facts:
         self.last_breaker: dict[str, datetime] = {}
         self.last_cooldown: dict[str, datetime] = {}
         self.capacity: dict[str, tuple[str, datetime]] = {}
+        self.quota: dict[str, tuple[str, datetime]] = {}
+        self.quota_start = now - timedelta(seconds=settings.quota_backoff_s)
         self.codes = set(KNOWN_CAPACITY_CODES)
         self.handled: set[str] = set()
         self.jobs: set[int] = set()
@@ -195,6 +198,12 @@ class _Facts:
                 self.last_cooldown[str(extra["node_set"])] = when
         if action == Action.LAUNCH_FAILED and extra.get("class") == "capacity":
             self._capacity(node, str(extra.get("code") or ""), when)
+        elif action == Action.LAUNCH_FAILED and extra.get("class") == "quota":
+            set_name = self.node_set_of.get(node)
+            code = str(extra.get("code") or "")
+            if set_name and code and when > self.quota_start and (
+                    set_name not in self.quota or when > self.quota[set_name][1]):
+                self.quota[set_name] = (code, when)
         elif action == Action.LAUNCH_FAILED and event.get("source") == "resume":
             self.failures.setdefault(node, []).append(when)
         if action in (Action.RECLAIMED, Action.BOOT_LOST) and event.get("instance"):
@@ -225,6 +234,8 @@ class _Facts:
         return History(
             failures={n: c for n, c in counts.items() if c},
             new_capacity=new_capacity,
+            new_quota={s: found for s, found in self.quota.items()
+                       if s not in self.last_cooldown or found[1] > self.last_cooldown[s]},
             capacity_codes=frozenset(self.codes),
             handled_instances=frozenset(self.handled),
             interrupted_jobs=frozenset(self.jobs),

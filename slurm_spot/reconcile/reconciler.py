@@ -67,6 +67,7 @@ def settings_of(config: SpotConfig) -> Settings:
     """The rules' settings from ``reconcile:`` and ``power:`` of the config."""
     rc = config.reconcile
     return Settings(orphan_grace_s=rc.orphan_grace_s, cooldown_s=rc.cooldown_s,
+                    quota_backoff_s=rc.quota_backoff_s,
                     max_resume_failures=rc.max_resume_failures,
                     failure_window_s=rc.failure_window_s,
                     resume_timeout_s=float(config.power.resume_timeout_s),

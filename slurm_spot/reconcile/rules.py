@@ -66,6 +66,7 @@ class Settings:
     failure_window_s: float = _RECONCILE.failure_window_s
     resume_timeout_s: float = float(_POWER.resume_timeout_s)
     missing_grace_s: float = _RECONCILE.missing_grace_s
+    quota_backoff_s: float = _RECONCILE.quota_backoff_s
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class History:
 
     Attributes:
         failures: node -> resume failures in the failure window since its last breaker trip.
+        new_quota: node set -> (code, time) of its newest quota failure that no backoff
+            has covered yet (quota is regional: a back-off, never a capacity cooldown).
         new_capacity: node set -> (code, time) of its newest capacity failure that no cooldown
             has covered yet.
         capacity_codes: provider codes known to mean "no capacity" (normalized with
@@ -84,6 +87,7 @@ class History:
 
     failures: Mapping[str, int] = field(default_factory=dict)
     new_capacity: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
+    new_quota: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
     capacity_codes: frozenset[str] = frozenset()
     handled_instances: frozenset[str] = frozenset()
     interrupted_jobs: frozenset[int] = frozenset()
@@ -143,7 +147,7 @@ def pick_kept(node: Node, alive: Sequence[Instance]) -> Instance:
 
 def cooldowns(
     nodes: Sequence[Node], node_set_of: Mapping[str, str], history: History, now: datetime,
-    cooldown_s: float,
+    cooldown_s: float, quota_backoff_s: float = 0.0,
 ) -> dict[str, Cooldown]:
     """Node set -> its cooldown: running ones read back from node reasons (Slurm is the
     record); new ones from capacity failures no cooldown covered yet, as events report them
@@ -162,11 +166,13 @@ def cooldowns(
         code = reason_code(node.reason)
         if not found and code and normalize_code(code) in history.capacity_codes:
             fresh.setdefault(set_name, (code, now))
-    if cooldown_s <= 0:
-        return result
-    for set_name, (code, _when) in fresh.items():
+    starts = {s: (code, cooldown_s) for s, (code, _) in fresh.items() if cooldown_s > 0}
+    for set_name, (code, _when) in history.new_quota.items():
+        if quota_backoff_s > 0 and quota_backoff_s >= starts.get(set_name, ("", 0.0))[1]:
+            starts[set_name] = (code, quota_backoff_s)  # the longer of the two wins
+    for set_name, (code, seconds) in starts.items():
         if set_name not in result:
-            result[set_name] = Cooldown(code, now + timedelta(seconds=cooldown_s), new=True)
+            result[set_name] = Cooldown(code, now + timedelta(seconds=seconds), new=True)
     return result
 
 
@@ -379,7 +385,8 @@ def plan_pass(
     by_node: dict[str, list[Instance]] = {}
     for inst in instances:
         by_node.setdefault(inst.node or "", []).append(inst)
-    cools = cooldowns(ours, node_set_of, history, now, settings.cooldown_s)
+    cools = cooldowns(ours, node_set_of, history, now, settings.cooldown_s,
+                      settings.quota_backoff_s)
     decisions = []
     for node in ours:
         set_name = node_set_of[node.name]

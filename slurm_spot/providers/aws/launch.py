@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -70,6 +71,7 @@ from slurm_spot.providers.base import (
 from slurm_spot.providers.ledger import TokenLedger, UnofferedPairs
 
 log = logging.getLogger(__name__)
+_VCPU_LIMIT = re.compile(r"vCPU limit of (\d+)")
 
 Launched = tuple[str, str, str, str]  # (instance id, instance type, subnet, lifecycle)
 Attempt = tuple[list[Launched], list[FleetError]]
@@ -391,7 +393,23 @@ class FleetLauncher:
             zone = self.ops.zone_of(error.subnet)
             pool = Pool(error.instance_type, error.subnet, zone).label(error.market or market)
         message = self._message(error, nodes, market)
-        return LaunchFailure(tuple(nodes), error.code, message, error.error_class, pool)
+        limit, per_node = self._vcpu_quota(error)
+        return LaunchFailure(tuple(nodes), error.code, message, error.error_class, pool,
+                             quota_limit=limit, quota_per_node=per_node,
+                             quota_unit="vCPU" if limit is not None else "")
+
+    def _vcpu_quota(self, error: FleetError) -> tuple[int | None, int | None]:
+        """(vCPU limit, vCPUs of the node set's smallest instance type) for a
+        ``VcpuLimitExceeded`` error. EC2 states the limit only in the message ("... your
+        current vCPU limit of 32 allows ..."): the number is read from it, the class never."""
+        if normalize_code(error.code) != normalize_code("VcpuLimitExceeded"):
+            return None, None
+        match = _VCPU_LIMIT.search(error.message)
+        from slurm_spot.providers.aws.catalog import catalogue
+
+        shapes = catalogue()
+        sizes = [shapes[t].vcpus for t in self.ns.instance_types if t in shapes]
+        return (int(match.group(1)) if match else None), (min(sizes) if sizes else self.ns.cpus)
 
     def _message(self, error: FleetError, nodes: Sequence[str], market: str) -> str:
         cls = error.error_class
