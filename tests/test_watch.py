@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from slurm_spot.cli import cli
@@ -32,9 +33,10 @@ class ScriptedSlurm:
     """scontrol/squeue/scancel as seen by the watcher: job 5 (task 3 of array 4) runs on
     spot-1 until the node is powered down, then it is pending (requeued)."""
 
-    def __init__(self, with_job: bool = True) -> None:
+    def __init__(self, with_job: bool = True, node: str = "spot-1") -> None:
         self.powered_down = not with_job  # no job: nothing runs there from the start
         self.commands: list[str] = []
+        self.node = node
 
     def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
         tool, args = argv[0].rsplit("/", 1)[-1], argv[1:]
@@ -42,7 +44,7 @@ class ScriptedSlurm:
         out = ""
         if tool == "scontrol" and args[:3] == ["-o", "show", "node"]:
             state = "IDLE+CLOUD+POWERED_DOWN" if self.powered_down else "MIXED+CLOUD+DRAIN"
-            out = f"NodeName=spot-1 State={state} Reason=x\n"
+            out = f"NodeName={self.node} State={state} Reason=x\n"
         elif tool == "scontrol" and "state=POWER_DOWN_FORCE" in args:
             self.powered_down = True
         elif tool == "squeue" and "--json" in args:
@@ -50,24 +52,29 @@ class ScriptedSlurm:
             out = json.dumps({"jobs": [{"job_id": 5, "job_state": state, "array_job_id": 4,
                                         "array_task_id": 3}]})
         elif tool == "squeue":
-            out = "" if self.powered_down else "5 4 3 spot-1\n"
+            out = "" if self.powered_down else f"5 4 3 {self.node}\n"
         return CommandResult(argv, 0, out, "")
 
 
-def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path) -> None:
+@pytest.mark.parametrize("set_name", ["spot", "gpu+a100_sxm", "n.rack1"])
+def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path,
+                                                                  set_name: str) -> None:
+    """Also on nodes whose names hold characters Slurm allows (issue 11: the watcher crashed
+    after draining, before signalling the job, on gpu+a100_sxm-1)."""
     config = parse_config({
-        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
-        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "cluster": "c", "node_sets": [{"name": set_name, "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": [set_name]}],
         "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")})
+    node = f"{set_name}-1"
     notices = config.state_dir / "local" / "notices"
     notices.mkdir(parents=True)
     deadline = datetime.now(timezone.utc) + timedelta(seconds=30)
-    (notices / "spot-1.json").write_text(json.dumps({"action": "terminate",
-                                                     "time": deadline.isoformat()}))
-    slurm = ScriptedSlurm()
+    (notices / f"{node}.json").write_text(json.dumps({"action": "terminate",
+                                                      "time": deadline.isoformat()}))
+    slurm = ScriptedSlurm(node=node)
     clock = [deadline.timestamp() - 30]
-    watcher = Watcher(config, "spot-1", SlurmClient("/usr/bin", runner=slurm),
-                      source_for(config, "spot-1"), clock=lambda: clock[0],
+    watcher = Watcher(config, node, SlurmClient("/usr/bin", runner=slurm),
+                      source_for(config, node), clock=lambda: clock[0],
                       sleep=lambda s: clock.__setitem__(0, clock[0] + s))
     outcome = watcher.run(once=True)
     assert outcome is not None and outcome.jobs == [5] and outcome.requeued == [5]
@@ -75,9 +82,9 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     reads = ("squeue", "scontrol -o", "scontrol --json", "sinfo")
     steps = [c for c in slurm.commands if not c.startswith(reads)]
     assert steps == [
-        f"scontrol update nodename=spot-1 state=DRAIN reason={reason}",
+        f"scontrol update nodename={node} state=DRAIN reason={reason}",
         "scancel -s USR2 4_3",  # the task by its own name: '4' would be the whole array
-        f"scontrol update nodename=spot-1 state=POWER_DOWN_FORCE reason={reason}",
+        f"scontrol update nodename={node} state=POWER_DOWN_FORCE reason={reason}",
         "scontrol update jobid=4_3 StartTime=now",
     ]
     # It powered the node down before the deadline, not at it.
