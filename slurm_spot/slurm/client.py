@@ -159,8 +159,9 @@ class SlurmClient:
     def _node_records(self, wanted: list[str] | None) -> list[dict[str, Any]]:
         for source in ([self._node_source] if self._node_source else list(_NODE_SOURCES)):
             if source == "text":
-                self._node_source = source
-                return self._node_records_text(wanted)
+                records = self._node_records_text(wanted)
+                self._node_source = source  # only once it answered (slurmctld may be away)
+                return records
             argv = _NODE_SOURCES[source]
             result = self.run(argv[0], *argv[1:], check=False)
             found = nodes_json(result.stdout) if result.returncode == 0 else None
