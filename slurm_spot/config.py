@@ -255,6 +255,7 @@ class SpotConfig(_Model):
     log_dir: Path = Path("/var/log/slurm-spot")
     slurm_bin_dir: Path = Path("/usr/bin")
     _source_path: Path = PrivateAttr(default=DEFAULT_CONFIG_PATH)
+    _lines: dict[Path_, int] = PrivateAttr(default_factory=dict)
 
     @property
     def source_path(self) -> Path:
@@ -324,6 +325,11 @@ class SpotConfig(_Model):
                     f"gives port {provider.port_base + total}, above 65535; lower port_base "
                     "or the node counts")
         return problems
+
+    def with_lines(self, problems: list[str]) -> list[str]:
+        """``node_sets.0.aws.subnets: ...`` -> ``line 12: node_sets.0.aws.subnets: ...`` for
+        problems found after loading (provider checks), from where the file had each key."""
+        return [_with_line(p, self._lines) for p in problems]
 
     def node_set(self, name: str) -> NodeSetConfig:
         """The node set called ``name``. Raises ``KeyError`` if there is none."""
@@ -434,6 +440,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
     if problems:
         raise ConfigError(str(file), problems)
     config._source_path = file.absolute()
+    config._lines = lines
     return config
 
 

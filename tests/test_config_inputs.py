@@ -91,3 +91,17 @@ def test_credentials_file_not_owned_by_root_is_refused(tmp_path: Path) -> None:
     assert code == 2 and f"chmod go-w {creds}" in out
     creds.chmod(0o600)
     assert load_config(path).providers["ec2"].credentials_file == creds  # type: ignore[union-attr]
+
+
+def test_provider_check_problems_name_their_line_too(tmp_path: Path) -> None:
+    path = tmp_path / "spot.yaml"
+    path.write_text(
+        "cluster: demo\nproviders:\n  ec2: {type: aws, region: us-east-1}\nnode_sets:\n"
+        "  - name: gpu\n    provider: ec2\n    count: 2\n    instance_types: [g5.xlarge]\n"
+        "    aws:\n      launch_template: lt-1\n      subnets: [subnet-1]\n"
+        "      max_price_usd_per_hour: 0.0005\n"
+        "partitions: [{name: spot, node_sets: [gpu]}]\n")
+    code, out = check(path)
+    assert code == 2, out
+    (line,) = [x for x in out.splitlines() if "max_price_usd_per_hour" in x]
+    assert "line 12: node_sets.0.aws.max_price_usd_per_hour" in line

@@ -26,7 +26,7 @@ def check_command(app: AppContext, as_json: bool) -> None:
     config = app.config
     problems = check_config(config)
     if problems:
-        raise ConfigError(str(config.source_path), problems)
+        raise ConfigError(str(config.source_path), config.with_lines(problems))
     summary = {
         "config": str(config.source_path),
         "cluster": config.cluster,
@@ -57,7 +57,7 @@ def render_command(app: AppContext, output_dir: Path | None, hooks_dir: Path | N
     config = app.config
     problems = check_config(config)
     if problems:
-        raise ConfigError(str(config.source_path), problems)
+        raise ConfigError(str(config.source_path), config.with_lines(problems))
     version = _parse_version(version_text) if version_text else slurm_version()
     rendered = render(config, hooks_dir=hooks_dir, version=version)
     if output_dir is None:
