@@ -214,7 +214,14 @@ def test_history_from_events() -> None:
     ]
     node_set_of = {"spot-1": "spot", "spot-2": "spot", "spot-3": "spot", "gpu-1": "gpu"}
     h = build_history(events, node_set_of, NOW, Settings(cooldown_s=600, failure_window_s=3600))
-    assert h.failures == {"spot-1": 1, "spot-2": 1, "spot-3": 1}  # spot-3: the quota failure
+    # spot-3's quota failure is no resume failure (issue 11): it backs the set off instead,
+    # and the cooldown after it already covers it.
+    assert h.failures == {"spot-1": 1, "spot-2": 1}
+    assert h.new_quota == {}
+    later = build_history([*events, _event("launch_failed", "resume", "spot-3", 100,
+                                           extra={"code": "QuotaExceeded", "class": "quota"})],
+                          node_set_of, NOW, Settings(cooldown_s=600, failure_window_s=3600))
+    assert later.new_quota == {"spot": ("QuotaExceeded", NOW - timedelta(seconds=100))}
     assert h.new_capacity == {"gpu": ("STOCKOUT", NOW - timedelta(seconds=200))}
     assert "nospothere" in h.capacity_codes and "quotaexceeded" not in h.capacity_codes
     assert h.handled_instances == frozenset({"i-9"})

@@ -45,7 +45,9 @@ def make_config(world: World, **node_set: Any) -> SpotConfig:
             "instance_types": ["g5.xlarge", "g6.xlarge"], "aws": aws, **node_set}
     return parse_config({
         "cluster": "c1",
-        "state_dir": tempfile.mkdtemp(prefix="slurm-spot-aws-"),  # the launch-token ledger
+        # the launch-token ledger and the events: never the machine's /var/lib, /var/log
+        "state_dir": tempfile.mkdtemp(prefix="slurm-spot-aws-state-"),
+        "log_dir": tempfile.mkdtemp(prefix="slurm-spot-aws-log-"),
         "providers": {"aws": {"type": "aws", "region": REGION}},
         "node_sets": [spec],
         "partitions": [{"name": "gpu", "node_sets": ["gpu"]}],
