@@ -36,3 +36,21 @@ def test_help_render_and_the_demo_script_from_a_checkout(tmp_path: Path) -> None
     script, exists, templates = json.loads(out.stdout)
     assert exists and Path(script).resolve() == (ROOT / "examples" / "train_digits.py").resolve()
     assert Path(templates).resolve() == (ROOT / "templates").resolve()
+
+
+def test_documents_cited_in_the_code_exist() -> None:
+    """Docstrings and comments cite only files of this repository (docs/, tests/data/)."""
+    import re
+
+    cited: dict[str, list[str]] = {}
+    for path in (ROOT / "slurm_spot").rglob("*.py"):
+        if path.is_relative_to(ROOT / "slurm_spot" / "examples"):
+            continue
+        for ref in re.findall(r"\b((?:docs|tests/data)/[\w./-]+\w)", path.read_text()):
+            cited.setdefault(ref, []).append(path.name)
+    assert any(ref.startswith("docs/") for ref in cited)
+    missing = {ref: where for ref, where in cited.items() if not (ROOT / ref).exists()}
+    assert not missing
+    assert not re.search(r"(?<![\w/])(DESIGN\.md|cases/)", "\n".join(
+        p.read_text() for p in (ROOT / "slurm_spot").rglob("*.py")
+        if not p.is_relative_to(ROOT / "slurm_spot" / "examples")).replace("docs/DESIGN.md", ""))
