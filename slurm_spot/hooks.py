@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from slurm_spot.errors import BadInputError, SlurmSpotError
@@ -48,12 +48,18 @@ def main(name: str, argv: list[str] | None = None) -> int:
         return _full_cli(name, args)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # pydantic looks up plugins through every installed distribution's entry points on its
+    # first model (~20 ms); a hook uses none.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         from slurm_spot.config import load_config
 
         config = load_config(None)
         if name in POWER_HOOKS:
-            run_detached(config, name, args[0], power_action(config, name, args[0]))
+            hostlist = args[0]
+            jobs = _resume_jobs() if name == "resume" else None  # gone once the hook returns
+            run_detached(config, name, hostlist,
+                         lambda: power_action(config, name, hostlist, jobs)())
         else:
             for line in job_hook_lines(name, config, os.environ):
                 print(line)
@@ -79,13 +85,23 @@ def _full_cli(name: str, args: list[str]) -> int:
     return 0
 
 
-def power_action(config: SpotConfig, name: str, hostlist: str) -> Callable[[], PowerResult]:
-    """The work of power hook ``name`` on ``hostlist``, to be called (in the worker)."""
+def _resume_jobs() -> dict[int, tuple[str, ...]] | None:
+    """``SLURM_RESUME_FILE``'s jobs (read in the hook's own process, while the file exists)."""
+    from slurm_spot.slurm.resume_file import read_resume_file
+
+    return read_resume_file()
+
+
+def power_action(config: SpotConfig, name: str, hostlist: str,
+                 jobs: Mapping[int, Sequence[str]] | None = None) -> Callable[[], PowerResult]:
+    """The work of power hook ``name`` on ``hostlist``, to be called (in the worker).
+    ``jobs``: job id -> its nodes, from ``SLURM_RESUME_FILE`` (all-or-nothing per job)."""
     from slurm_spot import power
     from slurm_spot.slurm.client import SlurmClient
 
     if name == "resume":
-        return lambda: power.resume(config, hostlist, SlurmClient(config.slurm_bin_dir))
+        return lambda: power.resume(config, hostlist, SlurmClient(config.slurm_bin_dir),
+                                    jobs=jobs)
     if name == "suspend":
         return lambda: power.suspend(config, hostlist)
     return lambda: power.resume_fail(config, hostlist)
@@ -119,9 +135,9 @@ def run_detached(config: SpotConfig, name: str, hostlist: str,
     ``SLURM_RESUME_FILE`` for a resume, then return in this process while a detached worker
     runs ``action`` and logs its outcome to ``<log_dir>/hooks.log``. Never returns in the
     worker."""
-    from slurm_spot import power
+    from slurm_spot.hostlist import group_by_node_set
 
-    power.group_by_node_set(config, hostlist)
+    group_by_node_set(config, hostlist)  # imports no provider: the worker does
     if name == "resume":
         keep_resume_file(config)
     if not detach(config, name):
