@@ -1,6 +1,6 @@
 """Reading what Slurm's commands print: JSON (preferred) and the ``-o`` text form (fallback).
 
-JSON where the Slurm version has it (DESIGN.md; docs/local-slurm.md):
+JSON where the Slurm version has it (docs/DESIGN.md; docs/local-slurm.md):
 
 - Slurm 22.05 (data_parser v0.0.38): ``sinfo --json`` lists ``nodes`` with ``name``,
   ``address``, ``hostname``, ``state`` (a string) and ``state_flags``, ``reason`` (without the
