@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[aws,gcp,train,dev]"
+	$(PIP) install -q -e ".[aws,gcp,train,dev,plot]"
 	touch $@
 
 venv: $(VENV)/.installed
