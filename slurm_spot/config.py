@@ -220,7 +220,7 @@ class CostConfig(_Model):
     """Prices for ``slurm-spot plan``, ``cost`` and ``simulate`` (USD).
 
     Instance-type keys are the provider's type names (``g5.xlarge``, ``a2-highgpu-1g``); an
-    entry here wins over the shipped catalogue (``slurm_spot/data/prices.yaml``) and, for spot,
+    entry here wins over the shipped catalogue (``slurm_spot/cost/prices.yaml``) and, for spot,
     over the AWS spot price history. Storage and egress prices are keyed by provider name (a key
     of ``providers``), since they differ by provider and region. A price that is needed and
     found nowhere is an error naming the type and zone, never zero.

@@ -29,7 +29,7 @@ from slurm_spot.config import (
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.notices.base import Notice, NoticeSource
+from slurm_spot.providers.notices import Notice, NoticeSource
 from slurm_spot.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
@@ -46,16 +46,16 @@ def source_for(config: SpotConfig, node: str) -> NoticeSource:
         raise BadInputError(f"node {node!r} belongs to no node set of {config.source_path}")
     settings = config.providers[node_set.provider]
     if isinstance(settings, LocalProviderConfig):
-        from slurm_spot.notices.local import LocalNoticeSource
+        from slurm_spot.providers.local.notices import LocalNoticeSource
 
         path = config.state_dir / "local" / "notices" / f"{node}.json"
         return LocalNoticeSource(path, settings.notice_poll_s)
     if isinstance(settings, AwsProviderConfig):
-        from slurm_spot.notices.aws import ImdsNoticeSource
+        from slurm_spot.providers.aws.notices import ImdsNoticeSource
 
         return ImdsNoticeSource()
     assert isinstance(settings, GcpProviderConfig)
-    from slurm_spot.notices.gcp import GceMetadataNoticeSource
+    from slurm_spot.providers.gcp.notices import GceMetadataNoticeSource
 
     return GceMetadataNoticeSource()
 

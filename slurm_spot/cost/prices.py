@@ -2,7 +2,7 @@
 ``spot.yaml``), checkpoint storage and egress (``spot.yaml``).
 
 Precedence for an instance-hour price: ``cost.*_usd_per_hour`` in ``spot.yaml``, then (AWS spot)
-``DescribeSpotPriceHistory``, then the catalogue ``slurm_spot/data/prices.yaml`` (dated, source
+``DescribeSpotPriceHistory``, then the catalogue ``slurm_spot/cost/prices.yaml`` (dated, source
 named in the file). A price found nowhere raises :class:`UnknownPriceError` naming the type and
 the zone; nothing is ever priced at zero by default.
 """
@@ -49,8 +49,8 @@ class Price:
 
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, Any]:
-    """The shipped price catalogue (``slurm_spot/data/prices.yaml``) as a dict."""
-    text = resources.files("slurm_spot.data").joinpath("prices.yaml").read_text(encoding="utf-8")
+    """The shipped price catalogue (``slurm_spot/cost/prices.yaml``) as a dict."""
+    text = resources.files("slurm_spot.cost").joinpath("prices.yaml").read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     assert isinstance(data, dict)
     return data
