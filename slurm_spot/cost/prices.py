@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
 from importlib import resources
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import yaml
 
-from slurm_spot.config import CostConfig
+from slurm_spot.config import AwsProviderConfig, CostConfig, SpotConfig
 from slurm_spot.errors import BadInputError
 
 Market = Literal["spot", "on-demand"]
@@ -163,10 +163,14 @@ class PriceBook:
     Args:
         cost: the ``cost`` section of spot.yaml.
         aws_spot: live AWS spot prices, or None (then AWS spot needs a config price).
+        provider_types: provider name (a key of ``providers``) -> type (aws, gcp, local).
+        checkpoint_keep: how many checkpoints a job keeps (``checkpoint.keep``).
     """
 
     cost: CostConfig
     aws_spot: AwsSpotPrices | None = None
+    provider_types: dict[str, str] = field(default_factory=dict)
+    checkpoint_keep: int = 2
 
     def instance(self, provider: str, market: Market, instance_type: str,
                  zone: str | None = None) -> Price:
@@ -216,3 +220,22 @@ class PriceBook:
 def price_dict(price: Price) -> dict[str, Any]:
     """``price`` as a JSON-ready dict."""
     return asdict(price)
+
+
+def site_prices(config: SpotConfig, live_spot: bool = True) -> PriceBook:
+    """The price book of a site: its ``cost`` settings, and live AWS spot prices (cached in
+    ``<state_dir>/cost/spot-prices.json``) from its first ``aws`` provider when ``live_spot``.
+    boto3 is imported only when a price is first asked of AWS."""
+    aws = next((p for p in config.providers.values() if isinstance(p, AwsProviderConfig)), None)
+    spot = None
+    if aws is not None and live_spot:
+        def factory(aws: AwsProviderConfig = aws) -> Any:
+            import boto3
+
+            session = boto3.Session(profile_name=aws.profile, region_name=aws.region)
+            return session.client("ec2", endpoint_url=aws.endpoint_url)
+
+        spot = AwsSpotPrices(factory, aws.region, config.state_dir / "cost" / "spot-prices.json",
+                             config.cost.spot_price_max_age_s)
+    return PriceBook(config.cost, spot, {name: p.type for name, p in config.providers.items()},
+                     config.checkpoint.keep)
