@@ -21,6 +21,9 @@ _MODULES = (
     "status",
     "sbatch",
     "demo",
+    "plan",
+    "cost",
+    "simulate",
 )
 
 

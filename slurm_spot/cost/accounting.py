@@ -24,7 +24,7 @@ import math
 import os
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -164,7 +164,7 @@ def interruptions_of(job_id: int, events: Iterable[Mapping[str, Any]]) -> list[I
     return sorted(found, key=lambda i: i.time)
 
 
-def usage_from_events(job_id: int, events: list[Mapping[str, Any]], config: SpotConfig) -> JobUsage:
+def usage_from_events(job_id: int, events: Sequence[Mapping[str, Any]], config: SpotConfig) -> JobUsage:
     """The job's usage from slurm-spot's events alone (see the module docstring).
 
     Raises:
@@ -214,7 +214,7 @@ def _runs_from_segments(segments: list[Segment], interruptions: list[Interruptio
     return runs
 
 
-def usage_from_sacct(job_id: int, rows: list[dict[str, str]], events: list[Mapping[str, Any]],
+def usage_from_sacct(job_id: int, rows: list[dict[str, str]], events: Sequence[Mapping[str, Any]],
                      config: SpotConfig, now: datetime) -> JobUsage:
     """The job's usage from ``sacct -D`` rows (keys ``Start``, ``End``, ``NodeList``, ``User``;
     times in the local zone, ``Unknown`` end while running) plus the events' instances.
@@ -420,7 +420,7 @@ def _storage_and_egress(usage: JobUsage, prices: PriceBook, now: datetime
     return kept, storage, egress
 
 
-def observed_node_rate_per_h(events: list[Mapping[str, Any]], now: datetime) -> tuple[float, str]:
+def observed_node_rate_per_h(events: Sequence[Mapping[str, Any]], now: datetime) -> tuple[float, str]:
     """Interruptions per spot node-hour seen in the events: (notice/reclaimed episodes) /
     (spot instance-hours from ``launched`` to ``terminated`` or now).
 
