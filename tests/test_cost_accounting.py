@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 import pytest
