@@ -124,6 +124,7 @@ class Watcher:
         for job in outcome.jobs:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)
+        outcome.errors += self.slurm.record_interruption(outcome.requeued, f"requeued: {reason}")
         # "requeued" only when a job was: a notice on an idle node just powers it down.
         self._event("requeued" if outcome.requeued else "powered_down", reason=reason,
                     job_ids=tuple(outcome.requeued))

@@ -297,21 +297,28 @@ class SlurmClient:
         """Clear a requeued job's ~121 s requeue delay: ``scontrol update jobid=N StartTime=now``."""
         self.run("scontrol", "update", f"jobid={self.job_ref(job_id)}", "StartTime=now")
 
-    def record_interruption(self, job_id: int | str, text: str) -> None:
-        """Append ``text`` to the job's AdminComment (``scontrol update job=N AdminComment=``),
-        where ``sacct --format=AdminComment`` shows it once slurmdbd stores the job
-        (scontrol(1), sacct(1), Slurm 22.05). Earlier notes are kept, ``; ``-separated, and
-        the whole is cut to its newest 1000 characters.
+    def record_interruption(self, job_ids: Iterable[int], text: str) -> list[str]:
+        """Append ``text`` to each job's AdminComment (``scontrol update jobid=N
+        AdminComment=...``), where ``sacct --format=AdminComment`` shows it once slurmdbd has
+        the job (scontrol(1), sacct(1), Slurm 22.05): an interruption requeue is then on the
+        site's own record, not only in slurm-spot's events. Earlier notes are kept,
+        ``; ``-separated, cut to the newest 1000 characters.
 
-        Raises:
-            SlurmCommandError: the job cannot be read or updated.
+        Never raises: a job that cannot be read or updated (it ended meanwhile) does not stop
+        the others. Returns one message per failure, for the caller's log or result.
         """
-        ref = self.job_ref(job_id)
-        shown = self.run("scontrol", "-o", "show", "job", ref).stdout
-        old = re.search(r"(?:^|\s)AdminComment=(.*?)(?=\s\w+=|$)", shown)
-        previous = old.group(1) if old and old.group(1) not in ("", "(null)") else ""
-        comment = f"{previous}; {text}" if previous else text
-        self.run("scontrol", "update", f"job={ref}", f"AdminComment={comment[-1000:]}")
+        errors = []
+        for job in job_ids:
+            try:
+                ref = self.job_ref(job)
+                shown = self.run("scontrol", "-o", "show", "job", ref).stdout
+                old = re.search(r"(?:^|\s)AdminComment=(.*?)(?=\s[A-Za-z:]+=|$)", shown.strip())
+                previous = old.group(1) if old and old.group(1) not in ("", "(null)") else ""
+                comment = f"{previous}; {text}" if previous else text
+                self.run("scontrol", "update", f"jobid={ref}", f"AdminComment={comment[-1000:]}")
+            except SlurmCommandError as exc:
+                errors.append(f"job {job}: AdminComment not recorded: {exc}")
+        return errors
 
     def sacct_runs(self, job_id: int) -> list[dict[str, str]] | None:
         """Every run of ``job_id`` as ``sacct -X -D`` reports it (one row per requeue):
