@@ -107,7 +107,8 @@ class FakeSlurm:
             job = self.jobs.get(int(args[3]))
             if job is None:
                 raise _Refused("slurm_load_jobs error: Invalid job id specified")
-            return f"JobId={job.job_id} JobState={job.state} AdminComment={job.admin_comment} Restarts={job.restarts}\n"
+            return (f"JobId={job.job_id} JobState={job.state} "
+                    f"AdminComment={job.admin_comment} Restarts={job.restarts}\n")
         if args[0] == "update" and args[1].startswith("jobid="):
             return self._update_job(int(args[1].split("=", 1)[1]), args[2:])
         if args[0] == "update" and args[1].startswith("nodename="):
