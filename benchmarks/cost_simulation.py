@@ -113,7 +113,7 @@ def section(runs: int, seed: int) -> str:
         "",
         "The claim \"more than 70 % cheaper than on-demand\" does not hold for this setup at a "
         "70 % spot discount: the on-demand coordinator alone caps the saving at "
-        "1 - (1 + 19 × 0.3) / 20 = 66.5 %, and the 20-minute checkpoints add ~4-5 % wall time "
+        "1 - (1 + 19 x 0.3) / 20 = 66.5 %, and the 20-minute checkpoints add ~4-5 % wall time "
         "(and cost) on top. It needs a spot discount above ~75 % (or no on-demand "
         "coordinator). The extra wall time is almost all checkpointing; interruptions add "
         "well under 1 %. Checkpointing at Daly's interval instead (slurm-spot's default; the "

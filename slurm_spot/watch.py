@@ -1,4 +1,4 @@
-"""``slurm-spot watch``: the node-side interruption watcher (DESIGN.md flow 3).
+"""``slurm-spot watch``: the node-side interruption watcher (docs/DESIGN.md flow 3).
 
 On an interruption notice for its node it:
 
@@ -23,9 +23,6 @@ from dataclasses import dataclass, field
 
 from slurm_spot import events
 from slurm_spot.config import (
-    AwsProviderConfig,
-    GcpProviderConfig,
-    LocalProviderConfig,
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
@@ -44,20 +41,10 @@ def source_for(config: SpotConfig, node: str) -> NoticeSource:
     node_set = config.node_set_of(node)
     if node_set is None:
         raise BadInputError(f"node {node!r} belongs to no node set of {config.source_path}")
+    from slurm_spot.providers import package_for
+
     settings = config.providers[node_set.provider]
-    if isinstance(settings, LocalProviderConfig):
-        from slurm_spot.providers.local.notices import LocalNoticeSource
-
-        path = config.state_dir / "local" / "notices" / f"{node}.json"
-        return LocalNoticeSource(path, settings.notice_poll_s)
-    if isinstance(settings, AwsProviderConfig):
-        from slurm_spot.providers.aws.notices import ImdsNoticeSource
-
-        return ImdsNoticeSource()
-    assert isinstance(settings, GcpProviderConfig)
-    from slurm_spot.providers.gcp.notices import GceMetadataNoticeSource
-
-    return GceMetadataNoticeSource()
+    return package_for(config, node_set.provider).notice_source(config, node, settings)
 
 
 @dataclass
@@ -100,7 +87,7 @@ class Watcher:
         self.clock = clock
         self.sleep = sleep
 
-    def _event(self, action: str, **fields: object) -> None:
+    def _event(self, action: events.Action, **fields: object) -> None:
         events.emit(self.config.log_dir,
                     events.Event(action, "watch", node=self.node, **fields))  # type: ignore[arg-type]
 
@@ -111,7 +98,7 @@ class Watcher:
         self._try(outcome, lambda: self.slurm.set_state([self.node], "DRAIN", reason))
         jobs = self._jobs_here(outcome)
         outcome.jobs = jobs
-        self._event("notice", reason=reason, job_ids=tuple(jobs),
+        self._event(events.Action.NOTICE, reason=reason, job_ids=tuple(jobs),
                     extra={"deadline": notice.deadline.isoformat(), "source": notice.source})
         signal = self.config.preemption.signal
         for job in jobs:
@@ -126,7 +113,8 @@ class Watcher:
                 outcome.requeued.append(job)
         outcome.errors += self.slurm.record_interruption(outcome.requeued, f"requeued: {reason}")
         # "requeued" only when a job was: a notice on an idle node just powers it down.
-        self._event("requeued" if outcome.requeued else "powered_down", reason=reason,
+        self._event(events.Action.REQUEUED if outcome.requeued else events.Action.POWERED_DOWN,
+                    reason=reason,
                     job_ids=tuple(outcome.requeued))
         return outcome
 
@@ -186,7 +174,7 @@ class Watcher:
     def _rebalance(self, notice: Notice) -> None:
         node_set = self.config.node_set_of(self.node)
         drain = bool(node_set and node_set.aws and node_set.aws.rebalance_drain)
-        self._event("rebalance_recommendation", reason=notice.reason,
+        self._event(events.Action.REBALANCE, reason=notice.reason,
                     extra={"drained": drain})
         if drain:
             reason = f"spot-interruption:rebalance@{notice.deadline:%Y-%m-%dT%H:%M:%SZ}"

@@ -33,11 +33,12 @@ from typing import Any
 from slurm_spot.config import SpotConfig
 from slurm_spot.cost.prices import PriceBook
 from slurm_spot.errors import BadInputError
+from slurm_spot.events import Action
 from slurm_spot.hostlist import expand
 
 EPISODE_S = 900.0
-INTERRUPTION_ACTIONS = ("notice", "reclaimed")
-JOB_ACTIONS = ("job_end", "notice", "requeued", "reclaimed")
+INTERRUPTION_ACTIONS = (Action.NOTICE, Action.RECLAIMED)
+JOB_ACTIONS = (Action.JOB_END, Action.NOTICE, Action.REQUEUED, Action.RECLAIMED)
 
 
 def _extra(ev: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,7 +123,7 @@ def _launches(events: Iterable[Mapping[str, Any]], config: SpotConfig) -> dict[s
         when = _time(ev.get("time"))
         node = ev.get("node")
         extra = _extra(ev)
-        if ev.get("action") != "launched" or when is None or not isinstance(node, str):
+        if ev.get("action") != Action.LAUNCHED or when is None or not isinstance(node, str):
             continue
         ns = config.node_set_of(node)
         provider = ns.provider if ns else str(extra.get("provider", "unknown"))
@@ -176,7 +177,7 @@ def usage_from_events(job_id: int, events: Sequence[Mapping[str, Any]], config: 
     for ev in events:
         when = _time(ev.get("time"))
         jobs = _jobs(ev)
-        if ev.get("action") == "job_end" and when is not None and job_id in jobs:
+        if ev.get("action") == Action.JOB_END and when is not None and job_id in jobs:
             ends.append((when, str(ev.get("node"))))
     ends += [(i.time, i.node) for i in usage.interruptions]
     if not ends:
@@ -436,9 +437,9 @@ def observed_node_rate_per_h(events: Sequence[Mapping[str, Any]], now: datetime)
         extra = _extra(ev)
         if when is None:
             continue
-        if ev.get("action") == "launched" and isinstance(inst, str) and extra.get("market") == "spot":
+        if ev.get("action") == Action.LAUNCHED and isinstance(inst, str) and extra.get("market") == "spot":
             launched[inst] = when
-        elif ev.get("action") == "terminated" and isinstance(inst, str):
+        elif ev.get("action") == Action.TERMINATED and isinstance(inst, str):
             ended.setdefault(inst, when)
         elif ev.get("action") in INTERRUPTION_ACTIONS:
             node = str(ev.get("node"))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_spot.errors import SlurmSpotError
+from slurm_spot.slurm.client import CommandResult, run_command
 
 MARIADBD = Path("/usr/sbin/mariadbd")
 INSTALL_DB = Path("/usr/bin/mariadb-install-db")
@@ -53,13 +54,9 @@ class DbPaths:
         return self.root / "mysqld.pid"
 
 
-def _run(argv: list[str], timeout_s: float, env: dict[str, str] | None = None
-         ) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,  # noqa: S603
-                              check=False, stdin=subprocess.DEVNULL, env=env)
-    except subprocess.TimeoutExpired:
-        raise SlurmSpotError(f"{argv[0]} did not finish within {timeout_s:g} s") from None
+def _run(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> CommandResult:
+    """The one command runner; a timeout or a missing program is a SlurmSpotError."""
+    return run_command(argv, timeout_s, env)
 
 
 def _socket_answers(path: Path) -> bool:
