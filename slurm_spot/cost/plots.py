@@ -86,9 +86,10 @@ def job_figure(usage: JobUsage, report: CostReport) -> Figure:
     top.set_title(f"job {usage.job_id}: instances over time ({usage.source})")
     top.legend(loc="upper right", fontsize="small")
     times, spot, od = _cumulative(usage, report)
-    bottom.step(times, spot, where="post", label="this job (USD)", color="tab:green")
-    bottom.step(times, od, where="post", label="same node-hours on-demand (USD)",
-                color="tab:blue", linestyle="--")
+    # cost accrues linearly between segment boundaries: straight lines are exact
+    bottom.plot(times, spot, label="this job (USD)", color="tab:green")
+    bottom.plot(times, od, label="same node-hours on-demand (USD)", color="tab:blue",
+                linestyle="--")
     bottom.set_ylabel("cumulative cost (USD)")
     bottom.legend(loc="upper left", fontsize="small")
     fig.autofmt_xdate()
