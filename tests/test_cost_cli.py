@@ -120,3 +120,18 @@ def test_cost_of_recorded_jobs_from_events(tmp_path: Path) -> None:
     assert code == 2 and "need --job" in out
     code, out = run("cost", "--job", "12345", config=config)
     assert code == 2 and "job 12345" in out
+
+
+def test_plan_with_the_rate_observed_in_the_event_log(tmp_path: Path) -> None:
+    data = site(tmp_path)
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump(data))
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
+    code, out = run("plan", "--checkpoint-s", "60", "--interruption-rate", "observed", "--json",
+                    config=config)
+    assert code == 0, out
+    plan = json.loads(out)
+    assert plan["assumption"].startswith("observed: 1 interruptions in ")
+    # the fixture's spot instances are still alive "now", so the rate is below 1 per 15.05 h
+    assert 0 < plan["node_rate_per_h"] < 1 / 15.05
