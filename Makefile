@@ -11,18 +11,21 @@ PYTEST_ARGS ?=
 
 all: test
 
+# mariadb-server + slurmdbd: the local cluster's accounting (sacct); `local up` starts a private
+# server in its state dir, never the system service.
 system-deps:
-	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
-	  echo ">> installing slurm-wlm and munge (Debian packages)"; \
+	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null \
+	    || ! test -x /usr/sbin/slurmdbd || ! test -x /usr/sbin/mariadbd; then \
+	  echo ">> installing slurm-wlm, munge, slurmdbd and mariadb-server (Debian packages)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends slurm-wlm munge python3-venv >/dev/null; \
+	    --no-install-recommends slurm-wlm munge slurmdbd mariadb-server python3-venv >/dev/null; \
 	fi
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[aws,gcp,train,dev]"
+	$(PIP) install -q -e ".[aws,gcp,train,dev,plot]"
 	touch $@
 
 venv: $(VENV)/.installed

@@ -236,6 +236,30 @@ class ReconcileConfig(_Model):
     metrics_file: Path | None = None
 
 
+class CostConfig(_Model):
+    """Prices for ``slurm-spot plan``, ``cost`` and ``simulate`` (USD).
+
+    Instance-type keys are the provider's type names (``g5.xlarge``, ``a2-highgpu-1g``); an
+    entry here wins over the shipped catalogue (``slurm_spot/cost/prices.yaml``) and, for spot,
+    over the AWS spot price history. Storage and egress prices are keyed by provider name (a key
+    of ``providers``), since they differ by provider and region. A price that is needed and
+    found nowhere is an error naming the type and zone, never zero.
+    """
+
+    on_demand_usd_per_hour: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict, description="instance type -> on-demand USD per instance-hour")
+    spot_usd_per_hour: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict, description="instance type -> spot USD per instance-hour")
+    storage_usd_per_gb_month: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="provider name -> checkpoint storage USD per GB-month (e.g. S3 Standard)")
+    egress_usd_per_gb: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="provider name -> USD per GB a restore moves (inter-zone or internet egress)")
+    spot_price_max_age_s: float = Field(
+        3600, gt=0, description="cached AWS spot prices older than this are fetched again")
+
+
 def _default_providers() -> dict[str, ProviderSettings]:
     return {"local": LocalProviderConfig()}
 
@@ -251,6 +275,7 @@ class SpotConfig(_Model):
     checkpoint: CheckpointConfig = CheckpointConfig()
     power: PowerConfig = PowerConfig()
     reconcile: ReconcileConfig = ReconcileConfig()
+    cost: CostConfig = CostConfig()
     state_dir: Path = Path("/var/lib/slurm-spot")
     log_dir: Path = Path("/var/log/slurm-spot")
     slurm_bin_dir: Path = Path("/usr/bin")

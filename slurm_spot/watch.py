@@ -111,6 +111,7 @@ class Watcher:
         for job in outcome.jobs:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)
+        outcome.errors += self.slurm.record_interruption(outcome.requeued, f"requeued: {reason}")
         # "requeued" only when a job was: a notice on an idle node just powers it down.
         self._event(events.Action.REQUEUED if outcome.requeued else events.Action.POWERED_DOWN,
                     reason=reason,

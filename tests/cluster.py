@@ -46,8 +46,10 @@ def base_config(root: Path, **overrides: object) -> dict:
 class Cluster:
     """Handle on a running local cluster: run slurm-spot and Slurm commands against it."""
 
-    def __init__(self, root: Path, config: dict, reconcile: bool = False) -> None:
+    def __init__(self, root: Path, config: dict, reconcile: bool = False,
+                 accounting: bool = False) -> None:
         self.root = root
+        self.accounting = accounting  # MariaDB + slurmdbd (sacct); off: ~7 s less per cluster
         self.conf_dir = root / "etc"
         self.config_data = config
         self.reconcile = reconcile
@@ -95,6 +97,7 @@ class Cluster:
         args = ["--config", str(source), "local", "up", "--conf-dir", str(self.conf_dir)]
         if not self.reconcile:
             args.append("--no-reconcile")
+        args.append("--accounting" if self.accounting else "--no-accounting")
         proc = subprocess.run([sys.executable, "-m", "slurm_spot", *args], env=self.env,
                               capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:

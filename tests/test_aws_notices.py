@@ -172,6 +172,11 @@ class FakeSlurm:
     def expedite(self, job_id: int) -> None:
         self.calls.append(("expedite", job_id))
 
+    def record_interruption(self, job_ids: list[int], text: str) -> list[str]:
+        if job_ids:
+            self.calls.append(("admin_comment", tuple(job_ids), text))
+        return []
+
 
 def test_a_notice_drains_the_node_and_requeues_its_job(imds, tmp_path):
     config = parse_config({
@@ -200,4 +205,5 @@ def test_a_notice_drains_the_node_and_requeues_its_job(imds, tmp_path):
         ("signal", 42, "USR2"),
         ("state", ("gpu-2",), "POWER_DOWN_FORCE", reason),
         ("expedite", 42),
+        ("admin_comment", (42,), f"requeued: {reason}"),  # on the record sacct shows
     ]

@@ -86,6 +86,8 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
         "scancel -s USR2 4_3",  # the task by its own name: '4' would be the whole array
         f"scontrol update nodename={node} state=POWER_DOWN_FORCE reason={reason}",
         "scontrol update jobid=4_3 StartTime=now",
+        # the requeue is on the job's own record, where sacct shows it
+        f"scontrol update jobid=4_3 AdminComment=requeued: {reason}",
     ]
     # It powered the node down before the deadline, not at it.
     assert clock[0] <= deadline.timestamp() - 5

@@ -32,6 +32,9 @@ COMMAND_MODULES: dict[str, str] = {
     "status": "status",
     "sbatch": "sbatch",
     "demo": "demo",
+    "plan": "plan",
+    "cost": "cost",
+    "simulate": "simulate",
 }
 
 

@@ -50,13 +50,17 @@ def local_group() -> None:
 @_conf_dir_option
 @click.option("--keep-state", is_flag=True, help="Keep slurmctld's saved jobs and nodes.")
 @click.option("--no-reconcile", is_flag=True, help="Do not start the reconciler.")
+@click.option("--accounting/--no-accounting", default=None,
+              help="Run MariaDB + slurmdbd so sacct works (default: if they are installed).")
 @json_option
 @pass_app
 def up_command(app: AppContext, conf_dir: Path, keep_state: bool, no_reconcile: bool,
-               as_json: bool) -> None:
-    """Start munge, slurmctld (and the reconciler) for the local spot cluster."""
+               accounting: bool | None, as_json: bool) -> None:
+    """Start munge, (MariaDB and slurmdbd,) slurmctld and the reconciler for the local spot
+    cluster."""
     config = localcluster.prepare_config(app.config_path, conf_dir)
-    record = localcluster.up(config, conf_dir, keep_state=keep_state, reconcile=not no_reconcile)
+    record = localcluster.up(config, conf_dir, keep_state=keep_state, reconcile=not no_reconcile,
+                             accounting=accounting)
     if as_json:
         print_json(record)
         return

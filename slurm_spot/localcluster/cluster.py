@@ -24,6 +24,7 @@ import yaml
 
 from slurm_spot.config import LocalProviderConfig, SpotConfig, load_config
 from slurm_spot.errors import BadInputError, ConfigError, SlurmCommandError, SlurmSpotError
+from slurm_spot.localcluster import accounting as dbd
 from slurm_spot.render import render, render_template, slurm_version, write_rendered
 from slurm_spot.slurm.client import CommandResult, SlurmClient, run_command
 
@@ -91,8 +92,10 @@ def start_munge() -> int | None:
     raise SlurmSpotError("munged started but its socket does not answer")
 
 
-def write_cluster_files(config: SpotConfig, paths: LocalClusterPaths) -> None:
-    """Render slurm.conf (a full one for the local cluster), the fragment and gres.conf.
+def write_cluster_files(config: SpotConfig, paths: LocalClusterPaths,
+                        dbd_port: int | None = None) -> None:
+    """Render slurm.conf (a full one for the local cluster), the fragment and gres.conf;
+    with ``dbd_port``, accounting goes to the slurmdbd listening there.
 
     Raises:
         BadInputError: ``slurm.conf`` exists and was not written by slurm-spot.
@@ -113,7 +116,7 @@ def write_cluster_files(config: SpotConfig, paths: LocalClusterPaths) -> None:
         version=_version(), cluster=config.cluster, slurmctld_port=6817,
         state_dir=config.state_dir, log_dir=config.log_dir,
         kill_wait_s=local.kill_wait_s, slurmd_timeout_s=local.slurmd_timeout_s,
-        fragment=paths.conf_dir / "slurm-spot.conf",
+        fragment=paths.conf_dir / "slurm-spot.conf", dbd_port=dbd_port,
     )
     paths.slurm_conf.write_text(text)
 
@@ -125,19 +128,28 @@ def _version() -> str:
 
 
 def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
-       reconcile: bool = True) -> dict[str, object]:
+       reconcile: bool = True, accounting: bool | None = None) -> dict[str, object]:
     """Start the local cluster (see the module docstring). Returns the record it writes.
 
+    ``accounting``: run a private MariaDB server and slurmdbd so ``sacct`` works
+    (:mod:`.accounting`); None means "if mariadb-server and slurmdbd are installed".
+
     Raises:
-        SlurmSpotError: Slurm or munge is missing, or slurmctld does not answer within 30 s.
+        SlurmSpotError: Slurm or munge is missing, accounting is asked for but not installed,
+            or a daemon does not answer in time.
         BadInputError: see :func:`write_cluster_files`.
     """
     paths = LocalClusterPaths(conf_dir, config.state_dir)
     if paths.record.exists() and _alive(_read_record(paths).get("slurmctld_pid")):
         raise BadInputError(
             f"a local cluster is already up ({paths.record}); run 'slurm-spot local down' first")
+    if accounting is None:
+        accounting = dbd.available()
+    elif accounting and not dbd.available():
+        raise SlurmSpotError("accounting needs MariaDB and slurmdbd: apt-get install "
+                             "mariadb-server slurmdbd (make setup does)")
     conf_dir.mkdir(parents=True, exist_ok=True)
-    write_cluster_files(config, paths)
+    write_cluster_files(config, paths, dbd.DBD_PORT if accounting else None)
     munge_pid = start_munge()
     env = {**os.environ, "SLURM_CONF": str(paths.slurm_conf)}
     os.environ["SLURM_CONF"] = str(paths.slurm_conf)
@@ -146,6 +158,10 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
         raise SlurmSpotError(
             "another slurmctld already answers on this machine's port 6817; stop it first "
             "(slurm-spot local down with its --conf-dir, or scontrol shutdown)")
+    record: dict[str, object] = {"slurm_conf": str(paths.slurm_conf),
+                                 "spot_yaml": str(config.source_path), "munge_pid": munge_pid}
+    if accounting:
+        _start_accounting(config, paths, env, record, fresh=not keep_state)
     argv = ["/usr/sbin/slurmctld", "-f", str(paths.slurm_conf)]
     if not keep_state:
         argv.append("-c")
@@ -159,17 +175,30 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
         if time.monotonic() > deadline:
             raise SlurmSpotError(f"slurmctld does not answer; see {config.log_dir / 'slurmctld.log'}")
         time.sleep(0.3)
-    record: dict[str, object] = {
-        "slurm_conf": str(paths.slurm_conf),
-        "spot_yaml": str(config.source_path),
+    record.update({
         "slurmctld_pid": int(pid_file.read_text()) if pid_file.exists() else None,
-        "munge_pid": munge_pid,
         "reconciler_pid": _start_reconciler(config, paths) if reconcile else None,
         "started": time.time(),
-    }
+    })
+    _write_record(paths, record)
+    return record
+
+
+def _write_record(paths: LocalClusterPaths, record: dict[str, object]) -> None:
     paths.record.parent.mkdir(parents=True, exist_ok=True)
     paths.record.write_text(json.dumps(record, indent=2))
-    return record
+
+
+def _start_accounting(config: SpotConfig, paths: LocalClusterPaths, env: dict[str, str],
+                      record: dict[str, object], fresh: bool) -> None:
+    """MariaDB, then slurmdbd, then the cluster's registration; each pid goes into the record
+    at once so that ``local down`` stops what started even if a later step fails."""
+    record["mysqld_pid"] = dbd.start_database(config.state_dir, config.log_dir, fresh=fresh)
+    _write_record(paths, record)
+    dbd.write_slurmdbd_conf(paths.conf_dir, config.state_dir, config.log_dir)
+    record["slurmdbd_pid"] = dbd.start_slurmdbd(paths.slurm_conf, config.state_dir, config.log_dir)
+    _write_record(paths, record)
+    dbd.register_cluster(config.cluster, config.slurm_bin_dir, env)
 
 
 def _start_reconciler(config: SpotConfig, paths: LocalClusterPaths) -> int | None:
@@ -224,7 +253,8 @@ def _stop(pid: object, timeout_s: float = 10) -> None:
 
 
 def down(config: SpotConfig) -> list[str]:
-    """Stop every instance, the reconciler, slurmctld and (if ``up`` started it) munged.
+    """Stop every instance, the reconciler, slurmctld, slurmdbd and MariaDB (if ``up``
+    started them) and munged (if ``up`` started it).
     Returns what was stopped, one line each."""
     from slurm_spot.providers.local.provider import LocalProvider
 
@@ -243,6 +273,10 @@ def down(config: SpotConfig) -> list[str]:
     if _alive(record.get("slurmctld_pid")):
         _stop(record.get("slurmctld_pid"))
         stopped.append("slurmctld")
+    for name in ("slurmdbd", "mysqld"):  # slurmdbd first: it flushes to the database
+        if _alive(record.get(f"{name}_pid")):
+            _stop(record.get(f"{name}_pid"), timeout_s=30)
+            stopped.append(name)
     if record.get("munge_pid") and _alive(record.get("munge_pid")):
         _stop(record.get("munge_pid"))
         stopped.append("munged")

@@ -268,6 +268,8 @@ class Reconciler:
             self.metrics.interruptions.labels(self.node_set_of[d.node]).inc()
         action = Action.RECLAIMED if d.verdict is Verdict.RECLAIMED else Action.BOOT_LOST
         self._record(result, action, d, extra={"reclaimed": reclaimed, "instance_state": d.why})
+        result.errors += self.slurm.record_interruption(d.jobs if reclaimed else (),
+                                                        f"requeued: {d.reason} ({d.node})")
 
     def _return_to_idle(self, d: NodeDecision, result: PassResult) -> None:
         """``state=IDLE`` turns down~ into idle~ and clears the reason; reset the address."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -332,6 +333,48 @@ class SlurmClient:
     def expedite(self, job_id: int | str) -> None:
         """Clear a requeued job's ~121 s requeue delay: ``scontrol update jobid=N StartTime=now``."""
         self.run("scontrol", "update", f"jobid={self.job_ref(job_id)}", "StartTime=now")
+
+    def record_interruption(self, job_ids: Iterable[int], text: str) -> list[str]:
+        """Append ``text`` to each job's AdminComment (``scontrol update jobid=N
+        AdminComment=...``), where ``sacct --format=AdminComment`` shows it once slurmdbd has
+        the job (scontrol(1), sacct(1), Slurm 22.05): an interruption requeue is then on the
+        site's own record, not only in slurm-spot's events. Earlier notes are kept,
+        ``; ``-separated, cut to the newest 1000 characters.
+
+        Never raises: a job that cannot be read or updated (it ended meanwhile) does not stop
+        the others. Returns one message per failure, for the caller's log or result.
+        """
+        errors = []
+        for job in job_ids:
+            try:
+                ref = self.job_ref(job)
+                shown = self.run("scontrol", "-o", "show", "job", ref).stdout
+                old = re.search(r"(?:^|\s)AdminComment=(.*?)(?=\s[A-Za-z:]+=|$)", shown.strip())
+                previous = old.group(1) if old and old.group(1) not in ("", "(null)") else ""
+                comment = f"{previous}; {text}" if previous else text
+                self.run("scontrol", "update", f"jobid={ref}", f"AdminComment={comment[-1000:]}")
+            except SlurmCommandError as exc:
+                errors.append(f"job {job}: AdminComment not recorded: {exc}")
+        return errors
+
+    def sacct_runs(self, job_id: int) -> list[dict[str, str]] | None:
+        """Every run of ``job_id`` as ``sacct -X -D`` reports it (one row per requeue):
+        dicts with JobIDRaw, User, Start, End, NodeList, State and AdminComment.
+        Returns None when accounting is not available (sacct fails: no slurmdbd).
+
+        Raises:
+            SlurmCommandError: sacct could not be run at all (missing, timeout)."""
+        fields = ("JobIDRaw", "User", "Start", "End", "NodeList", "State", "AdminComment")
+        result = self.run("sacct", "-j", str(job_id), "-X", "-D", "-n", "-P",
+                          f"--format={','.join(fields)}", check=False)
+        if result.returncode != 0:
+            return None
+        rows = []
+        for line in result.stdout.splitlines():
+            values = line.split("|", len(fields) - 1)
+            if len(values) == len(fields):
+                rows.append(dict(zip(fields, values, strict=True)))
+        return rows
 
     def signal_steps(self, job_id: int, signal: str) -> None:
         """Send ``signal`` to every step of ``job_id`` (``scancel -s SIG --full`` reaches the

@@ -41,6 +41,7 @@ class FakeJob:
     reason: str = "None"
     restarts: int = 0
     requeue: bool = True
+    admin_comment: str = ""
 
 
 class FakeSlurm:
@@ -125,6 +126,12 @@ class FakeSlurm:
                 self.on_show(self.show_calls)
             names = expand(args[3]) if len(args) > 3 else list(self.nodes)
             return "".join(self._show(n) for n in names)
+        if args[:3] == ["-o", "show", "job"]:
+            job = self.jobs.get(int(args[3]))
+            if job is None:
+                raise _Refused("slurm_load_jobs error: Invalid job id specified")
+            return (f"JobId={job.job_id} JobState={job.state} "
+                    f"AdminComment={job.admin_comment} Restarts={job.restarts}\n")
         if args[0] == "update" and args[1].startswith("jobid="):
             return self._update_job(int(args[1].split("=", 1)[1]), args[2:])
         if args[0] == "update" and args[1].startswith("nodename="):
@@ -218,6 +225,8 @@ class FakeSlurm:
     def _update_job(self, job_id: int, args: list[str]) -> str:
         if job_id not in self.jobs:
             raise _Refused(f"Invalid job id specified for job {job_id}")
+        if len(args) == 1 and args[0].startswith("AdminComment="):
+            self.jobs[job_id].admin_comment = args[0].split("=", 1)[1]
         if args == ["StartTime=now"]:
             job = self.jobs[job_id]
             if job.state == "PENDING" and job.reason == "BeginTime":

@@ -1,0 +1,118 @@
+"""``slurm-spot cost``: what recorded jobs used and cost, against on-demand."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.events import parse_since
+from slurm_spot.commands.plan import finite
+from slurm_spot.config import SpotConfig
+from slurm_spot.cost.accounting import (
+    CostReport,
+    JobUsage,
+    cost_report,
+    job_ids_in_events,
+    read_checkpoints,
+    usage_from_events,
+    usage_from_sacct,
+)
+from slurm_spot.cost.prices import site_prices
+from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.events import read_events
+from slurm_spot.slurm.client import SlurmClient
+
+
+def job_usage(config: SpotConfig, slurm: SlurmClient, job_id: int, events: list[dict[str, Any]],
+              checkpoint_dir: Path | None, now: datetime) -> JobUsage:
+    """The job's usage: sacct's runs where accounting answers, else the events; checkpoints
+    from ``checkpoint_dir`` or ``<checkpoint.root>/<user>/<job id>`` when sacct names the user.
+
+    Raises:
+        BadInputError: neither source knows the job."""
+    try:
+        rows = slurm.sacct_runs(job_id)
+    except SlurmCommandError:
+        rows = None
+    rows = [r for r in rows or [] if r.get("JobIDRaw") == str(job_id)]
+    if rows:
+        usage = usage_from_sacct(job_id, rows, events, config, now)
+    else:
+        usage = usage_from_events(job_id, events, config)
+    folder = checkpoint_dir
+    if folder is None and usage.user:
+        folder = config.checkpoint.root / usage.user / str(job_id)
+    if folder is not None:
+        usage.checkpoints = read_checkpoints(folder)
+    return usage
+
+
+@click.command("cost")
+@click.option("--job", "job_id", type=int, default=None, help="Only this job (default: all in the events).")
+@click.option("--since", default=None, help="Only jobs with events after this (10m, 2h, 1d, ISO).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The job's checkpoint directory (storage and lost steps); with --job.")
+@click.option("--plot", "plot_path", default=None, help="With --job: write its timeline as a PNG.")
+@json_option
+@pass_app
+def cost_command(app: AppContext, job_id: int | None, since: str | None,
+                 checkpoint_dir: Path | None, plot_path: str | None, as_json: bool) -> None:
+    """Per job: node-hours by market and instance type, cost, the same hours on-demand,
+    savings, interruptions, compute lost to them, checkpoint storage and egress."""
+    if (plot_path or checkpoint_dir) and job_id is None:
+        raise BadInputError("--plot and --checkpoint-dir need --job ID")
+    out = None
+    if plot_path is not None:
+        from slurm_spot.cost.plots import check_png_path
+
+        out = check_png_path(plot_path)
+    config = app.config
+    now = datetime.now(timezone.utc)
+    after = parse_since(since) if since else None
+    events = list(read_events(config.log_dir))
+    recent = list(read_events(config.log_dir, after)) if after else events
+    ids = [job_id] if job_id is not None else job_ids_in_events(recent)
+    prices = site_prices(config)
+    slurm = app.slurm()
+    reports: list[CostReport] = []
+    usages: list[JobUsage] = []
+    for jid in ids:
+        usage = job_usage(config, slurm, jid, events, checkpoint_dir, now)
+        usages.append(usage)
+        reports.append(cost_report(usage, prices, now))
+    if out is not None:
+        from slurm_spot.cost.plots import job_figure, save_png
+
+        save_png(job_figure(usages[0], reports[0]), out)
+    if as_json:
+        print_json(finite([asdict(r) for r in reports]))
+        return
+    if not reports:
+        click.echo("no jobs in slurm-spot's events" + (f" since {since}" if since else ""))
+    for r in reports:
+        _print_report(r)
+
+
+def _print_report(r: CostReport) -> None:
+    echo = click.echo
+    saving = f"{r.saving_percent:.1f} % saved" if r.saving_percent is not None else "no saving known"
+    echo(f"job {r.job_id} (from {r.source}): ${r.total_usd:,.2f} total, compute "
+         f"${r.compute_usd:,.2f} vs ${r.on_demand_usd:,.2f} on-demand ({saving})")
+    for ln in r.lines:
+        echo(f"  {ln.node_hours:8.2f} node-h {ln.market:9} {ln.instance_type:16} "
+             f"{ln.zone or '-':12} ${ln.usd_per_h:.4f}/h = ${ln.cost_usd:,.2f} ({ln.price_source})")
+    steps = f", ~{r.recomputed_steps} steps recomputed" if r.recomputed_steps is not None else ""
+    echo(f"  interruptions: {r.interruptions}; lost compute {r.lost_compute_node_h:.2f} node-h"
+         f"{steps}; restarts took {r.restart_h:.2f} h")
+    echo(f"  checkpoints: {r.checkpoint_bytes / 1e9:.3f} GB kept, storage ${r.storage_usd:,.4f}, "
+         f"egress ${r.egress_usd:,.4f}")
+    for note in r.notes:
+        echo(f"  note: {note}")
+
+
+COMMANDS = [cost_command]

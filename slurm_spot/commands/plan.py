@@ -1,0 +1,229 @@
+"""``slurm-spot plan``: how often to checkpoint, what interruptions cost, which type is cheapest."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.config import CostConfig, SpotConfig, config_path
+from slurm_spot.cost import planner
+from slurm_spot.cost.prices import PriceBook, catalogue, site_prices
+from slurm_spot.errors import BadInputError
+from slurm_spot.events import read_events
+
+
+def optional_config(app: AppContext) -> SpotConfig | None:
+    """The site config if one is named or exists (plan and simulate work without one)."""
+    if app.config_path is None and not config_path().exists():
+        return None
+    return app.config
+
+
+def node_rate(app: AppContext, band: str | None, rate: str | None, mtbf_h: float | None
+              ) -> tuple[float, str]:
+    """Interruptions per node-hour from exactly one of the three options, and how it was got.
+
+    Raises:
+        BadInputError: none or several given, or a bad value."""
+    given = [name for name, value in (("--interruption-band", band), ("--interruption-rate", rate),
+                                      ("--mtbf-h", mtbf_h)) if value is not None]
+    if len(given) != 1:
+        raise BadInputError("give exactly one of --interruption-band, --interruption-rate, "
+                            f"--mtbf-h (got {', '.join(given) or 'none'})")
+    if band is not None:
+        fraction = planner.band_fraction(band)
+        return (planner.rate_from_monthly_fraction(fraction),
+                f"AWS Spot Advisor band {band} taken as {fraction:.1%} of nodes interrupted a month")
+    if mtbf_h is not None:
+        if not (math.isfinite(mtbf_h) and mtbf_h > 0):
+            raise BadInputError(f"--mtbf-h {mtbf_h}: must be > 0 hours")
+        return 1.0 / mtbf_h, f"one node's MTBF {mtbf_h:g} h"
+    assert rate is not None
+    if rate.strip().lower() == "observed":
+        from slurm_spot.cost.accounting import observed_node_rate_per_h
+
+        events = list(read_events(app.config.log_dir))
+        return observed_node_rate_per_h(events, datetime.now(timezone.utc))
+    try:
+        fraction = float(rate.strip().rstrip("%")) / (100 if rate.strip().endswith("%") else 1)
+    except ValueError:
+        raise BadInputError(f"--interruption-rate {rate!r}: a fraction per month such as 0.08 "
+                            "or 8%, or 'observed'") from None
+    return planner.rate_from_monthly_fraction(fraction), f"{fraction:.1%} of nodes interrupted a month"
+
+
+def provider_of_type(config: SpotConfig | None, instance_type: str) -> tuple[str, str | None]:
+    """(provider type, zone or None) of an instance type: the node set that lists it, else
+    the catalogue section that prices it (``aws`` if none does)."""
+    if config is not None:
+        for ns in config.node_sets:
+            if instance_type in ns.instance_types or (ns.gcp and ns.gcp.machine_type == instance_type):
+                return config.providers[ns.provider].type, None
+    for provider in ("aws", "gcp"):
+        section = catalogue().get(provider) or {}
+        if instance_type in (section.get("on_demand") or {}):
+            return provider, None
+    return "aws", None
+
+
+def instance_prices(app: AppContext, instance_type: str, spot_usd_h: float | None,
+                    on_demand_usd_h: float | None) -> tuple[float, float, str]:
+    """(spot, on-demand) USD per node-hour of ``instance_type`` and their sources; explicit
+    options win.
+
+    Raises:
+        UnknownPriceError: a price is found nowhere."""
+    config = optional_config(app)
+    book = site_prices(config) if config is not None else PriceBook(CostConfig())
+    provider, zone = provider_of_type(config, instance_type)
+    sources = []
+    if spot_usd_h is None:
+        price = book.instance(provider, "spot", instance_type, zone)
+        spot_usd_h = price.usd_per_h
+        sources.append(f"spot: {price.source}" + (f" ({price.zone})" if price.zone else ""))
+    if on_demand_usd_h is None:
+        price = book.instance(provider, "on-demand", instance_type, zone)
+        on_demand_usd_h = price.usd_per_h
+        sources.append(f"on-demand: {price.source}")
+    return spot_usd_h, on_demand_usd_h, "; ".join(sources) or "given"
+
+
+def finite(data: Any) -> Any:
+    """``data`` with infinities and NaNs as None (JSON has neither)."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite(v) for v in data]
+    return data
+
+
+def parse_candidate(text: str, default_rate: tuple[float, str] | None) -> tuple[str, float, float]:
+    """``TYPE:STEPS_PER_S[:BAND]`` -> (type, steps/s, node rate per hour).
+
+    Raises:
+        BadInputError: malformed, or no band and no default rate."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise BadInputError(f"--candidate {text!r}: use TYPE:STEPS_PER_S or TYPE:STEPS_PER_S:BAND")
+    try:
+        steps = float(parts[1])
+    except ValueError:
+        raise BadInputError(f"--candidate {text!r}: {parts[1]!r} is not a number of steps/s") from None
+    if len(parts) == 3:
+        rate = planner.rate_from_monthly_fraction(planner.band_fraction(parts[2]))
+    elif default_rate is not None:
+        rate = default_rate[0]
+    else:
+        raise BadInputError(f"--candidate {text!r}: give its band (TYPE:STEPS:BAND) or a "
+                            "default --interruption-band/--interruption-rate/--mtbf-h")
+    return parts[0], steps, rate
+
+
+@click.command("plan")
+@click.option("--checkpoint-s", type=float, required=True, help="Seconds one checkpoint takes (C).")
+@click.option("--restart-s", type=float, default=300.0, show_default=True,
+              help="Seconds from an interruption until the job computes again (R).")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Spot nodes of the job (N).")
+@click.option("--notice-s", type=float, default=120.0, show_default=True,
+              help="Interruption notice (AWS: 120 s, GCP: 30 s).")
+@click.option("--interruption-band", "band", default=None,
+              help="AWS Spot Advisor band: <5%, 5-10%, 10-15%, 15-20%, >20%.")
+@click.option("--interruption-rate", "rate", default=None,
+              help="Fraction of nodes interrupted per month (0.08 or 8%), or 'observed' (events).")
+@click.option("--mtbf-h", type=float, default=None, help="One node's mean hours between interruptions.")
+@click.option("--job-hours", type=float, default=None, help="Compute hours of the job (L).")
+@click.option("--instance-type", default=None, help="Price the job on this type.")
+@click.option("--spot-usd-h", type=float, default=None, help="Spot USD per node-hour (else looked up).")
+@click.option("--on-demand-usd-h", type=float, default=None, help="On-demand USD per node-hour.")
+@click.option("--compare", is_flag=True, help="Rank --candidate types by expected cost to finish.")
+@click.option("--work-steps", type=float, default=None, help="With --compare: the job's steps.")
+@click.option("--candidate", "candidates", multiple=True,
+              help="With --compare: TYPE:STEPS_PER_S[:BAND] (repeat).")
+@click.option("--deadline-h", type=float, default=None, help="With --compare: wall-time limit.")
+@json_option
+@pass_app
+def plan_command(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
+                 notice_s: float, band: str | None, rate: str | None, mtbf_h: float | None,
+                 job_hours: float | None, instance_type: str | None, spot_usd_h: float | None,
+                 on_demand_usd_h: float | None, compare: bool, work_steps: float | None,
+                 candidates: tuple[str, ...], deadline_h: float | None, as_json: bool) -> None:
+    """Checkpoint interval (Young, Daly 2006), expected waste, run time and cost under spot
+    interruptions. Assumes a constant interruption hazard per node (see the JSON's
+    ``assumption``)."""
+    if compare:
+        _compare(app, checkpoint_s, restart_s, nodes, band, rate, mtbf_h, work_steps, candidates,
+                 deadline_h, as_json)
+        return
+    node_rate_h, source = node_rate(app, band, rate, mtbf_h)
+    if job_hours is not None and not (math.isfinite(job_hours) and job_hours > 0):
+        raise BadInputError(f"--job-hours {job_hours}: must be > 0")
+    result = planner.plan(planner.PlanInput(checkpoint_s, restart_s, nodes, notice_s, node_rate_h,
+                                            source, job_hours))
+    data: dict[str, Any] = asdict(result)
+    if instance_type is not None and job_hours is not None and result.expected_wall_h is not None:
+        spot, od, price_source = instance_prices(app, instance_type, spot_usd_h, on_demand_usd_h)
+        wall = (result.expected_wall_h_with_notice if result.expected_wall_h_with_notice is not None
+                else result.expected_wall_h)
+        data.update(instance_type=instance_type, price_source=price_source,
+                    spot_usd_per_node_h=spot, on_demand_usd_per_node_h=od,
+                    expected_spot_cost_usd=wall * nodes * spot,
+                    on_demand_cost_usd=job_hours * nodes * od,
+                    saving_percent=100 * (1 - wall * spot / (job_hours * od)) if od > 0 else None)
+    if as_json:
+        print_json(finite(data))
+        return
+    _print_plan(data, nodes)
+
+
+def _print_plan(d: dict[str, Any], nodes: int) -> None:
+    echo = click.echo
+    echo(f"interruptions: {d['node_rate_per_h']:.3g} per node-hour ({d['assumption']})")
+    echo(f"MTBF: one node {d['mtbf_node_h']:.1f} h, the {nodes}-node job {d['mtbf_job_h']:.1f} h")
+    echo(f"checkpoint every: Young {d['young_interval_s'] / 60:.1f} min, "
+         f"Daly {d['daly_interval_s'] / 60:.1f} min (use Daly's)")
+    echo(f"expected waste at Daly's interval, no notice: {d['waste_fraction']:.2%}")
+    if d["notice_checkpoint"]:
+        echo(f"with a checkpoint at each notice: {d['waste_fraction_with_notice']:.2%} "
+             f"(saves {d['waste_fraction'] - d['waste_fraction_with_notice']:.2%} of wall time)")
+    else:
+        echo("the notice is shorter than a checkpoint: no notice-time checkpoint")
+    if d.get("expected_wall_h") is not None:
+        echo(f"expected wall time: {d['expected_wall_h']:.2f} h without notice"
+             + (f", {d['expected_wall_h_with_notice']:.2f} h with notice checkpoints"
+                if d.get("expected_wall_h_with_notice") is not None else ""))
+    if "expected_spot_cost_usd" in d:
+        echo(f"cost on {d['instance_type']}: spot ${d['expected_spot_cost_usd']:,.2f} vs "
+             f"on-demand ${d['on_demand_cost_usd']:,.2f} ({d['saving_percent']:.1f} % saved; "
+             f"{d['price_source']})")
+
+
+def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
+             band: str | None, rate: str | None, mtbf_h: float | None, work_steps: float | None,
+             candidates: tuple[str, ...], deadline_h: float | None, as_json: bool) -> None:
+    if work_steps is None:
+        raise BadInputError("--compare needs --work-steps (the job's total steps)")
+    default = node_rate(app, band, rate, mtbf_h) if (band or rate or mtbf_h) else None
+    cands = []
+    for text in candidates:
+        itype, steps, node_rate_h = parse_candidate(text, default)
+        spot, od, _ = instance_prices(app, itype, None, None)
+        cands.append(planner.Candidate(itype, steps, spot, od, node_rate_h))
+    ranked = planner.compare(cands, work_steps, nodes, checkpoint_s, restart_s, deadline_h)
+    if as_json:
+        print_json(finite([asdict(r) for r in ranked]))
+        return
+    for i, r in enumerate(ranked, 1):
+        late = "" if r.meets_deadline is not False else "  (misses the deadline)"
+        click.echo(f"{i}. {r.instance_type}: ${r.expected_cost_usd:,.2f} expected on spot, "
+                   f"{r.expected_wall_h:.2f} h wall ({r.compute_h:.2f} h compute), on-demand "
+                   f"${r.on_demand_cost_usd:,.2f}{late}")
+
+
+COMMANDS = [plan_command]

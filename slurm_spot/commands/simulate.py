@@ -1,0 +1,98 @@
+"""``slurm-spot simulate``: one job under interruptions, four recovery strategies compared."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.plan import finite, instance_prices, node_rate
+from slurm_spot.cost.simulator import STRATEGIES, SimParams, simulate
+
+
+@click.command("simulate")
+@click.option("--nodes", type=int, default=8, show_default=True, help="Nodes of the job.")
+@click.option("--on-demand-nodes", type=int, default=0, show_default=True,
+              help="Of those, on-demand nodes (never interrupted), e.g. a coordinator.")
+@click.option("--job-hours", type=float, required=True, help="Compute hours of the job.")
+@click.option("--checkpoint-s", type=float, required=True, help="Seconds one checkpoint takes.")
+@click.option("--restart-s", type=float, default=120.0, show_default=True,
+              help="Seconds from a node being ready to the job computing (load checkpoint).")
+@click.option("--interval-s", type=float, default=1200.0, show_default=True,
+              help="Periodic checkpoint interval of 'plain' and 'periodic' (compute seconds).")
+@click.option("--daly/--no-daly", default=True, show_default=True,
+              help="slurm-spot and elastic checkpoint at Daly's interval (else at --interval-s).")
+@click.option("--notice-s", type=float, default=120.0, show_default=True)
+@click.option("--boot-s", type=float, default=120.0, show_default=True,
+              help="Seconds from launch to a node accepting the job.")
+@click.option("--slurmd-timeout-s", type=float, default=300.0, show_default=True)
+@click.option("--requeue-delay-s", type=float, default=121.0, show_default=True)
+@click.option("--interruption-band", "band", default=None)
+@click.option("--interruption-rate", "rate", default=None)
+@click.option("--mtbf-h", type=float, default=None)
+@click.option("--instance-type", default=None, help="Price the nodes as this type.")
+@click.option("--spot-usd-h", type=float, default=None)
+@click.option("--on-demand-usd-h", type=float, default=None)
+@click.option("--strategy", "strategies", multiple=True, type=click.Choice(STRATEGIES),
+              help="Only these strategies (repeat; default all).")
+@click.option("--runs", type=int, default=200, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--plot", "plot_path", default=None, help="Write a PNG of goodput and cost.")
+@json_option
+@pass_app
+def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hours: float,
+                     checkpoint_s: float, restart_s: float, interval_s: float, daly: bool,
+                     notice_s: float,
+                     boot_s: float, slurmd_timeout_s: float, requeue_delay_s: float,
+                     band: str | None, rate: str | None, mtbf_h: float | None,
+                     instance_type: str | None, spot_usd_h: float | None,
+                     on_demand_usd_h: float | None, strategies: tuple[str, ...], runs: int,
+                     seed: int, plot_path: str | None, as_json: bool) -> None:
+    """Simulate plain Slurm, periodic checkpoints + expedited requeue, slurm-spot (notice
+    checkpoint, prewarmed replacement, Daly interval) and elastic training; report completion
+    time, cost and goodput with 95 % confidence intervals."""
+    out = None
+    if plot_path is not None:
+        from slurm_spot.cost.plots import check_png_path
+
+        out = check_png_path(plot_path)
+    node_rate_h, source = node_rate(app, band, rate, mtbf_h)
+    price_source = "no prices (give --instance-type or --spot-usd-h/--on-demand-usd-h)"
+    spot = od = 0.0
+    if instance_type is not None:
+        spot, od, price_source = instance_prices(app, instance_type, spot_usd_h, on_demand_usd_h)
+    elif spot_usd_h is not None or on_demand_usd_h is not None:
+        spot, od, price_source = spot_usd_h or 0.0, on_demand_usd_h or 0.0, "given"
+    params = SimParams(nodes=nodes, on_demand_nodes=on_demand_nodes, job_hours=job_hours,
+                       checkpoint_s=checkpoint_s, restart_s=restart_s, interval_s=interval_s,
+                       notice_s=notice_s, boot_s=boot_s, slurmd_timeout_s=slurmd_timeout_s,
+                       requeue_delay_s=requeue_delay_s, node_rate_per_h=node_rate_h, daly=daly,
+                       spot_usd_per_h=spot, on_demand_usd_per_h=od)
+    base, results = simulate(params, strategies or STRATEGIES, runs, seed)
+    if out is not None:
+        from slurm_spot.cost.plots import save_png, simulation_figure
+
+        save_png(simulation_figure(base, results, f"{nodes} nodes, {job_hours:g} h, {source}"), out)
+    data: dict[str, Any] = {"params": asdict(params), "rate_source": source,
+                            "price_source": price_source, "runs": runs, "seed": seed,
+                            "on_demand": asdict(base), "strategies": [asdict(r) for r in results]}
+    if as_json:
+        print_json(finite(data))
+        return
+    click.echo(f"{nodes} nodes ({on_demand_nodes} on-demand), {job_hours:g} h of compute; "
+               f"{source}; {price_source}; {runs} runs, seed {seed}")
+    click.echo(f"on-demand: {base.wall_h:.2f} h, ${base.cost_usd:,.2f}")
+    for r in results:
+        saved = "" if math.isnan(r.saving_vs_on_demand) else f"{r.saving_vs_on_demand:.1%} saved, "
+        click.echo(f"{r.strategy:>10}: wall {r.wall_h.mean:.2f} ± {r.wall_h.ci95:.2f} h, "
+                   f"cost ${r.cost_usd.mean:,.2f} ± {r.cost_usd.ci95:,.2f}, goodput "
+                   f"{r.goodput.mean:.4f} ± {r.goodput.ci95:.4f}, "
+                   f"{r.interruptions.mean:.2f} interruptions, checkpoint every "
+                   f"{r.interval_s / 60:.1f} min; vs on-demand: {saved}"
+                   f"{r.extra_wall_vs_on_demand:+.1%} wall")
+
+
+COMMANDS = [simulate_command]

@@ -1,0 +1,87 @@
+"""sacct on the local cluster (private MariaDB + slurmdbd) after an interrupted job, and
+``slurm-spot cost`` reading its runs from there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_spot.hostlist import expand
+from tests.cluster import Cluster, base_config, wait_for
+from tests.conftest import _slurm_available
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def acct(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if not _slurm_available():
+        pytest.fail("slurmctld is not installed: run 'make test', which installs slurm-wlm")
+    if not Path("/usr/sbin/slurmdbd").exists() or not Path("/usr/sbin/mariadbd").exists():
+        pytest.fail("slurmdbd / mariadb-server are not installed: run 'make setup'")
+    root = tmp_path_factory.mktemp("acct")
+    config = base_config(root, cost={"spot_usd_per_hour": {"local": 0.25},
+                                     "on_demand_usd_per_hour": {"local": 1.0}})
+    c = Cluster(root, config, reconcile=True, accounting=True)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def sacct(c: Cluster, job: int) -> list[dict[str, str]]:
+    fields = ["JobIDRaw", "State", "NodeList", "Start", "End", "AdminComment"]
+    out = c.slurm("sacct", "-j", str(job), "-X", "-D", "-n", "-P", f"--format={','.join(fields)}")
+    return [dict(zip(fields, line.split("|", len(fields) - 1), strict=True))
+            for line in out.splitlines() if line]
+
+
+def test_sacct_shows_the_interrupted_run_and_its_requeue(acct: Cluster) -> None:
+    record = json.loads((acct.state_dir / "local" / "cluster.json").read_text())
+    assert record["mysqld_pid"] and record["slurmdbd_pid"]
+    job = acct.sbatch("-p", "spot", "-N", "1", "--requeue", "-o", "/dev/null",
+                      "--wrap", "sleep 20")
+    wait_for(lambda: acct.job(job).get("JobState") == "RUNNING", timeout=90, what="job running")
+    victim = expand(acct.job(job)["NodeList"])[0]
+    acct.spot("local", "preempt", victim, "--notice", "0", "--conf-dir", str(acct.conf_dir))
+    wait_for(lambda: acct.job(job).get("Restarts", "0") != "0", timeout=60, interval=0.25,
+             what="job requeued")
+    wait_for(lambda: acct.job(job).get("JobState") == "COMPLETED", timeout=180,
+             what="job completed after its requeue")
+    runs = wait_for(lambda: (rows := sacct(acct, job)) and len(rows) == 2
+                    and rows[-1]["State"] == "COMPLETED" and rows, timeout=30,
+                    what="sacct to show both runs")
+    first, second = runs
+    assert first["State"] in ("REQUEUED", "NODE_FAIL") and first["NodeList"] == victim
+    assert "requeued: spot-interruption:reclaimed@" in second["AdminComment"]
+    report = json.loads(acct.spot("cost", "--job", str(job), "--json").stdout)[0]
+    assert report["source"] == "sacct" and report["interruptions"] == 1
+    (line,) = report["lines"]
+    assert line["market"] == "spot" and line["instance_type"] == "local"
+    # two runs on one node: the first until the kill, the second ~20 s
+    assert 20 / 3600 < line["node_hours"] < 0.1
+    assert report["compute_usd"] == pytest.approx(line["node_hours"] * 0.25)
+    assert report["saving_percent"] == pytest.approx(75.0)
+    subprocess.run(["scancel", str(job)], env=acct.env, check=False)
+
+
+def test_local_down_stops_the_database_daemons(tmp_path: Path, acct: Cluster) -> None:
+    record = json.loads((acct.state_dir / "local" / "cluster.json").read_text())
+    status = json.loads(acct.spot("local", "status", "--json", "--conf-dir",
+                                  str(acct.conf_dir)).stdout)
+    assert status["up"]
+    for pid in (record["mysqld_pid"], record["slurmdbd_pid"]):
+        assert Path(f"/proc/{pid}").exists()
+    acct.stop()
+    for pid in (record["mysqld_pid"], record["slurmdbd_pid"]):
+        wait_for(lambda pid=pid: not Path(f"/proc/{pid}").exists()
+                 or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
+                 timeout=30, what=f"pid {pid} gone")
+    acct.start()  # the module fixture stops it again; a restart must work too
+    assert json.loads(acct.spot("local", "status", "--json", "--conf-dir",
+                                str(acct.conf_dir)).stdout)["up"]

@@ -1,0 +1,92 @@
+"""Prices: AWS spot history (moto) cached with its age, the catalogue, config overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from slurm_spot.config import CostConfig
+from slurm_spot.cost.prices import AwsSpotPrices, PriceBook, UnknownPriceError, catalogue
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key, value in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                       "MOTO_EC2_LOAD_DEFAULT_AMIS": "false"}.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        yield
+
+
+class CountingFactory:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> object:
+        self.calls += 1
+        return boto3.client("ec2", region_name="us-east-1")
+
+
+def test_spot_price_from_history_is_cached_with_its_age(aws: None, tmp_path: Path) -> None:
+    now = [datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)]
+    factory = CountingFactory()
+    cache = tmp_path / "cost" / "spot.json"
+    prices = AwsSpotPrices(factory, "us-east-1", cache, max_age_s=600, clock=lambda: now[0])
+    first = prices.price("g5.xlarge")
+    assert first.source == "aws-spot-price-history"
+    assert first.usd_per_h > 0 and first.zone and first.zone.startswith("us-east-1")
+    assert first.age_s == 0
+    # the cheapest zone of the history is chosen
+    hist = boto3.client("ec2", region_name="us-east-1").describe_spot_price_history(
+        InstanceTypes=["g5.xlarge"], ProductDescriptions=["Linux/UNIX"])["SpotPriceHistory"]
+    assert first.usd_per_h == min(float(h["SpotPrice"]) for h in hist)
+    # a later call within max age reads the file; a fresh AwsSpotPrices too
+    now[0] += timedelta(seconds=300)
+    again = AwsSpotPrices(factory, "us-east-1", cache, max_age_s=600, clock=lambda: now[0])
+    cached = again.price("g5.xlarge", first.zone)
+    assert (cached.usd_per_h, cached.age_s, factory.calls) == (first.usd_per_h, 300, 1)
+    now[0] += timedelta(seconds=400)  # 700 s old: fetched again
+    assert again.price("g5.xlarge").age_s == 0 and factory.calls == 2
+
+
+def test_unknown_zone_is_a_clear_error(aws: None) -> None:
+    prices = AwsSpotPrices(CountingFactory(), "us-east-1", None)
+    with pytest.raises(UnknownPriceError, match=r"g5\.xlarge in us-east-1z"):
+        prices.price("g5.xlarge", "us-east-1z")
+
+
+def test_config_overrides_catalogue_and_api(aws: None) -> None:
+    book = PriceBook(CostConfig(spot_usd_per_hour={"g5.xlarge": 0.31},
+                                on_demand_usd_per_hour={"g5.xlarge": 1.5}),
+                     AwsSpotPrices(CountingFactory(), "us-east-1", None))
+    assert book.instance("aws", "spot", "g5.xlarge").usd_per_h == 0.31
+    assert book.instance("aws", "on-demand", "g5.xlarge").source == "config"
+
+
+def test_catalogue_is_dated_and_sourced() -> None:
+    cat = catalogue()
+    assert str(cat["as_of"]).startswith("20")
+    assert "aws.amazon.com" in cat["aws"]["source"] and "cloud.google.com" in cat["gcp"]["source"]
+    book = PriceBook(CostConfig())
+    od = book.instance("aws", "on-demand", "p4d.24xlarge")
+    assert od.usd_per_h == pytest.approx(32.7726) and od.source.startswith("catalogue 20")
+    spot = book.instance("gcp", "spot", "a2-highgpu-1g")
+    assert 0 < spot.usd_per_h < book.instance("gcp", "on-demand", "a2-highgpu-1g").usd_per_h
+
+
+def test_unknown_prices_name_type_and_zone_never_zero() -> None:
+    book = PriceBook(CostConfig())
+    with pytest.raises(UnknownPriceError, match=r"'x9\.huge' in zone us-west-2a.*on_demand_usd"):
+        book.instance("aws", "on-demand", "x9.huge", "us-west-2a")
+    with pytest.raises(UnknownPriceError, match=r"spot_usd_per_hour\.g5\.xlarge"):
+        book.instance("aws", "spot", "g5.xlarge")  # no API configured, no config price
+    with pytest.raises(UnknownPriceError, match=r"storage_usd_per_gb_month\.aws"):
+        book.storage_usd_per_gb_month("aws")
+    with pytest.raises(UnknownPriceError, match=r"egress_usd_per_gb\.gcp"):
+        book.egress_usd_per_gb("gcp")

@@ -1,0 +1,59 @@
+"""The simulator against the analytical model, and its strategies against each other."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_spot.cost import planner
+from slurm_spot.cost.simulator import SimParams, simulate
+from slurm_spot.errors import BadInputError
+
+
+def test_no_notice_results_agree_with_the_analytical_waste_formula() -> None:
+    # one node, MTBF 2 h; downtime = detect + boot + restart = 600 s: Daly's complete model
+    p = SimParams(nodes=1, job_hours=100, checkpoint_s=300, restart_s=400, detect_s=100,
+                  boot_s=100, node_rate_per_h=0.5, interval_s=1800, notice_s=0)
+    _, (res,) = simulate(p, ("periodic",), runs=400, seed=7)
+    expected_h = planner.expected_wall_s(100 * 3600, 1800, 300, 600, 7200) / 3600
+    assert abs(res.wall_h.mean - expected_h) <= 2.5 * res.wall_h.ci95
+    assert res.wall_h.ci95 < 0.01 * expected_h  # the test has power: the CI is tight
+    waste = planner.waste_fraction(1800, 300, 600, 7200)
+    assert abs((1 - res.goodput.mean) - waste) <= 2.5 * res.goodput.ci95 + 0.002
+
+
+def test_same_seed_same_numbers_and_different_seed_different() -> None:
+    p = SimParams(nodes=8, job_hours=10, checkpoint_s=60, restart_s=120, node_rate_per_h=0.01)
+    a = simulate(p, runs=20, seed=3)
+    b = simulate(p, runs=20, seed=3)
+    c = simulate(p, runs=20, seed=4)
+    assert a == b
+    assert a != c
+
+
+def test_slurm_spot_beats_plain_slurm_under_frequent_interruptions() -> None:
+    p = SimParams(nodes=32, job_hours=24, checkpoint_s=60, restart_s=120, notice_s=120,
+                  boot_s=90, node_rate_per_h=0.01, spot_usd_per_h=10, on_demand_usd_per_h=30)
+    base, results = simulate(p, runs=100, seed=1)
+    by = {r.strategy: r for r in results}
+    assert by["slurm-spot"].goodput.mean > by["periodic"].goodput.mean > by["plain"].goodput.mean
+    assert by["plain"].interruptions.mean > 5  # MTBF of the job is 3.1 h
+    assert by["slurm-spot"].cost_usd.mean < by["plain"].cost_usd.mean
+    # no strategy can beat the uninterrupted compute time
+    assert all(r.wall_h.mean > 24 for r in results)
+    assert base.cost_usd == pytest.approx(base.wall_h * 32 * 30)
+
+
+def test_on_demand_nodes_are_never_interrupted() -> None:
+    p = SimParams(nodes=4, on_demand_nodes=4, job_hours=5, checkpoint_s=60, restart_s=60,
+                  node_rate_per_h=1.0)
+    _, results = simulate(p, runs=5)
+    assert all(r.interruptions.mean == 0 for r in results)
+
+
+@pytest.mark.parametrize("change", [{"nodes": 0}, {"job_hours": -1}, {"on_demand_nodes": 9},
+                                    {"boot_s": float("nan")}])
+def test_bad_parameters_are_named(change: dict[str, float]) -> None:
+    params = {"nodes": 8, "job_hours": 1, "checkpoint_s": 60, "restart_s": 60,
+              "node_rate_per_h": 0.01, **change}
+    with pytest.raises(BadInputError):
+        simulate(SimParams(**params), runs=3)  # type: ignore[arg-type]
