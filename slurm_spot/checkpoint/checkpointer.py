@@ -249,8 +249,9 @@ class SaveHandle:
         """True once the save committed or failed (never blocks)."""
         return self._thread is None or not self._thread.is_alive()
 
-    def wait(self, timeout_s: float | None = None) -> Path:
-        """Wait for the save to commit on every rank; returns where it is.
+    def wait(self, timeout_s: float | None = None) -> Path | str:
+        """Wait for the save to commit on every rank; returns where it is (a directory, or an
+        ``s3://`` URL).
 
         Args:
             timeout_s: seconds to wait (default: the checkpointer's ``writer_timeout_s``).
@@ -270,7 +271,7 @@ class SaveHandle:
         if self._error is not None:
             raise CheckpointError(self._error)
         assert self._result is not None
-        return Path(self._result)
+        return self._result if self._result.startswith("s3://") else Path(self._result)
 
 
 @dataclass
@@ -391,7 +392,7 @@ class Checkpointer:
         return self._from_rank0(found)
 
     # -- saving -------------------------------------------------------------------------------
-    def save(self, state: TrainState, *, sharded: bool | None = None) -> Path:
+    def save(self, state: TrainState, *, sharded: bool | None = None) -> Path | str:
         """Commit a checkpoint of ``state`` as ``step_<state.step>`` and prune old ones; returns
         when it is committed (waits for an asynchronous save in flight first).
 
@@ -405,7 +406,7 @@ class Checkpointer:
                 :func:`is_sharded`.
 
         Returns:
-            The committed checkpoint (a directory, or an ``s3://`` URL as a path). If a valid
+            The committed checkpoint (a directory, or an ``s3://`` URL string). If a valid
             checkpoint of this step already exists it is left as it is (never overwritten) and
             its location is returned, with a warning logged.
 
@@ -433,7 +434,7 @@ class Checkpointer:
         """
         return self._start(state, sharded, background=True)
 
-    def wait(self, timeout_s: float | None = None) -> Path | None:
+    def wait(self, timeout_s: float | None = None) -> Path | str | None:
         """Wait for the save in flight (if any) to commit; returns where it is, or None.
 
         Raises:
@@ -451,7 +452,7 @@ class Checkpointer:
             raise
 
     def save_final(self, state: TrainState, within_s: float, *,
-                   sharded: bool | None = None) -> Path:
+                   sharded: bool | None = None) -> Path | str:
         """On a preemption: wait (at most ``within_s`` seconds, the notice left) for the save in
         flight to commit, then save ``state`` synchronously.
 

@@ -103,7 +103,10 @@ class S3Store:
             else the system temp directory); a spot node's local disk is fine.
         part_size: multipart chunk size in bytes (>= 5 MiB, S3's minimum part size).
         max_concurrency: parallel part uploads/downloads per file.
+        inflight_stale_s: an in-flight marker older than this (seconds) is a dead writer's
+            and no longer holds retention back.
         client: a ready boto3 S3 client (tests); credentials otherwise from boto3's chain.
+        env: the environment to read (default ``os.environ``).
 
     Raises:
         CheckpointError: a malformed URL or addressing style.
@@ -112,6 +115,7 @@ class S3Store:
     def __init__(self, url: str, *, endpoint_url: str | None = None,
                  addressing_style: str | None = None, staging_dir: str | None = None,
                  part_size: int = 16 * _MiB, max_concurrency: int = 8,
+                 inflight_stale_s: float = INFLIGHT_STALE_S,
                  client: Any = None, env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         self.url = url.rstrip("/")
@@ -126,6 +130,7 @@ class S3Store:
             raise CheckpointError(f"S3 part size {part_size} bytes is under S3's 5 MiB minimum")
         self.part_size = part_size
         self.max_concurrency = max_concurrency
+        self.inflight_stale_s = inflight_stale_s
         self._client = client
         self._downloaded: Path | None = None
 
@@ -430,12 +435,12 @@ class S3Store:
                     "Objects": [{"Key": k} for k in chunk], "Quiet": True})
 
     def inflight(self) -> list[str]:
-        """Keys of live in-flight markers (younger than :data:`INFLIGHT_STALE_S`)."""
+        """Keys of live in-flight markers (younger than ``inflight_stale_s``)."""
         live = []
         now = time.time()
         for page in self._list(self._key(INFLIGHT) + "/"):
             for obj in page.get("Contents", []):
-                if now - obj["LastModified"].timestamp() < INFLIGHT_STALE_S:
+                if now - obj["LastModified"].timestamp() < self.inflight_stale_s:
                     live.append(obj["Key"])
         return live
 
