@@ -190,11 +190,36 @@ class PreemptionConfig(_Model):
         return name
 
 
-class CheckpointConfig(_Model):
-    """Where job checkpoints live: ``<root>/<user>/<job key>``; ``keep`` newest are kept."""
+S3_ROOT_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 
-    root: Path = Path("/var/spool/slurm-spot/checkpoints")
+
+class S3Settings(_Model):
+    """How to reach an S3-compatible store for an ``s3://`` checkpoint root. Credentials are
+    not configured here: the job's boto3 finds them in its standard chain (environment, shared
+    credentials file, instance or workload metadata)."""
+
+    endpoint_url: str | None = Field(None, pattern=r"^https?://\S+$")
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+
+
+class CheckpointConfig(_Model):
+    """Where job checkpoints live: ``<root>/<user>/<job key>``; ``keep`` newest are kept.
+
+    ``root`` is an absolute directory (local or shared POSIX file system), or an
+    ``s3://bucket/prefix`` URL (bucket name rules of the S3 API reference), reached as ``s3``
+    says; a job may choose its own root (``SLURM_SPOT_CHECKPOINT_ROOT`` in its environment, set
+    by ``slurm-spot sbatch --checkpoint-root``).
+    """
+
+    root: Annotated[str, Field(pattern=S3_ROOT_PATTERN)] | Path = Path(
+        "/var/spool/slurm-spot/checkpoints")
     keep: int = Field(2, ge=1)
+    s3: S3Settings = S3Settings()
+
+    @property
+    def is_s3(self) -> bool:
+        """True when ``root`` is an ``s3://`` URL."""
+        return isinstance(self.root, str)
 
 
 class PowerConfig(_Model):
@@ -247,7 +272,7 @@ class SpotConfig(_Model):
         for name, value in (("state_dir", self.state_dir), ("log_dir", self.log_dir),
                             ("slurm_bin_dir", self.slurm_bin_dir),
                             ("checkpoint.root", self.checkpoint.root)):
-            if not value.is_absolute():
+            if isinstance(value, Path) and not value.is_absolute():
                 problems.append(f"{name}: must be an absolute path, got {str(value)!r}")
         seen_sets: dict[str, int] = {}
         owner: dict[str, str] = {}
