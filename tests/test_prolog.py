@@ -134,7 +134,7 @@ def test_a_job_may_choose_an_s3_root_but_not_a_directory(tmp_path: Path) -> None
     for bad in ("/tmp/elsewhere", "s3://x", "s3://ok-bucket/p\nexport X=1"):
         with pytest.raises(BadInputError, match="SLURM_SPOT_CHECKPOINT_ROOT"):
             checkpoint_dir(cfg, {**JOB, "SLURM_SPOT_CHECKPOINT_ROOT": bad})
-    with pytest.raises(Exception, match="checkpoint.root"):
+    with pytest.raises(Exception, match=r"checkpoint\.root"):
         parse_config({"cluster": "c", "node_sets": [{"name": "s", "provider": "local",
                                                      "count": 1}],
                       "partitions": [{"name": "s", "node_sets": ["s"]}],

@@ -149,8 +149,16 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     if job_env and any(o.startswith("--export") and "ALL" not in o for o in options):
         raise BadInputError("--checkpoint-root/--s3-*: the job gets them through its "
                             "environment; add ALL to --export")
+    before = {k: os.environ.get(k) for k in job_env}
     os.environ.update(job_env)  # sbatch (run below) exports its environment to the job
-    _submit(app, plan, bool(ours["dry_run"]), bool(ours["json"]))
+    try:
+        _submit(app, plan, bool(ours["dry_run"]), bool(ours["json"]))
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _submit(app: AppContext, plan: Submission, dry_run: bool, as_json: bool) -> None:
