@@ -1,14 +1,15 @@
 """Checkpoints in an S3-compatible object store (AWS S3, MinIO, GCS interoperability, ...).
 
-Why boto3: ``benchmarks/s3_clients.py`` measured upload and download throughput of boto3's
-managed transfer (parallel multipart), fsspec/s3fs and s3torchconnector against moto's HTTP
-server on this machine (figures in BENCHMARKS.md, "S3 client throughput"). boto3 was as fast as
-the fastest alternative for checkpoint-sized files, is the client the project already depends
-on (``[aws]`` extra), honours every standard credential source and ``endpoint_url`` /
-``addressing_style``, and gives explicit multipart control (``TransferConfig``).
-s3torchconnector needs the AWS CRT and a region-bound endpoint and cannot write a file from a
-local staging directory without re-reading it through torch; s3fs adds an event loop thread
-and reimplements the multipart logic boto3 already has.
+Why boto3 (not s3torchconnector or fsspec/s3fs): ``benchmarks/checkpoint_io.py --clients``
+moved a 200 MB file to and from moto's HTTP server (BENCHMARKS.md, "S3 client throughput"):
+boto3's managed transfer 85 MB/s up / 87 MB/s down, s3fs 69 / 155, s3torchconnector 111 / 49
+(medians of 3; moto in the same process is the bottleneck, so the spread is mostly moto's).
+No client wins both directions, so the rest decided: boto3 is already the project's AWS
+client (``[aws]`` extra) and uploads a staged file with parallel multipart parts whose size and
+concurrency we set (``TransferConfig``); s3fs's aiobotocore pins an older botocore than boto3
+needs (installing it for the measurement broke boto3's own requirement), and
+s3torchconnector writes a stream (no part-level control, no upload of a staged file) through
+the AWS CRT, a large native dependency for 1.3x on one direction against a test server.
 
 Layout under ``s3://bucket/prefix/``::
 
