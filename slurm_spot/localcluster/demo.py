@@ -73,6 +73,11 @@ class DemoSettings:
     second_after_steps: int = 60
     timeout_s: float = 900.0
     keep_cluster: bool = False
+    #: an ``s3://bucket/prefix`` checkpoint root (None: a directory in ``workdir``), and how
+    #: to reach it; credentials come from the environment (boto3's chain)
+    checkpoint_root: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_addressing_style: str = "auto"
 
 
 @dataclass
@@ -107,8 +112,9 @@ class TrainingLog:
         return max(steps) if steps else 0
 
 
-def demo_config(workdir: Path) -> dict:
-    """The demo's spot.yaml: 4 one-CPU local nodes, short timers, a fast reconciler."""
+def demo_config(workdir: Path, checkpoint: dict | None = None) -> dict:
+    """The demo's spot.yaml: 4 one-CPU local nodes, short timers, a fast reconciler;
+    ``checkpoint`` replaces the default checkpoint section (a directory in ``workdir``)."""
     return {
         "cluster": "demo",
         "providers": {"local": {"type": "local", "kill_wait_s": 10, "notice_poll_s": 0.5}},
@@ -119,7 +125,7 @@ def demo_config(workdir: Path) -> dict:
         "preemption": {"signal": "USR2", "lead_s": 90},
         "state_dir": str(workdir / "state"),
         "log_dir": str(workdir / "log"),
-        "checkpoint": {"root": str(workdir / "checkpoints"), "keep": 2},
+        "checkpoint": checkpoint or {"root": str(workdir / "checkpoints"), "keep": 2},
     }
 
 
@@ -188,7 +194,12 @@ class Demo:
         workdir = self.s.workdir
         workdir.mkdir(parents=True, exist_ok=True)
         source = workdir / "demo-spot.yaml"
-        source.write_text(yaml.safe_dump(demo_config(workdir), sort_keys=False))
+        checkpoint = None
+        if self.s.checkpoint_root:
+            checkpoint = {"root": self.s.checkpoint_root, "keep": 2,
+                          "s3": {"endpoint_url": self.s.s3_endpoint_url,
+                                 "addressing_style": self.s.s3_addressing_style}}
+        source.write_text(yaml.safe_dump(demo_config(workdir, checkpoint), sort_keys=False))
         self.say("starting the local spot cluster (munge, slurmctld, reconciler)")
         self.spot_with_config(source, "local", "up", "--conf-dir", str(self.conf_dir))
         try:
