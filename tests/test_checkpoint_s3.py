@@ -372,3 +372,25 @@ def test_final_save_on_preemption_waits_for_the_inflight_one(endpoint: str,
     final = ckpt.save_final(_state(11), within_s=60)
     assert str(final).endswith("step_000000011")
     assert [s for s, _ in store.committed()] == [11, 10]
+
+
+def test_preemption_waits_for_the_inflight_save_then_saves_the_final_state(
+        endpoint: str, tmp_path: Path) -> None:
+    """A real SIGUSR2 while an async save is uploading: the handler lets it commit within the
+    notice (``@90``), saves the final step and exits with the requeue code."""
+    from slurm_spot.checkpoint.preemption import PreemptionHandler
+
+    store = _store(endpoint, new_bucket(endpoint), staging_dir=str(tmp_path))
+    ckpt = Checkpointer(store, keep=3)
+    handler = PreemptionHandler(env={"SLURM_SPOT_PREEMPT_SIGNAL": "USR2@90"}).install()
+    try:
+        ckpt.save_async(_state(20))
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert handler.should_stop()
+        assert 0 < handler.notice_left_s() <= 90
+        with pytest.raises(SystemExit) as stopped:
+            handler.checkpoint_and_exit(ckpt, _state(21))
+    finally:
+        handler.uninstall()  # restores the handlers from before install()
+    assert stopped.value.code == 85
+    assert [s for s, _ in store.committed()] == [21, 20]
