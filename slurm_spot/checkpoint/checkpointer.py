@@ -287,6 +287,7 @@ class _Job:
     world: int
     rank: int
     started_s: float
+    rank_state: dict[str, Any]
 
 
 class Checkpointer:
@@ -337,6 +338,8 @@ class Checkpointer:
         self.start_fresh_if_invalid = start_fresh_if_invalid
         self._save_group: Any = None
         self._inflight: SaveHandle | None = None
+        # host buffers of the last snapshot, reused once its writer is done
+        self._pool: dict[str, dict[str, torch.Tensor]] = {}
         self.last_save_s: float | None = None
 
     # -- collective plumbing -----------------------------------------------------------------
@@ -485,26 +488,20 @@ class Checkpointer:
         if problem:
             raise CheckpointError(f"refusing to save to {self.store.location}: {problem}")
         use_dcp = is_sharded(state.model) if sharded is None else sharded
-        per_rank = self._gather(_rank_state(state))
-        plan = self._from_rank0(self.store.stage(state.step) if rank == 0 else None)
-        if plan[0] == "error":
-            raise CheckpointError(plan[2])
-        handle = SaveHandle(state.step, self.store.location, None, self.writer_timeout_s)
-        if plan[0] == "skip":
-            log.warning("%s", plan[2])
-            handle._finish(plan[1], None, 0.0)
-            return handle
         kind: Literal["torch", "dcp"] = "dcp" if use_dcp else "torch"
-        payload = _payload(state, per_rank, world, kind) if rank == 0 else None
+        handle = SaveHandle(state.step, self.store.location, None, self.writer_timeout_s)
+        # per_rank is filled in by the writer, after gathering every rank's RNG state
+        payload = _payload(state, [], world, kind) if rank == 0 else None
         dcp_state = _dcp_state(state) if use_dcp else None
         if background:  # the snapshot: copies the trainer can no longer change
-            payload = _snapshot(payload)
-            dcp_state = _snapshot(dcp_state)
+            payload = _snapshot(payload, self._pool.setdefault("torch", {}))
+            dcp_state = _snapshot(dcp_state, self._pool.setdefault("dcp", {}))
         meta = {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", ""),
                 "async": background}
-        job = _Job(state.step, plan[1], kind, payload, dcp_state, meta, world, rank, started_s)
+        job = _Job(state.step, "", kind, payload, dcp_state, meta, world, rank, started_s,
+                   _rank_state(state))
         if not background:
             self._write(job, handle)
             return handle
@@ -519,6 +516,23 @@ class Checkpointer:
         """Write, upload, agree, commit (rank 0), prune. Runs in the writer thread for an
         asynchronous save; every collective is on the save group."""
         where = f"checkpoint of step {job.step} to {self.store.location}"
+        # the gather and the plan run here, on the save group, so the stall is the snapshot
+        per_rank = self._gather(job.rank_state)
+        try:
+            plan = self.store.stage(job.step) if job.rank == 0 else None
+        except Exception as exc:
+            plan = ("error", self.store.location, f"cannot prepare {where}: {exc}")
+        plan = self._from_rank0(plan)
+        if plan[0] != "write":
+            if plan[0] == "skip":
+                log.warning("%s", plan[2])
+                handle._finish(plan[1], None, time.monotonic() - job.started_s)
+            else:
+                handle._finish(None, plan[2], time.monotonic() - job.started_s)
+            return
+        job.token = plan[1]
+        if job.payload is not None:
+            job.payload["per_rank"] = per_rank
         problem, staging = "", None
         try:
             staging = self.store.local_staging(job.token)
@@ -722,36 +736,49 @@ def _payload(state: TrainState, per_rank: list[Any], world: int,
     return payload
 
 
-def _snapshot(value: Any) -> Any:
-    """A deep copy in which every tensor is a fresh copy (CPU tensors are cloned, device
-    tensors copied to ordinary, non-pinned host memory): nothing the trainer reuses."""
+def _snapshot(value: Any, pool: dict[str, torch.Tensor] | None = None) -> Any:
+    """A deep copy in which every tensor is a fresh copy in ordinary (non-pinned) host memory
+    (a DTensor is cloned where it lives): nothing the trainer reuses.
+
+    ``pool`` holds the host buffers of the previous snapshot, keyed by their place in
+    ``value``; a buffer of the same shape and dtype is overwritten instead of allocated (a new
+    100 MB allocation costs more in page faults than the copy). The caller reuses a pool only
+    after the writer that read it is done (:meth:`Checkpointer._start` waits for it first).
+    """
     if value is None:
         return None
-
-    def copy(t: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor
-
-        if isinstance(t, DTensor):
-            return t.detach().clone()
-        return t.detach().to("cpu", copy=True)
+    from torch.distributed.tensor import DTensor
 
     memo: dict[int, Any] = {}
 
-    def walk(v: Any) -> Any:
+    def copy(t: torch.Tensor, where: str) -> torch.Tensor:
+        if isinstance(t, DTensor):
+            return t.detach().clone()
+        buf = pool.get(where) if pool is not None else None
+        if buf is not None and buf.shape == t.shape and buf.dtype == t.dtype \
+                and buf.layout == t.layout == torch.strided:
+            buf.copy_(t.detach())
+        else:
+            buf = t.detach().to("cpu", copy=True)
+        if pool is not None:
+            pool[where] = buf
+        return buf
+
+    def walk(v: Any, where: str) -> Any:
         if isinstance(v, torch.Tensor):
             if id(v) not in memo:
-                memo[id(v)] = copy(v)
+                memo[id(v)] = copy(v, where)
             return memo[id(v)]
         if isinstance(v, dict):
-            return type(v)((k, walk(x)) for k, x in v.items()) if type(v) is not dict \
-                else {k: walk(x) for k, x in v.items()}
+            items = [(k, walk(x, f"{where}/{k!r}")) for k, x in v.items()]
+            return dict(items) if type(v) is dict else type(v)(items)
         if isinstance(v, list):
-            return [walk(x) for x in v]
+            return [walk(x, f"{where}/{i}") for i, x in enumerate(v)]
         if isinstance(v, tuple) and not hasattr(v, "_fields"):
-            return tuple(walk(x) for x in v)
+            return tuple(walk(x, f"{where}/{i}") for i, x in enumerate(v))
         return copy_module.deepcopy(v)
 
-    return walk(value)
+    return walk(value, "")
 
 
 def _write_file(path: Path, payload: Any) -> None:
