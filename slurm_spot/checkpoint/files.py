@@ -298,6 +298,25 @@ def new_temp_dir(directory: str | os.PathLike[str], step: int) -> Path:
     return path
 
 
+def build_manifest(
+    step: int, kind: Literal["torch", "dcp"], world_size: int, meta: dict[str, Any] | None,
+    files: dict[str, dict[str, Any]], started_s: float | None = None,
+) -> dict[str, Any]:
+    """The manifest of a checkpoint (every store writes this, see :func:`write_manifest`):
+    format, step, kind, world size, ``created_unix_s``, ``meta``, ``files``, ``size_bytes``
+    (their total, bytes) and, with ``started_s`` (a :func:`time.monotonic` reading from when
+    the save began), ``save_s`` (seconds until now). The one place that records a save's
+    duration and size."""
+    manifest: dict[str, Any] = {
+        "format": FORMAT, "step": step, "kind": kind, "world_size": world_size,
+        "created_unix_s": round(time.time(), 3), "meta": meta or {}, "files": files,
+        "size_bytes": sum(int(f["size"]) for f in files.values()),
+    }
+    if started_s is not None:
+        manifest["save_s"] = round(max(0.0, time.monotonic() - started_s), 3)
+    return manifest
+
+
 def write_manifest(
     temp_dir: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
     meta: dict[str, Any] | None = None, started_s: float | None = None,
@@ -326,13 +345,7 @@ def write_manifest(
         files[path.relative_to(temp_dir).as_posix()] = {"size": size, "sha256": sha}
     if not files:
         raise CheckpointError(f"{temp_dir}: nothing to commit")
-    manifest: dict[str, Any] = {
-        "format": FORMAT, "step": step, "kind": kind, "world_size": world_size,
-        "created_unix_s": round(time.time(), 3), "meta": meta or {}, "files": files,
-        "size_bytes": sum(int(f["size"]) for f in files.values()),
-    }
-    if started_s is not None:
-        manifest["save_s"] = round(max(0.0, time.monotonic() - started_s), 3)
+    manifest = build_manifest(step, kind, world_size, meta, files, started_s)
     partial = temp_dir / f"{MANIFEST_NAME}.tmp"
     with open(partial, "w") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)

@@ -56,6 +56,7 @@ from slurm_spot.checkpoint.files import (
     Candidate,
     Checkpoint,
     CheckpointError,
+    build_manifest,
     file_digest,
     step_dir_name,
     validate,
@@ -343,13 +344,8 @@ class S3Store:
         step, name = int(step_s), step_dir_name(int(step_s))
         if not files:
             raise CheckpointError(f"{self._where(self._key(name))}: nothing to commit")
-        manifest: dict[str, Any] = {
-            "format": FORMAT, "step": step, "kind": kind, "world_size": world_size,
-            "created_unix_s": round(time.time(), 3), "meta": meta, "files": files,
-            "size_bytes": sum(int(f["size"]) for f in files.values()), "attempt": attempt,
-        }
-        if started_s is not None:
-            manifest["save_s"] = round(max(0.0, time.monotonic() - started_s), 3)
+        manifest = build_manifest(step, kind, world_size, meta, files, started_s)
+        manifest["attempt"] = attempt
         key = self._key(name, MANIFEST_NAME)
         if self.manifest(step) is not None:
             raise CheckpointError(f"{self._where(key)} already exists; a checkpoint is never "
