@@ -244,6 +244,7 @@ def _scenario_async_barrier(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     default group in between, while the writers' collectives run."""
     import torch.distributed as dist
 
+    torch.manual_seed(0)  # the same weights on every rank, as data parallel training keeps them
     model = nn.Linear(64, 64)
     ckpt = Checkpointer(open_store(args["root"], endpoint_url=args.get("endpoint"),
                                    addressing_style="path", staging_dir=args["staging"])
@@ -258,8 +259,11 @@ def _scenario_async_barrier(rank: int, args: dict[str, Any]) -> dict[str, Any]:
         dist.all_reduce(torch.ones(4))
         steps.append(step)
     ckpt.wait(60)
-    found = ckpt.latest()
-    return {"steps": steps, "latest": found.step if found else None}
+    expected = model.weight.detach().clone()
+    fresh = nn.Linear(64, 64)
+    found = ckpt.restore(TrainState(fresh))
+    return {"steps": steps, "latest": found.step if found else None,
+            "restored": torch.equal(fresh.weight, expected)}
 
 
 def _spawn(world: int, scenario: str, args: dict[str, Any], timeout_s: float = 180) -> dict[
@@ -307,7 +311,7 @@ def test_async_saves_with_a_barrier_on_the_training_group_do_not_deadlock(
         args.update(root=f"s3://{new_bucket(endpoint)}/{ODD}", endpoint=endpoint)
     results = _spawn(2, "async_barrier", args, timeout_s=240)
     for rank in (0, 1):
-        assert results[rank] == {"steps": [1, 2], "latest": 2}, results[rank]
+        assert results[rank] == {"steps": [1, 2], "latest": 2, "restored": True}, results[rank]
 
 
 # -- async save, one process -----------------------------------------------------------------
