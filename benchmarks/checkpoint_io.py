@@ -138,6 +138,12 @@ def _io(args: argparse.Namespace) -> str:
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
+        "What the async stall is made of: one copy of every tensor (memory bandwidth) and a "
+        "fixed part (RNG capture, starting the writer thread, whose serialisation then holds "
+        "the GIL for a moment). Where the sync save itself is cheap (a small state on a fast, "
+        "page-cached local disk) that is more than 10 % of it; against S3, where the upload "
+        "dominates, it stays under the target.",
+        "",
         f"Machine: {os.cpu_count()} CPUs (shared with other work), "
         f"{platform.python_version()}, moto's S3 server in the benchmark's process (its "
         "HTTP handling competes with the writer for the same cores). " + (args.note or ""),
