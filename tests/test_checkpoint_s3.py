@@ -180,6 +180,7 @@ def test_writer_killed_mid_upload_resume_uses_the_previous_checkpoint(endpoint: 
     again = Checkpointer(_store(endpoint, bucket, staging_dir=str(tmp_path),
                                 inflight_stale_s=0.0)).save(_state(9))
     assert str(again).endswith("step_000000009")
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")  # the dead one aborted
     assert store.latest() is not None and store.latest().step == 9  # type: ignore[union-attr]
 
 
@@ -266,6 +267,21 @@ def _scenario_async_barrier(rank: int, args: dict[str, Any]) -> dict[str, Any]:
             "restored": torch.equal(fresh.weight, expected)}
 
 
+def _scenario_unpicklable(rank: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Only rank 0's extra holds a lambda: every rank refuses the save (no rank hangs)."""
+    model = nn.Linear(4, 4)
+    ckpt = Checkpointer(args["root"], writer_timeout_s=60)
+    extra = {"fn": (lambda x: x)} if rank == 0 else {"fn": "identity"}
+    started = time.monotonic()
+    try:
+        ckpt.save(TrainState(model, step=3, extra=extra))
+        error = ""
+    except CheckpointError as exc:
+        error = str(exc)
+    return {"error": error, "seconds": time.monotonic() - started,
+            "latest": ckpt.latest() is not None}
+
+
 def _spawn(world: int, scenario: str, args: dict[str, Any], timeout_s: float = 180) -> dict[
         int, Any]:
     ctx = mp.get_context("spawn")
@@ -301,6 +317,16 @@ def test_throttling_on_one_rank_means_no_rank_advances(endpoint: str, tmp_path: 
     store = _store(endpoint, bucket, staging_dir=str(tmp_path))
     assert store.manifest(2) is None
     assert not [k for k in keys(endpoint, bucket) if "step_000000002" in k]  # cleaned up
+
+
+def test_a_non_picklable_extra_on_one_rank_fails_every_rank_without_hanging(
+        tmp_path: Path) -> None:
+    results = _spawn(2, "unpicklable", {"root": str(tmp_path)}, timeout_s=120)
+    for rank in (0, 1):
+        assert "rank 0" in results[rank]["error"], results[rank]
+        assert "TrainState.extra['fn']" in results[rank]["error"]
+        assert results[rank]["latest"] is False
+    assert not list(tmp_path.iterdir())  # nothing staged, nothing committed
 
 
 @pytest.mark.parametrize("where", ["posix", "s3"])

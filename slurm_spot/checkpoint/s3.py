@@ -468,4 +468,17 @@ class S3Store:
                 self._delete([o["Key"] for page in self._list(self._key(name) + "/")
                               for o in page.get("Contents", [])])
                 removed.append(self._where(self._key(name)))
+        self._abort_dead_multipart(newest_step)
         return removed
+
+    def _abort_dead_multipart(self, newest_step: int) -> None:
+        """Abort multipart uploads a killed writer left under ``step_N/`` (N <= newest_step):
+        S3 keeps and bills their parts until aborted. Only called when nothing is in flight."""
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+            for upload in page.get("Uploads", []):
+                name = upload["Key"][len(self.prefix):].split("/", 1)[0]
+                if name.startswith("step_") and name[5:].isdigit() \
+                        and int(name[5:]) <= newest_step:
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                       UploadId=upload["UploadId"])
