@@ -36,7 +36,19 @@ in :mod:`slurm_spot.checkpoint.files`). Two ways to write, one staging directory
   file system all ranks share.
 
 Loading uses ``torch.load(weights_only=True)``, so ``extra`` must hold plain Python values and
-tensors.
+tensors; :func:`check_restorable` refuses anything else at save time, naming the key.
+
+Asynchronous saves (POSIX or ``s3://`` roots)::
+
+    handle = ckpt.save_async(state)        # blocks only for the snapshot (a copy of tensors)
+    ...training continues...
+    if preemption.should_stop():
+        preemption.checkpoint_and_exit(ckpt, state)   # in-flight save commits, final save
+
+At most one save is in flight; it counts once every rank's part succeeded (agreed on the
+save's own gloo group). Restore refuses to start from step 0 when checkpoints exist but none
+is valid (``start_fresh_if_invalid``), checks shapes before loading anything, and takes a
+``resume_from`` directory on the first run only.
 """
 
 from __future__ import annotations
