@@ -75,6 +75,9 @@ class CopyStore:
     def has_committed(self) -> bool:
         return bool(files.list_candidates(self.remote))
 
+    def release(self, checkpoint: files.Checkpoint) -> None:
+        return None
+
 
 def test_a_second_store_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
     remote = tmp_path / "remote"

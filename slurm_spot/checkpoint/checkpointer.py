@@ -675,6 +675,9 @@ class Checkpointer:
                 gen.set_state(mine["generators"][name])
         if restore_rng:
             restore_rng_state(mine["rng"])
+        if self._dist():
+            dist.barrier(group=self._pg())  # every rank has read it (ranks may share a copy)
+        self.store.release(found)
         return found
 
     def _explicit(self, path: Path) -> Checkpoint:

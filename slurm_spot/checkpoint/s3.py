@@ -420,6 +420,12 @@ class S3Store:
         self._downloaded = local
         return Checkpoint(local, checkpoint.step, checkpoint.kind, manifest)
 
+    def release(self, checkpoint: Checkpoint) -> None:
+        """Delete this rank's download of ``checkpoint`` (it is loaded; the bucket keeps it)."""
+        if self._downloaded is not None and checkpoint.path == self._downloaded:
+            shutil.rmtree(self._downloaded, ignore_errors=True)
+            self._downloaded = None
+
     def has_committed(self) -> bool:
         """True when any ``step_N/manifest.json`` exists (valid or not)."""
         return bool(self.committed())

@@ -114,6 +114,11 @@ class CheckpointStore(Protocol):
         """True when the store holds at least one committed checkpoint of ours (valid or not)."""
         ...
 
+    def release(self, checkpoint: Checkpoint) -> None:
+        """Every rank, after loading ``checkpoint``: drop a local copy made for it (a download);
+        never the store's own checkpoint."""
+        ...
+
 
 def open_store(root: str | os.PathLike[str], **s3_options: Any) -> CheckpointStore:
     """The store for a checkpoint root: :class:`~slurm_spot.checkpoint.s3.S3Store` for
@@ -195,3 +200,6 @@ class LocalStore:
 
     def has_committed(self) -> bool:
         return any(c.kind == "dir" for c in list_candidates(self.directory))
+
+    def release(self, checkpoint: Checkpoint) -> None:
+        return None
