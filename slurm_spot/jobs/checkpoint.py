@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,6 +245,10 @@ class Checkpointer:
     def save(self, state: TrainState, *, sharded: bool | None = None) -> Path:
         """Commit a checkpoint of ``state`` as ``step_<state.step>`` and prune old ones.
 
+        The manifest records how long this save took (``save_s``, seconds, on rank 0 from this
+        call until the manifest is written) and its size (``size_bytes``): the node-side watcher
+        reads them to signal the job early enough before an interruption deadline.
+
         Args:
             state: what to save.
             sharded: force DCP (True) or plain torch.save (False); None: DCP if
@@ -256,6 +261,7 @@ class Checkpointer:
         Raises:
             CheckpointError: on any rank, when writing failed on rank 0 (disk full, ...).
         """
+        started_s = time.monotonic()
         rank, world = self._rank_world()
         use_dcp = is_sharded(state.model) if sharded is None else sharded
         per_rank = self._gather(_rank_state(state))
@@ -274,7 +280,8 @@ class Checkpointer:
         final = temp.parent / step_dir_name(state.step)
         if rank == 0:
             try:
-                self._write_rank0(state, temp, per_rank, world, "dcp" if use_dcp else "torch")
+                self._write_rank0(state, temp, per_rank, world, "dcp" if use_dcp else "torch",
+                                  started_s)
             except (OSError, RuntimeError, CheckpointError) as exc:
                 error = f"saving step {state.step} into {temp} failed: {exc}"
                 log.error("%s", error)
@@ -301,7 +308,7 @@ class Checkpointer:
             return ("error", str(final), f"cannot prepare checkpoint {final}: {exc}")
 
     def _write_rank0(self, state: TrainState, temp: Path, per_rank: list[Any], world: int,
-                     kind: Literal["torch", "dcp"]) -> None:
+                     kind: Literal["torch", "dcp"], started_s: float) -> None:
         payload: dict[str, Any] = {
             "format": FORMAT, "step": state.step, "epoch": state.epoch,
             "batch_in_epoch": state.batch_in_epoch, "extra": state.extra,
@@ -318,7 +325,7 @@ class Checkpointer:
         meta = {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", "")}
-        write_manifest(temp, state.step, kind, world, meta)
+        write_manifest(temp, state.step, kind, world, meta, started_s=started_s)
         final = commit(temp, state.step)
         removed = prune(self.directory, self.keep, final)
         if removed:
