@@ -201,6 +201,34 @@ class Demo:
         raise SlurmSpotError(f"reference run failed: {errors}")
 
     def run(self) -> dict[str, object]:
+        """The whole demo (module docstring); returns what ``demo --json`` prints."""
+        self._up()
+        try:
+            return self._run_job()
+        finally:
+            self._down()
+
+    def measure(self, kind: str, repetitions: int) -> list[Interruption]:
+        """For benchmarks: one long training job on a fresh cluster, interrupted
+        ``repetitions`` times the same way (``notice`` or ``kill``), the first at
+        ``first_at_step``, each next one ``second_after_steps`` steps after the last resume;
+        then the job is cancelled and the cluster stopped. Returns each interruption."""
+        self._up()
+        try:
+            job, log = self._submit(steps=100_000)
+            self.wait("training to start", lambda: log.last_step() >= 1, log)
+            result = []
+            at = self.s.first_at_step
+            for _ in range(repetitions):
+                result.append(self._interrupt(kind, job, log, at))
+                at = log.last_step() + self.s.second_after_steps
+            self.spot("local", "status")  # the cluster still answers
+            SlurmClient().run("scancel", str(job), check=False)
+            return result
+        finally:
+            self._down()
+
+    def _up(self) -> None:
         workdir = self.s.workdir
         workdir.mkdir(parents=True, exist_ok=True)
         source = workdir / "demo-spot.yaml"
@@ -208,12 +236,11 @@ class Demo:
             demo_config(workdir, self.s.boot_delay_s, self.s.prewarm), sort_keys=False))
         self.say("starting the local spot cluster (munge, slurmctld, reconciler)")
         self.spot_with_config(source, "local", "up", "--conf-dir", str(self.conf_dir))
-        try:
-            return self._run_job()
-        finally:
-            if not self.s.keep_cluster:
-                self.say("stopping the local cluster")
-                self.spot("local", "down", "--conf-dir", str(self.conf_dir))
+
+    def _down(self) -> None:
+        if not self.s.keep_cluster:
+            self.say("stopping the local cluster")
+            self.spot("local", "down", "--conf-dir", str(self.conf_dir))
 
     def spot_with_config(self, config: Path, *args: str) -> None:
         argv = [sys.executable, "-m", "slurm_spot", "--config", str(config), *args]
@@ -225,15 +252,7 @@ class Demo:
     def _run_job(self) -> dict[str, object]:
         self.say("computing the reference (uninterrupted run on this machine)")
         reference = self.reference()
-        out = self.s.workdir / "train-%j.out"
-        submitted = json.loads(self.spot(
-            "sbatch", "--torchrun", "--json", "-p", "spot", "-N", "2", "-o", str(out),
-            str(EXAMPLE), "--steps", str(self.s.steps), "--step-sleep", str(self.s.step_sleep_s),
-            "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1",
-            "--timestamps"))
-        job = int(submitted["job_id"])
-        log = TrainingLog(Path(str(out).replace("%j", str(job))))
-        self.say(f"submitted job {job}: 2 nodes, {self.s.steps} steps")
+        job, log = self._submit(self.s.steps)
         self.wait("training to start", lambda: log.last_step() >= 1, log)
         interruptions = [self._interrupt("notice", job, log, self.s.first_at_step)]
         nxt = log.last_step() + self.s.second_after_steps
@@ -257,6 +276,17 @@ class Demo:
             "wall_s": round(time.monotonic() - self.started, 1),
             "workdir": str(self.s.workdir),
         }
+
+    def _submit(self, steps: int) -> tuple[int, TrainingLog]:
+        out = self.s.workdir / "train-%j.out"
+        submitted = json.loads(self.spot(
+            "sbatch", "--torchrun", "--json", "-p", "spot", "-N", "2", "-o", str(out),
+            str(EXAMPLE), "--steps", str(steps), "--step-sleep", str(self.s.step_sleep_s),
+            "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1",
+            "--timestamps"))
+        job = int(submitted["job_id"])
+        self.say(f"submitted job {job}: 2 nodes, {steps} steps")
+        return job, TrainingLog(Path(str(out).replace("%j", str(job))))
 
     def _job_nodes(self, job: int) -> list[str]:
         from slurm_spot.hostlist import expand
