@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from report import write_section  # noqa: E402 - benchmarks/report.py, beside this script
 
-from slurm_spot.demo import Demo, DemoSettings  # noqa: E402
+from slurm_spot.localcluster.demo import Demo, DemoSettings  # noqa: E402
 from slurm_spot.recovery import PARTS  # noqa: E402
 from tests.cluster import acquire_cluster_lock  # noqa: E402
 

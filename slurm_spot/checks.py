@@ -16,11 +16,11 @@ def check_config(config: SpotConfig) -> list[str]:
         where = f"node_sets.{i}"
         settings = config.providers[ns.provider]
         if isinstance(settings, AwsProviderConfig):
-            from slurm_spot.providers.aws_checks import check_aws_node_set
+            from slurm_spot.providers.aws.checks import check_aws_node_set
 
             problems.extend(check_aws_node_set(ns, where))
         elif isinstance(settings, GcpProviderConfig):
-            from slurm_spot.providers.gcp_checks import check_gcp_node_set
+            from slurm_spot.providers.gcp.checks import check_gcp_node_set
 
             problems.extend(check_gcp_node_set(ns, settings, where, cluster=config.cluster))
     return problems

@@ -41,9 +41,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_spot.checkpoint.files import SaveCost
 from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.jobs.checkpoint_files import SaveCost
 from slurm_spot.slurm.client import Job, Node, SlurmClient
 
 log = logging.getLogger(__name__)

@@ -75,10 +75,10 @@ def slurm_version(candidates: tuple[list[str], ...] = (
 
 def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
     """Node set ``index`` with CPUs, memory and GPUs filled from its EC2 instance types where
-    the admin left them unset (shipped catalogue; see providers/aws_catalog.py)."""
+    the admin left them unset (shipped catalogue; see providers/aws/catalog.py)."""
     ns = config.node_sets[index]
     if isinstance(config.providers[ns.provider], AwsProviderConfig):
-        from slurm_spot.providers.aws_catalog import resolve_node_set_shape
+        from slurm_spot.providers.aws.catalog import resolve_node_set_shape
 
         return resolve_node_set_shape(ns, where=f"node_sets.{index}", path=str(config.source_path))
     return ns

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slurm_spot import events
+from slurm_spot.checkpoint.files import SaveCost, save_costs
 from slurm_spot.config import (
     AwsProviderConfig,
     GcpProviderConfig,
@@ -37,9 +38,8 @@ from slurm_spot.config import (
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.jobs.checkpoint_files import SaveCost, save_costs
-from slurm_spot.notices.base import Notice, NoticeSource
 from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
+from slurm_spot.providers.notices import Notice, NoticeSource
 from slurm_spot.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
@@ -56,16 +56,16 @@ def source_for(config: SpotConfig, node: str) -> NoticeSource:
         raise BadInputError(f"node {node!r} belongs to no node set of {config.source_path}")
     settings = config.providers[node_set.provider]
     if isinstance(settings, LocalProviderConfig):
-        from slurm_spot.notices.local import LocalNoticeSource
+        from slurm_spot.providers.local.notices import LocalNoticeSource
 
         path = config.state_dir / "local" / "notices" / f"{node}.json"
         return LocalNoticeSource(path, settings.notice_poll_s)
     if isinstance(settings, AwsProviderConfig):
-        from slurm_spot.notices.aws import ImdsNoticeSource
+        from slurm_spot.providers.aws.notices import ImdsNoticeSource
 
         return ImdsNoticeSource()
     assert isinstance(settings, GcpProviderConfig)
-    from slurm_spot.notices.gcp import GceMetadataNoticeSource
+    from slurm_spot.providers.gcp.notices import GceMetadataNoticeSource
 
     return GceMetadataNoticeSource()
 

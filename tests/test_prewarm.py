@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.config import SpotConfig, parse_config
-from slurm_spot.events import read_events
-from slurm_spot.jobs.checkpoint_files import (
+from slurm_spot.checkpoint.files import (
     SaveCost,
     commit,
     new_temp_dir,
     save_costs,
     write_manifest,
 )
+from slurm_spot.config import SpotConfig, parse_config
+from slurm_spot.events import read_events
 from slurm_spot.prewarm import (
     PREWARM_WEIGHT,
     choose_replacements,

@@ -19,13 +19,13 @@ def get_provider(config: SpotConfig, name: str) -> Provider:
     if settings is None:
         raise ConfigError("<config>", [f"providers.{name}: not defined"])
     if settings.type == "local":
-        from slurm_spot.providers.local import LocalProvider
+        from slurm_spot.providers.local.provider import LocalProvider
 
         return LocalProvider(config, name, settings)
     if settings.type == "aws":
-        from slurm_spot.providers.aws import AwsProvider
+        from slurm_spot.providers.aws.provider import AwsProvider
 
         return AwsProvider(config, name, settings)
-    from slurm_spot.providers.gcp import GcpProvider
+    from slurm_spot.providers.gcp.provider import GcpProvider
 
     return GcpProvider(config, name, settings)

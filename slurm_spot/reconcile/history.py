@@ -18,7 +18,7 @@ from pathlib import Path
 
 from slurm_spot.events import EVENTS_FILE
 from slurm_spot.providers.base import normalize_code
-from slurm_spot.reconcile_rules import History, Settings
+from slurm_spot.reconcile.rules import History, Settings
 
 TAIL_BYTES = 8 * 1024 * 1024
 INTERRUPTION_MEMORY_S = 900.0  # a requeued job waits ~121 s; keep its id well beyond that
@@ -142,7 +142,7 @@ def build_history(
     now: datetime,
     settings: Settings,
 ) -> History:
-    """Facts for :func:`~slurm_spot.reconcile_rules.plan_pass` from events, oldest first (pure).
+    """Facts for :func:`~slurm_spot.reconcile.rules.plan_pass` from events, oldest first (pure).
 
     - failures: per node within ``failure_window_s`` and after its last ``breaker`` event: the
       reconciler's ``resume_failed`` and ``boot_lost`` (not reclaimed) events, and resume's

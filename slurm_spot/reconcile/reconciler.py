@@ -1,5 +1,5 @@
 """The reconciler's pass (DESIGN.md flow 6): snapshot the providers and Slurm once, classify
-every node with the pure rules of :mod:`slurm_spot.reconcile_rules`, act per verdict through a
+every node with the pure rules of :mod:`slurm_spot.reconcile.rules`, act per verdict through a
 table, and isolate each action's failure. Every action is an event (source ``reconcile``) and
 a metric.
 
@@ -20,9 +20,9 @@ The Slurm transitions that carry out each verdict (verified on Slurm 22.05.8):
 - ``UNDRAIN``: ``state=RESUME`` on a powered-down node drained with one of our reasons.
 
 A pass holds no state of its own: Slurm and the providers are the record, and the few facts
-they do not keep come back from the events file (:mod:`slurm_spot.reconcile_history`), so a
+they do not keep come back from the events file (:mod:`slurm_spot.reconcile.history`), so a
 reconciler killed at any point and started again converges. The loop, the lock and config
-reloads are in :mod:`slurm_spot.reconcile_loop`.
+reloads are in :mod:`slurm_spot.reconcile.loop`.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from datetime import datetime, timezone
 from slurm_spot import events
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import SlurmCommandError
-from slurm_spot.metrics import ReconcileMetrics
 from slurm_spot.power import ProviderFactory
 from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
-from slurm_spot.reconcile_history import build_history, read_tail
-from slurm_spot.reconcile_rules import (
+from slurm_spot.reconcile.history import build_history, read_tail
+from slurm_spot.reconcile.metrics import ReconcileMetrics
+from slurm_spot.reconcile.rules import (
     History,
     NodeDecision,
     Plan,

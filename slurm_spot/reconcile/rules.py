@@ -4,7 +4,7 @@ instances tagged with its name in, one :class:`NodeDecision` out. No I/O, no clo
 Instances: an alive instance behind a powered-down node is an orphan once older than
 ``orphan_grace_s`` (younger ones may still be booting); behind a ``down~`` node it is a leftover
 and goes at once. Of several alive instances for one up node, :func:`pick_kept` keeps the one
-Slurm knows. The transitions that carry out each verdict are in :mod:`slurm_spot.reconcile`.
+Slurm knows. The transitions that carry out each verdict are in :mod:`slurm_spot.reconcile.reconciler`.
 
 Reasons: only reasons slurm-spot wrote (``spot-interruption:``, ``(Code:``, ``slurm-spot:``)
 and slurmctld's own power-saving reasons (``ResumeTimeout reached``, ``Not responding``) are
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from slurm_spot.providers.base import Instance, normalize_code
-from slurm_spot.reasons import (
+from slurm_spot.reconcile.reasons import (
     BREAKER_PREFIX,
     cooldown_reason,
     is_clearable,
@@ -63,7 +63,7 @@ class Settings:
 
 @dataclass(frozen=True)
 class History:
-    """Facts from slurm-spot's own events (:mod:`slurm_spot.reconcile_history`).
+    """Facts from slurm-spot's own events (:mod:`slurm_spot.reconcile.history`).
 
     Attributes:
         failures: node -> resume failures in the failure window since its last breaker trip.
