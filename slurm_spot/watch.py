@@ -136,7 +136,8 @@ class Watcher:
         self._signal_jobs(outcome, jobs, notice, prewarm)
         act_at = notice.deadline.timestamp() - self.margin_s
         while self.clock() < act_at and jobs:
-            self.sleep(max(0.05, min(1.0, act_at - self.clock())))
+            # Poll often: the sooner a job that left is expedited, the sooner it runs again.
+            self.sleep(max(0.05, min(0.25, act_at - self.clock())))
             jobs = [j for j in self._jobs_here(outcome) if j in outcome.jobs]
         for job in [j for j in outcome.jobs if j not in jobs]:
             if self._expedite(job, outcome):  # left by itself: requeued by its exit code
@@ -175,7 +176,12 @@ class Watcher:
                 pending.remove(job)
             if pending:
                 self.sleep(max(0.05, min(1.0, min(latest[j] for j in pending) - now)))
-                here = self._jobs_here(outcome)
+                try:  # a job that ended meanwhile needs no signal; an unreadable node keeps all
+                    nodes = self.slurm.nodes([self.node])
+                except SlurmCommandError as exc:
+                    outcome.errors.append(str(exc))
+                    continue
+                here = nodes[0].jobs if nodes else ()
                 pending = [j for j in pending if j in here]
 
     def _latest_signal_times(self, jobs: list[int], notice: Notice) -> dict[int, float]:
