@@ -11,7 +11,11 @@ the cloud API call and its credentials stay there and the replacement goes throu
 resume path (addresses, launch-failure handling). The reconciler only restores what a watcher
 could not (it dies with its node): :func:`weights_to_restore`.
 
-**How the requeued job is steered to the replacement** (Slurm 22.05 through 26.05):
+**How the requeued job is steered to the replacement.** Chosen for Slurm 22.05 through 26.05
+because it uses only what every one of them has: ``scontrol update nodename=N state=POWER_UP``
+and ``weight=W`` (both in scontrol(1) since before 22.05; 24.05+ adds ``scontrol power up``,
+docs/slurm-versions.md) and the scheduler's own order. The man page text quoted below is
+22.05.8's (Debian 12), where this was run; 24.11 and 26.05 were not re-run with prewarm here.
 
 - slurm.conf(5), Weight, NOTE: "Node weights are first considered among currently available
   nodes. For example, a POWERED_DOWN node with a lower weight will not be evaluated before an
