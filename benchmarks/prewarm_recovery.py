@@ -87,7 +87,7 @@ def _cell(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def section(results: list[dict]) -> str:
+def section(results: list[dict], note: str = "") -> str:
     head = ("| scenario | runs | notice -> signal | signal -> exit | exit -> requeue | "
             "requeue -> allocation | allocation -> start | start -> first step | "
             "**exit -> first step** | steps notice -> exit | steps lost | on replacement |")
@@ -131,6 +131,7 @@ def section(results: list[dict]) -> str:
         "the replacement boots, is signalled when it is up (or at its checkpoint deadline), "
         "and lands on nodes that are already up: what remains is the requeue, the scheduler, "
         "and starting torchrun + Python + torch on the new nodes.",
+        *(["", note] if note else []),
         END,
     ])
 
@@ -145,6 +146,8 @@ def main() -> int:
     parser.add_argument("--from-json", type=Path, action="append",
                         help="record earlier raw results (repeatable) instead of running")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--note", default="", help="a paragraph added to the section "
+                        "(e.g. the machine's load while it ran)")
     args = parser.parse_args()
     results: list[dict] = []
     if args.from_json:
@@ -162,7 +165,7 @@ def main() -> int:
                 args.json_out.write_text(json.dumps(results, indent=1))
     order = list(SCENARIOS)
     results.sort(key=lambda r: order.index(r["scenario"]) if r["scenario"] in order else 99)
-    text = section(results)
+    text = section(results, args.note)
     print(text)
     if not args.no_write:
         write_section(BENCHMARKS, BEGIN, END, text)
