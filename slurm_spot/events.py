@@ -8,6 +8,7 @@ calls on an ``O_APPEND`` file, so concurrent writers never interleave within a l
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -20,12 +21,50 @@ EVENTS_FILE = "events.jsonl"
 log = logging.getLogger(__name__)
 
 
+class Action(str, enum.Enum):
+    """Every event name slurm-spot writes (the ``action`` field), and reads back: the
+    reconciler's history and metrics match on these, never on a string written elsewhere.
+    A member compares equal to its value, so events read from the file (plain strings) match.
+    """
+
+    # power hooks (source resume, suspend, resume-fail)
+    LAUNCHED = "launched"
+    LAUNCH_FAILED = "launch_failed"
+    TERMINATED = "terminated"  # also the reconciler (orphans, lost instances)
+    # the watcher on a compute node (source watch)
+    NOTICE = "notice"
+    REQUEUED = "requeued"  # also the reconciler, after a reclaim
+    POWERED_DOWN = "powered_down"  # a notice on a node that ran no job
+    REBALANCE = "rebalance_recommendation"
+    PREWARM = "prewarm"  # replacements chosen and powered up for a node's jobs
+    SIGNAL_PLAN = "signal_plan"  # a job's latest signal time from its checkpoint history
+    SIGNALLED = "signalled"  # the preemption signal went to a job (reason: why now)
+    # the reconciler (source reconcile), one per verdict of reconcile.rules
+    RECLAIMED = "reclaimed"
+    BOOT_LOST = "boot_lost"
+    RESUME_FAILED = "resume_failed"
+    COOLDOWN = "cooldown"
+    COOLDOWN_END = "cooldown_end"
+    BREAKER = "breaker"
+    UNDRAINED = "undrained"
+    EXPEDITED = "expedited"
+    WEIGHT_RESTORED = "weight_restored"  # a prewarmed replacement's Weight back to slurm.conf's
+    # job hooks (source epilog)
+    JOB_END = "job_end"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
+
+
 @dataclass(frozen=True)
 class Event:
     """One decision. ``time`` is ISO 8601 UTC; ``source`` is the component (resume, suspend,
     resume-fail, reconcile, watch, preempt)."""
 
-    action: str
+    action: Action
     source: str
     node: str | None = None
     instance: str | None = None
@@ -63,7 +102,7 @@ def emit(log_dir: Path, event: Event) -> None:
 def record(
     log_dir: Path,
     source: str,
-    action: str,
+    action: Action,
     nodes: Sequence[str | None] = (None,),
     **fields: object,
 ) -> None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from slurm_spot import events
 from slurm_spot.config import NodeSetConfig, SpotConfig
-from slurm_spot.errors import ProviderError, SlurmCommandError, UnknownNodeError
-from slurm_spot.hostlist import expand
+from slurm_spot.errors import ProviderError, SlurmCommandError
+from slurm_spot.hostlist import group_by_node_set
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import (
     ErrorClass,
@@ -58,29 +58,6 @@ class PowerResult:
             ],
             "errors": self.errors,
         }
-
-
-def group_by_node_set(config: SpotConfig, hostlist: str) -> dict[str, list[str]]:
-    """``{node set name: [nodes]}`` for a hostlist, in hostlist order.
-
-    Raises:
-        HostlistError: the expression is malformed.
-        UnknownNodeError: a node belongs to no node set (nothing is changed then).
-    """
-    groups: dict[str, list[str]] = defaultdict(list)
-    unknown = []
-    for node in expand(hostlist):
-        ns = config.node_set_of(node)
-        if ns is None:
-            unknown.append(node)
-        else:
-            groups[ns.name].append(node)
-    if unknown:
-        known = ", ".join(ns.hostlist for ns in config.node_sets)
-        raise UnknownNodeError(
-            f"node(s) {', '.join(unknown)} belong to no node set (configured: {known})"
-        )
-    return dict(groups)
 
 
 def client_token(cluster: str, nodes: list[str]) -> str:
@@ -132,7 +109,7 @@ def _resume_node_set(
     result.failed.extend(failures)
     for inst in launched:
         events.emit(config.log_dir, events.Event(
-            "launched", "resume", node=inst.node, instance=inst.instance_id,
+            events.Action.LAUNCHED, "resume", node=inst.node, instance=inst.instance_id,
             extra={"market": inst.market, "type": inst.instance_type, "zone": inst.zone}))
     addresses = {
         i.node: (i.private_ip, i.hostname or i.node)
@@ -162,7 +139,7 @@ def _give_back(config: SpotConfig, node_set: NodeSetConfig, providers: ProviderF
     result.terminated.extend(launched)
     for inst in launched:
         events.emit(config.log_dir, events.Event(
-            "terminated", "resume", node=inst.node, instance=inst.instance_id,
+            events.Action.TERMINATED, "resume", node=inst.node, instance=inst.instance_id,
             reason="Slurm did not accept the node's address"))
 
 
@@ -172,7 +149,7 @@ def mark_launch_failed(
     """DOWN with ``(Code:X)...`` (slurmctld requeues the jobs at once), then POWER_DOWN so the
     node returns to ``idle~`` instead of staying in plain DOWN."""
     nodes = list(failure.nodes)
-    events.record(config.log_dir, "resume", "launch_failed", nodes, reason=failure.reason,
+    events.record(config.log_dir, "resume", events.Action.LAUNCH_FAILED, nodes, reason=failure.reason,
                   extra={"code": failure.code, "class": failure.error_class.value,
                          "pool": failure.pool})
     try:
@@ -211,7 +188,7 @@ def terminate_nodes(
         result.terminated.extend(ended)
         for inst in ended:
             events.emit(config.log_dir, events.Event(
-                "terminated", source, node=inst.node, instance=inst.instance_id))
+                events.Action.TERMINATED, source, node=inst.node, instance=inst.instance_id))
     return result
 
 

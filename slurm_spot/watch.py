@@ -1,4 +1,4 @@
-"""``slurm-spot watch``: the node-side interruption watcher (DESIGN.md flow 3).
+"""``slurm-spot watch``: the node-side interruption watcher (docs/DESIGN.md flow 3).
 
 On an interruption notice for its node it:
 
@@ -32,9 +32,6 @@ from dataclasses import dataclass, field
 from slurm_spot import events
 from slurm_spot.checkpoint.files import SaveCost, save_costs
 from slurm_spot.config import (
-    AwsProviderConfig,
-    GcpProviderConfig,
-    LocalProviderConfig,
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
@@ -54,20 +51,10 @@ def source_for(config: SpotConfig, node: str) -> NoticeSource:
     node_set = config.node_set_of(node)
     if node_set is None:
         raise BadInputError(f"node {node!r} belongs to no node set of {config.source_path}")
+    from slurm_spot.providers import package_for
+
     settings = config.providers[node_set.provider]
-    if isinstance(settings, LocalProviderConfig):
-        from slurm_spot.providers.local.notices import LocalNoticeSource
-
-        path = config.state_dir / "local" / "notices" / f"{node}.json"
-        return LocalNoticeSource(path, settings.notice_poll_s)
-    if isinstance(settings, AwsProviderConfig):
-        from slurm_spot.providers.aws.notices import ImdsNoticeSource
-
-        return ImdsNoticeSource()
-    assert isinstance(settings, GcpProviderConfig)
-    from slurm_spot.providers.gcp.notices import GceMetadataNoticeSource
-
-    return GceMetadataNoticeSource()
+    return package_for(config, node_set.provider).notice_source(config, node, settings)
 
 
 @dataclass
@@ -111,7 +98,7 @@ class Watcher:
         self.clock = clock
         self.sleep = sleep
 
-    def _event(self, action: str, **fields: object) -> None:
+    def _event(self, action: events.Action, **fields: object) -> None:
         events.emit(self.config.log_dir,
                     events.Event(action, "watch", node=self.node, **fields))  # type: ignore[arg-type]
 
@@ -122,7 +109,7 @@ class Watcher:
         self._try(outcome, lambda: self.slurm.set_state([self.node], "DRAIN", reason))
         jobs = self._jobs_here(outcome)
         outcome.jobs = jobs
-        self._event("notice", reason=reason, job_ids=tuple(jobs),
+        self._event(events.Action.NOTICE, reason=reason, job_ids=tuple(jobs),
                     extra={"deadline": notice.deadline.isoformat(), "source": notice.source})
         prewarm = None
         if jobs and self.config.preemption.prewarm:
@@ -130,7 +117,7 @@ class Watcher:
             chosen = prewarm.start(len(jobs))
             outcome.replacements = list(chosen.nodes)
             outcome.errors.extend(prewarm.errors)
-            self._event("prewarm", job_ids=tuple(jobs),
+            self._event(events.Action.PREWARM, job_ids=tuple(jobs),
                         extra={"power_up": list(chosen.power_up), "ready": list(chosen.ready),
                                "short": chosen.short})
         self._signal_jobs(outcome, jobs, notice, prewarm)
@@ -150,7 +137,8 @@ class Watcher:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)
         # "requeued" only when a job was: a notice on an idle node just powers it down.
-        self._event("requeued" if outcome.requeued else "powered_down", reason=reason,
+        self._event(events.Action.REQUEUED if outcome.requeued else events.Action.POWERED_DOWN,
+                    reason=reason,
                     job_ids=tuple(outcome.requeued))
         return outcome
 
@@ -169,7 +157,7 @@ class Watcher:
                 self._signal(outcome, job, signal)
                 why = {"up": "replacement up", "failed": "replacement failed",
                        "off": "prewarm off"}.get(status, "checkpoint deadline")
-                self._event("signalled", job_ids=(job,), reason=why,
+                self._event(events.Action.SIGNALLED, job_ids=(job,), reason=why,
                             extra={"signal": signal, "prewarmed": prewarm is not None
                                    and bool(prewarm.chosen.nodes),
                                    "replacements": outcome.replacements})
@@ -198,7 +186,7 @@ class Watcher:
             cost = save_costs(directory) if directory is not None else SaveCost()
             result[job] = latest_signal_time(notice.deadline.timestamp(), self.margin_s, cost,
                                              prefs.default_checkpoint_s, prefs.signal_margin_s)
-            self._event("signal_plan", job_ids=(job,), extra={
+            self._event(events.Action.SIGNAL_PLAN, job_ids=(job,), extra={
                 "save_s": cost.save_s, "step_s": cost.step_s, "size_bytes": cost.size_bytes,
                 "latest_signal_in_s": round(result[job] - self.clock(), 1)})
         return result
@@ -272,7 +260,7 @@ class Watcher:
     def _rebalance(self, notice: Notice) -> None:
         node_set = self.config.node_set_of(self.node)
         drain = bool(node_set and node_set.aws and node_set.aws.rebalance_drain)
-        self._event("rebalance_recommendation", reason=notice.reason,
+        self._event(events.Action.REBALANCE, reason=notice.reason,
                     extra={"drained": drain})
         if drain:
             reason = f"spot-interruption:rebalance@{notice.deadline:%Y-%m-%dT%H:%M:%SZ}"

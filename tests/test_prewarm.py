@@ -240,3 +240,21 @@ def test_prewarm_off_signals_at_once_and_powers_nothing_up(tmp_path: Path) -> No
     assert outcome is not None and outcome.replacements == []
     assert cluster.signalled_at == deadline.timestamp() - 120
     assert not any("POWER_UP" in c or "weight" in c for c in cluster.commands)
+
+
+def test_checkpointer_records_its_save_time_and_size_for_the_watcher(tmp_path: Path) -> None:
+    import torch
+
+    from slurm_spot.checkpoint import Checkpointer, TrainState
+
+    model = torch.nn.Linear(64, 64)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ckpt = Checkpointer(tmp_path, keep=2)
+    for step in (10, 20):
+        state.step = step
+        ckpt.save(state)
+    cost = save_costs(tmp_path)
+    assert cost.checkpoints == 2 and cost.save_s is not None and 0 <= cost.save_s < 60
+    state_pt = (tmp_path / "step_000000020" / "state.pt").stat().st_size
+    assert cost.size_bytes == state_pt > 64 * 64 * 4  # the weights are in it
+    assert cost.step_s is not None and cost.step_s >= 0

@@ -462,3 +462,11 @@ def test_cooldown_reason_round_trips() -> None:
     assert reason == f"(Code:InsufficientInstanceCapacity)Temporarily disabled until {STAMP}"
     assert parse_cooldown(reason) == ("InsufficientInstanceCapacity", NOW)
     assert parse_cooldown("(Code:X)no capacity") is None
+
+
+def test_rule_settings_default_to_the_config_models_defaults() -> None:
+    """A default changed in spot.yaml's model reaches the rules with no second copy."""
+    from slurm_spot.config import default_local_config
+    from slurm_spot.reconcile.reconciler import settings_of
+
+    assert Settings() == settings_of(default_local_config())

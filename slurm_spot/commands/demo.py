@@ -9,7 +9,7 @@ import click
 
 from slurm_spot.commands.common import json_option, print_json
 from slurm_spot.errors import BadInputError
-from slurm_spot.localcluster.demo import EXAMPLE, Demo, DemoSettings, summary_lines
+from slurm_spot.localcluster.demo import Demo, DemoSettings, example_script, summary_lines
 
 
 @click.command("demo")
@@ -34,8 +34,9 @@ def demo_command(workdir: Path, steps: int, keep_cluster: bool, boot_delay_s: fl
     The result (--json) has, per interruption, the recovery broken down into its parts
     (notice -> signal -> job exit -> requeue -> allocation -> job start -> first step) and
     whether a replacement was prewarmed."""
-    if not EXAMPLE.exists():
-        raise BadInputError(f"the demo's training script is missing: {EXAMPLE} (reinstall "
+    script = example_script()
+    if not script.exists():
+        raise BadInputError(f"the demo's training script is missing: {script} (reinstall "
                             "slurm-spot, or run 'make demo' in a source checkout)")
     settings = DemoSettings(workdir=workdir, steps=steps, keep_cluster=keep_cluster,
                             boot_delay_s=boot_delay_s, notice_s=notice_s, prewarm=prewarm)

@@ -1,4 +1,4 @@
-"""Pure decisions of the reconciler (DESIGN.md flow 6): one Slurm node and the provider's
+"""Pure decisions of the reconciler (docs/DESIGN.md flow 6): one Slurm node and the provider's
 instances tagged with its name in, one :class:`NodeDecision` out. No I/O, no clock, no logging.
 
 Instances: an alive instance behind a powered-down node is an orphan once older than
@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from slurm_spot.config import PowerConfig, ReconcileConfig
 from slurm_spot.providers.base import Instance, normalize_code
 from slurm_spot.reconcile.reasons import (
     BREAKER_PREFIX,
@@ -50,15 +51,20 @@ class Verdict(str, enum.Enum):
     UNDRAIN = "undrain"  # powered down but still drained with one of our reasons
 
 
+_RECONCILE, _POWER = ReconcileConfig(), PowerConfig()
+
+
 @dataclass(frozen=True)
 class Settings:
-    """The knobs of the rules, in seconds (from ``reconcile:`` and ``power:`` of spot.yaml)."""
+    """The knobs of the rules, in seconds (from ``reconcile:`` and ``power:`` of spot.yaml;
+    :func:`~slurm_spot.reconcile.reconciler.settings_of`). The defaults are the config
+    model's, read from it, never written twice."""
 
-    orphan_grace_s: float = 90.0
-    cooldown_s: float = 600.0
-    max_resume_failures: int = 3
-    failure_window_s: float = 3600.0
-    resume_timeout_s: float = 600.0
+    orphan_grace_s: float = _RECONCILE.orphan_grace_s
+    cooldown_s: float = _RECONCILE.cooldown_s
+    max_resume_failures: int = _RECONCILE.max_resume_failures
+    failure_window_s: float = _RECONCILE.failure_window_s
+    resume_timeout_s: float = float(_POWER.resume_timeout_s)
 
 
 @dataclass(frozen=True)
