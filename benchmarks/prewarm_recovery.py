@@ -125,12 +125,16 @@ def section(results: list[dict], note: str = "") -> str:
         "",
         *verdicts,
         "",
-        "Without prewarm the replacement is powered up only after the requeue, so "
-        "requeue -> allocation holds the boot and allocation -> start holds slurmctld's wait "
-        "for its periodic (30 s) configuration check. With prewarm the job trains on while "
-        "the replacement boots, is signalled when it is up (or at its checkpoint deadline), "
-        "and lands on nodes that are already up: what remains is the requeue, the scheduler, "
-        "and starting torchrun + Python + torch on the new nodes.",
+        "Without prewarm (and without notice) the replacement is powered up only after the "
+        "requeue, so requeue -> allocation holds its boot and slurmctld's wait for its "
+        "periodic (30 s) configuration check (Slurm resets StartTime when the job leaves "
+        "CONFIGURING). With prewarm the job trains on while the replacement boots, is "
+        "signalled when it is up (or at its checkpoint deadline), and lands on nodes that are "
+        "already up: requeue -> allocation is the scheduler alone. What remains is the job's "
+        "own teardown (exit -> requeue: processes ending after the requeue, the Epilog on "
+        "each node) and start-up (allocation -> start: batch script, srun, Prolog, the "
+        "torchrun agent and the worker each starting Python and importing torch; "
+        "start -> first step: gloo rendezvous, restore, one step).",
         *(["", note] if note else []),
         END,
     ])
