@@ -13,16 +13,16 @@ could not (it dies with its node): :func:`weights_to_restore`.
 
 **How the requeued job is steered to the replacement.** Chosen for Slurm 22.05 through 26.05
 because it uses only what every one of them has: ``scontrol update nodename=N state=POWER_UP``
-and ``weight=W`` (both in scontrol(1) since before 22.05; 24.05+ adds ``scontrol power up``,
-docs/slurm-versions.md) and the scheduler's own order. The man page text quoted below is
+and ``weight=W`` (both in scontrol(1) of 22.05; later versions add ``scontrol power up`` beside
+them) and the scheduler's own order. The man page text quoted below is
 22.05.8's (Debian 12), where this was run; 24.11 and 26.05 were not re-run with prewarm here.
 
 - slurm.conf(5), Weight, NOTE: "Node weights are first considered among currently available
   nodes. For example, a POWERED_DOWN node with a lower weight will not be evaluated before an
   IDLE node." Once the replacement is up, slurmctld prefers it (and the job's surviving nodes)
   over every powered-down node by itself, and a job allocated to nodes that are up starts at
-  once (no power-up, no wait for the periodic ``job_time_limit()`` check of
-  docs/slurm-versions.md). That is why the job is signalled when its replacement is up.
+  once (no power-up, no wait for slurmctld's periodic 30 s check of docs/local-slurm.md).
+  That is why the job is signalled when its replacement is up.
 - A temporary ``Weight=0`` (:data:`PREWARM_WEIGHT`; ``scontrol update nodename=N weight=0``,
   scontrol(1)) ranks the replacement first among the nodes that are *not* up yet: a job
   signalled at its deadline while the replacement still boots gets the booting replacement, not
