@@ -1,4 +1,4 @@
-"""Boot hidden behind the notice (DESIGN.md flow 3): on an interruption notice, power up a
+"""Boot hidden behind the notice (docs/DESIGN.md flow 3): on an interruption notice, power up a
 replacement node for each job on the node at once, let the jobs train on while it boots, and
 signal each job when the replacement is up or, at the latest, when its own checkpoint time
 says so.
