@@ -51,7 +51,10 @@ class LocalProviderConfig(_Model):
     type: Literal["local"] = "local"
     slurmd: str = Field("/usr/sbin/slurmd", pattern=r"^/", description="absolute path of slurmd")
     port_base: int = Field(17000, ge=1024, le=65000, description="node i listens on port_base+i")
-    boot_delay_s: float = Field(2.0, ge=1.0, description="seconds between request and slurmd start")
+    boot_delay_s: float = Field(
+        2.0, ge=1.0, le=3600,
+        description="seconds between the launch request and slurmd's start: the simulated "
+                    "boot (a cloud GPU node takes 60-180 s; slurmd itself adds ~2-3 s)")
     slurmd_timeout_s: int = Field(300, ge=10, description="SlurmdTimeout of the local cluster")
     kill_wait_s: int = Field(30, ge=1, description="KillWait of the local cluster")
     notice_poll_s: float = Field(1.0, gt=0, description="how often a local watcher polls")
@@ -175,11 +178,29 @@ class PreemptionConfig(_Model):
     ``signal`` goes to every step on a node that received a notice, and ``lead_s`` seconds
     before the time limit through sbatch ``--signal=<signal>@<lead_s>``. SIGUSR2 is the default
     because collective libraries (NCCL, some MPIs) catch SIGUSR1.
+
+    On a notice, with ``prewarm`` (the default) the watcher first has a replacement node
+    powered up for each job on the node (same node set, else a compatible one), lets the jobs
+    train on while it boots, and signals each job when the replacement is up, or at the latest
+    at ``deadline - margin - (the job's checkpoint time + step time) - signal_margin_s``,
+    whichever comes first (:mod:`slurm_spot.prewarm`). The checkpoint and step times come from
+    the job's own saves (``save_s`` in each checkpoint's manifest); a job without saves is
+    assumed to need ``default_checkpoint_s``. Without ``prewarm`` the jobs are signalled at once
+    and their replacement boots after the requeue.
     """
 
     signal: str = "USR2"
     lead_s: int = Field(90, ge=1, le=65535)
     requeue_exit_code: int = Field(85, ge=1, le=254)
+    prewarm: bool = Field(True, description="power a replacement up at once on a notice and "
+                          "signal the jobs when it is up (see the class docstring)")
+    default_checkpoint_s: float = Field(
+        30.0, ge=0, le=3600,
+        description="seconds a job without a recorded save is assumed to need to checkpoint")
+    signal_margin_s: float = Field(
+        10.0, ge=0, le=600,
+        description="seconds kept free between a job's expected end of checkpointing and "
+                    "the node's power-down (the watcher's margin before the deadline)")
 
     @field_validator("signal")
     @classmethod

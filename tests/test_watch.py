@@ -55,9 +55,11 @@ class ScriptedSlurm:
 
 
 def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path) -> None:
+    """With prewarm off: the old order, signal at once, requeue by power-down."""
     config = parse_config({
         "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
         "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "preemption": {"prewarm": False},
         "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")})
     notices = config.state_dir / "local" / "notices"
     notices.mkdir(parents=True)
@@ -81,7 +83,8 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     ]
     # It powered the node down before the deadline, not at it.
     assert clock[0] <= deadline.timestamp() - 5
-    assert [e["action"] for e in read_events(config.log_dir)] == ["notice", "requeued"]
+    assert [e["action"] for e in read_events(config.log_dir)] == ["notice", "signalled",
+                                                                  "requeued"]
 
 
 def test_notice_on_an_idle_node_powers_it_down_and_requeues_nothing(tmp_path: Path) -> None:

@@ -431,7 +431,9 @@ class SaveCost:
 
 def save_costs(directory: str | os.PathLike[str], newest: int = 3) -> SaveCost:
     """Read the manifests of the ``newest`` committed ``step_N`` directories of ``directory``
-    (no checksums, no symlinks followed, nothing written) and summarise what saving costs.
+    (no checksums, no symlinks followed, nothing written) and summarise what saving costs:
+    ``save_s``/``size_bytes`` from each manifest's ``meta`` (what :class:`Checkpointer` writes)
+    or its top level (:func:`write_manifest` with ``started_s``).
 
     Unreadable or foreign entries are skipped; a missing directory gives ``SaveCost()``.
     Values outside plausible ranges (negative, over a day) are ignored: the manifest is written
@@ -449,9 +451,14 @@ def save_costs(directory: str | os.PathLike[str], newest: int = 3) -> SaveCost:
             continue
     if not manifests:
         return SaveCost()
-    saves = [float(m["save_s"]) for m in manifests
-             if isinstance(m.get("save_s"), (int, float)) and 0 <= m["save_s"] < 86400]
-    size = manifests[0].get("size_bytes")
+    def field(manifest: dict[str, Any], name: str) -> Any:
+        meta = manifest.get("meta")
+        value = manifest.get(name)
+        return meta.get(name, value) if isinstance(meta, dict) else value
+
+    saves = [float(v) for m in manifests
+             if isinstance(v := field(m, "save_s"), (int, float)) and 0 <= v < 86400]
+    size = field(manifests[0], "size_bytes")
     step_s = None
     if len(manifests) >= 2:
         (a, b) = manifests[0], manifests[1]
