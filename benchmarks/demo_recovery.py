@@ -27,7 +27,9 @@ BEGIN, END = "<!-- demo:begin -->", "<!-- demo:end -->"
 def section(result: dict) -> str:
     rows = "\n".join(
         f"| {i['kind']} | {i['node']} | {i['at_step']} | {i['resumed_from']} | "
-        f"{i['lost_steps']} | {i['recovery_s']} |" for i in result["interruptions"])
+        f"{i['lost_steps']} | {i['recovery_s']} | "
+        f"{(i.get('breakdown') or {}).get('exit_to_first_step_s', '-')} | "
+        f"{i.get('prewarmed', '-')} |" for i in result["interruptions"])
     return f"""{BEGIN}
 ## The demo: a torchrun job interrupted twice
 
@@ -35,15 +37,17 @@ def section(result: dict) -> str:
 {platform.machine()}, 2 CPUs): `slurm-spot demo --json`, {result['steps']} steps on 2 local
 spot nodes, one interruption with a 30 s notice, one kill without notice.
 
-| interruption | node | at step | resumed from | steps recomputed | recovery (s) |
-|---|---|---|---|---|---|
+| interruption | node | at step | resumed from | recomputed | recovery (s) | exit -> step (s) | prewarmed |
+|---|---|---|---|---|---|---|---|
 {rows}
 
 Job {result['state']} after {result['wall_s']} s with {result['restarts']} restarts; final
 weights identical to an uninterrupted run: {result['exact_resume']} (loss {result['final_loss']}).
-With notice the job checkpoints at the next step boundary and loses nothing; recovery is the
-requeue plus a fresh node booting. Without notice the reconciler (interval 5 s here) requeues
-and expedites; the steps since the last periodic checkpoint are computed again.
+With notice the job checkpoints at the next step boundary and loses nothing; with prewarm it
+trains on while its replacement boots and is signalled when it is up (recovery, timed from
+the notice, then includes that training time; the part after the job's exit is the column
+beside it; the full breakdown is in the prewarm section). Without notice the reconciler
+(interval 5 s here) requeues and expedites; the steps since the last periodic checkpoint are computed again.
 {END}"""
 
 

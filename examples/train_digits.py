@@ -27,7 +27,9 @@ Rank 0 prints one JSON object per line on stdout::
 ``step`` events come every ``--log-every`` steps with rank 0's batch loss; ``checkpoint`` events
 are the periodic saves (the preemption save is in the ``preempted`` line, whose ``signal`` is
 the number rank 0 received, or null when only another rank got it); ``done`` has the mean loss
-over the whole data set with dropout off and the sha256 of the final weights.
+over the whole data set with dropout off and the sha256 of the final weights. With
+``--timestamps`` every event also has ``time`` (seconds since the epoch) and ``start``/``resume``
+have ``started`` (when ``main()`` began): ``slurm-spot demo`` times recovery with them.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--reference", action="store_true",
                    help="no checkpoints read or written: prints the reference weights hash")
+    p.add_argument("--timestamps", action="store_true",
+                   help="add 'time' (seconds since the epoch) to every event, and 'started' "
+                        "(when main() began, after the imports) to start/resume")
     return p.parse_args(argv)
 
 
@@ -112,6 +117,7 @@ def checkpoint_directory(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    started = time.time()
     args = parse_args(argv)
     directory = checkpoint_directory(args)
     handler = PreemptionHandler().install()  # first: from here on a signal only sets a flag
@@ -120,6 +126,13 @@ def main(argv: list[str] | None = None) -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
+
+    def say(**event: Any) -> None:
+        if args.timestamps:
+            event["time"] = round(time.time(), 3)
+            if event["event"] in ("start", "resume"):
+                event["started"] = round(started, 3)
+        emit(rank, **event)
 
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -146,9 +159,9 @@ def main(argv: list[str] | None = None) -> None:
     restarts = jobenv.restart_count(os.environ)
     found = ckpt.restore(state) if ckpt else None
     if found is not None:
-        emit(rank, event="resume", step=state.step, checkpoint=str(found.path), restarts=restarts)
+        say(event="resume", step=state.step, checkpoint=str(found.path), restarts=restarts)
     else:
-        emit(rank, event="start", step=state.step, world_size=world, restarts=restarts)
+        say(event="start", step=state.step, world_size=world, restarts=restarts)
 
     loss = torch.zeros(())
     while state.step < args.steps:
@@ -165,16 +178,16 @@ def main(argv: list[str] | None = None) -> None:
             state.step += 1
             state.batch_in_epoch += 1
             if state.step % args.log_every == 0:
-                emit(rank, event="step", step=state.step, epoch=state.epoch,
+                say(event="step", step=state.step, epoch=state.epoch,
                      loss=round(float(loss.detach()), 6))
             time.sleep(args.step_sleep)
             stop = handler.should_stop() and state.step < args.steps
             periodic = state.step % args.checkpoint_every == 0 or state.step == args.steps
             path = ckpt.save(state) if ckpt and (stop or periodic) else None
             if path is not None and not stop:
-                emit(rank, event="checkpoint", step=state.step, path=str(path), reason="periodic")
+                say(event="checkpoint", step=state.step, path=str(path), reason="periodic")
             if stop:
-                emit(rank, event="preempted", step=state.step, signal=handler.received_signal,
+                say(event="preempted", step=state.step, signal=handler.received_signal,
                      checkpoint=str(path) if path else None)
                 handler.exit_for_requeue()
             if state.step >= args.steps:
@@ -183,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
             state.epoch += 1
             state.batch_in_epoch = 0
 
-    emit(rank, event="done", step=state.step, loss=evaluate(net, data),
+    say(event="done", step=state.step, loss=evaluate(net, data),
          weights_sha256=weights_sha256(net))
     if distributed:
         # Every rank gets here before any closes its gloo pairs: a peer that tears down while

@@ -56,8 +56,10 @@ class LocalProviderConfig(_Model):
     type: Literal["local"] = "local"
     slurmd: str = Field("/usr/sbin/slurmd", pattern=r"^/", description="absolute path of slurmd")
     port_base: int = Field(17000, ge=1024, le=65000, description="node i listens on port_base+i")
-    boot_delay_s: float = Field(2.0, ge=1.0, le=600,
-                                description="seconds between request and slurmd start")
+    boot_delay_s: float = Field(
+        2.0, ge=1.0, le=3600,
+        description="seconds between the launch request and slurmd's start: the simulated "
+                    "boot (a cloud GPU node takes 60-180 s; slurmd itself adds ~2-3 s)")
     slurmd_timeout_s: int = Field(300, ge=10, le=86400,
                                   description="SlurmdTimeout of the local cluster")
     kill_wait_s: int = Field(30, ge=1, le=3600, description="KillWait of the local cluster")
@@ -183,11 +185,29 @@ class PreemptionConfig(_Model):
     ``signal`` goes to every step on a node that received a notice, and ``lead_s`` seconds
     before the time limit through sbatch ``--signal=<signal>@<lead_s>``. SIGUSR2 is the default
     because collective libraries (NCCL, some MPIs) catch SIGUSR1.
+
+    On a notice, with ``prewarm`` (the default) the watcher first has a replacement node
+    powered up for each job on the node (same node set, else a compatible one), lets the jobs
+    train on while it boots, and signals each job when the replacement is up, or at the latest
+    at ``deadline - margin - (the job's checkpoint time + step time) - signal_margin_s``,
+    whichever comes first (:mod:`slurm_spot.prewarm`). The checkpoint and step times come from
+    the job's own saves (``save_s`` in each checkpoint's manifest); a job without saves is
+    assumed to need ``default_checkpoint_s``. Without ``prewarm`` the jobs are signalled at once
+    and their replacement boots after the requeue.
     """
 
     signal: str = "USR2"
     lead_s: int = Field(90, ge=1, le=65535)
     requeue_exit_code: int = Field(85, ge=1, le=254)
+    prewarm: bool = Field(True, description="power a replacement up at once on a notice and "
+                          "signal the jobs when it is up (see the class docstring)")
+    default_checkpoint_s: float = Field(
+        30.0, ge=0, le=3600,
+        description="seconds a job without a recorded save is assumed to need to checkpoint")
+    signal_margin_s: float = Field(
+        10.0, ge=0, le=600,
+        description="seconds kept free between a job's expected end of checkpointing and "
+                    "the node's power-down (the watcher's margin before the deadline)")
 
     @field_validator("signal")
     @classmethod
@@ -198,11 +218,36 @@ class PreemptionConfig(_Model):
         return name
 
 
-class CheckpointConfig(_Model):
-    """Where job checkpoints live: ``<root>/<user>/<job key>``; ``keep`` newest are kept."""
+S3_ROOT_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 
-    root: Path = Path("/var/spool/slurm-spot/checkpoints")
+
+class S3Settings(_Model):
+    """How to reach an S3-compatible store for an ``s3://`` checkpoint root. Credentials are
+    not configured here: the job's boto3 finds them in its standard chain (environment, shared
+    credentials file, instance or workload metadata)."""
+
+    endpoint_url: str | None = Field(None, pattern=r"^https?://\S+$")
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+
+
+class CheckpointConfig(_Model):
+    """Where job checkpoints live: ``<root>/<user>/<job key>``; ``keep`` newest are kept.
+
+    ``root`` is an absolute directory (local or shared POSIX file system), or an
+    ``s3://bucket/prefix`` URL (bucket name rules of the S3 API reference), reached as ``s3``
+    says; a job may choose its own root (``SLURM_SPOT_CHECKPOINT_ROOT`` in its environment, set
+    by ``slurm-spot sbatch --checkpoint-root``).
+    """
+
+    root: Annotated[str, Field(pattern=S3_ROOT_PATTERN)] | Path = Path(
+        "/var/spool/slurm-spot/checkpoints")
     keep: int = Field(2, ge=1, le=10000)
+    s3: S3Settings = S3Settings()
+
+    @property
+    def is_s3(self) -> bool:
+        """True when ``root`` is an ``s3://`` URL."""
+        return isinstance(self.root, str)
 
 
 class PowerConfig(_Model):
@@ -293,7 +338,7 @@ class SpotConfig(_Model):
         for name, value in (("state_dir", self.state_dir), ("log_dir", self.log_dir),
                             ("slurm_bin_dir", self.slurm_bin_dir),
                             ("checkpoint.root", self.checkpoint.root)):
-            if not value.is_absolute():
+            if isinstance(value, Path) and not value.is_absolute():
                 problems.append(f"{name}: must be an absolute path, got {str(value)!r}")
         seen_sets: dict[str, int] = {}
         owner: dict[str, str] = {}

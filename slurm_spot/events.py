@@ -37,6 +37,9 @@ class Action(str, enum.Enum):
     REQUEUED = "requeued"  # also the reconciler, after a reclaim
     POWERED_DOWN = "powered_down"  # a notice on a node that ran no job
     REBALANCE = "rebalance_recommendation"
+    PREWARM = "prewarm"  # replacements chosen and powered up for a node's jobs
+    SIGNAL_PLAN = "signal_plan"  # a job's latest signal time from its checkpoint history
+    SIGNALLED = "signalled"  # the preemption signal went to a job (reason: why now)
     # the reconciler (source reconcile), one per verdict of reconcile.rules
     RECLAIMED = "reclaimed"
     BOOT_LOST = "boot_lost"
@@ -46,6 +49,7 @@ class Action(str, enum.Enum):
     BREAKER = "breaker"
     UNDRAINED = "undrained"
     EXPEDITED = "expedited"
+    WEIGHT_RESTORED = "weight_restored"  # a prewarmed replacement's Weight back to slurm.conf's
     # job hooks (source epilog)
     JOB_END = "job_end"
 

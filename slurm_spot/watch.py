@@ -3,13 +3,21 @@
 On an interruption notice for its node it:
 
 1. drains the node with reason ``spot-interruption:<action>@<time>`` (no new jobs land);
-2. sends the preemption signal (default SIGUSR2) to every step of every job on the node
-   (``scancel -s``), so training code checkpoints at its next step boundary;
-3. waits until those jobs have left the node, or until ``margin_s`` before the deadline;
-4. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
-   once (not after SlurmdTimeout) and powers the node down;
-5. clears the ~121 s requeue delay of each of those jobs (``scontrol update jobid=N
-   StartTime=now``).
+2. with ``preemption.prewarm`` (default), has one replacement node per job powered up at once,
+   through slurmctld (:mod:`slurm_spot.prewarm`), so its boot hides behind the notice;
+3. sends the preemption signal (default SIGUSR2) to every step of every job on the node
+   (``scancel -s``): with prewarm when the replacements are up, or at the latest at
+   ``deadline - margin - the job's checkpoint + step time - signal_margin_s``
+   (:func:`slurm_spot.prewarm.latest_signal_time`); without prewarm at once;
+4. waits until those jobs have left the node, or until ``margin_s`` before the deadline;
+5. clears the ~121 s requeue delay of the jobs that left by themselves (requeued by their exit
+   code) at once (``scontrol update jobid=N StartTime=now``), waits briefly for their new
+   allocation and restores the replacements' Weight;
+6. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
+   once (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
+
+Every step is an event (``notice``, ``prewarm``, ``signalled``, ``requeued``/``powered_down``)
+with its time, which ``slurm-spot demo`` uses for its recovery breakdown.
 
 A rebalance recommendation (AWS) is only logged, or drains the node early when configured.
 """
@@ -22,10 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slurm_spot import events
+from slurm_spot.checkpoint.files import SaveCost, save_costs
 from slurm_spot.config import (
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
 from slurm_spot.providers.notices import Notice, NoticeSource
 from slurm_spot.slurm.client import SlurmClient
 
@@ -54,6 +64,7 @@ class NoticeOutcome:
     notice: Notice
     jobs: list[int] = field(default_factory=list)
     requeued: list[int] = field(default_factory=list)
+    replacements: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -92,7 +103,7 @@ class Watcher:
                     events.Event(action, "watch", node=self.node, **fields))  # type: ignore[arg-type]
 
     def handle(self, notice: Notice) -> NoticeOutcome:
-        """Drain, signal, wait, power down, expedite (see the module docstring)."""
+        """Drain, prewarm, signal, wait, expedite, power down (see the module docstring)."""
         outcome = NoticeOutcome(notice)
         reason = notice.reason
         self._try(outcome, lambda: self.slurm.set_state([self.node], "DRAIN", reason))
@@ -100,15 +111,29 @@ class Watcher:
         outcome.jobs = jobs
         self._event(events.Action.NOTICE, reason=reason, job_ids=tuple(jobs),
                     extra={"deadline": notice.deadline.isoformat(), "source": notice.source})
-        signal = self.config.preemption.signal
-        for job in jobs:
-            self._signal(outcome, job, signal)
+        prewarm = None
+        if jobs and self.config.preemption.prewarm:
+            prewarm = Prewarm(self.config, self.slurm, self.node, self.clock)
+            chosen = prewarm.start(len(jobs))
+            outcome.replacements = list(chosen.nodes)
+            outcome.errors.extend(prewarm.errors)
+            self._event(events.Action.PREWARM, job_ids=tuple(jobs),
+                        extra={"power_up": list(chosen.power_up), "ready": list(chosen.ready),
+                               "short": chosen.short})
+        self._signal_jobs(outcome, jobs, notice, prewarm)
         act_at = notice.deadline.timestamp() - self.margin_s
         while self.clock() < act_at and jobs:
-            self.sleep(max(0.05, min(1.0, act_at - self.clock())))
+            # Poll often: the sooner a job that left is expedited, the sooner it runs again.
+            self.sleep(max(0.05, min(0.25, act_at - self.clock())))
             jobs = [j for j in self._jobs_here(outcome) if j in outcome.jobs]
+        for job in [j for j in outcome.jobs if j not in jobs]:
+            if self._expedite(job, outcome):  # left by itself: requeued by its exit code
+                outcome.requeued.append(job)
+        if prewarm is not None:
+            self._await_allocation(outcome.requeued, act_at)
+            prewarm.restore()
         self._try(outcome, lambda: self.slurm.set_state([self.node], "POWER_DOWN_FORCE", reason))
-        for job in outcome.jobs:
+        for job in jobs:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)
         outcome.errors += self.slurm.record_interruption(outcome.requeued, f"requeued: {reason}")
@@ -117,6 +142,68 @@ class Watcher:
                     reason=reason,
                     job_ids=tuple(outcome.requeued))
         return outcome
+
+    def _signal_jobs(self, outcome: NoticeOutcome, jobs: list[int], notice: Notice,
+                     prewarm: Prewarm | None) -> None:
+        """Signal each job when the replacements are up (or failed), or at its own latest
+        signal time; at once without prewarm. Jobs that leave meanwhile are not signalled."""
+        signal = self.config.preemption.signal
+        latest = self._latest_signal_times(jobs, notice) if prewarm else {}
+        pending = list(jobs)
+        while pending:
+            now = self.clock()
+            status = prewarm.status() if prewarm else "off"
+            due = [j for j in pending if status != "booting" or now >= latest[j]]
+            for job in due:
+                self._signal(outcome, job, signal)
+                why = {"up": "replacement up", "failed": "replacement failed",
+                       "off": "prewarm off"}.get(status, "checkpoint deadline")
+                self._event(events.Action.SIGNALLED, job_ids=(job,), reason=why,
+                            extra={"signal": signal, "prewarmed": prewarm is not None
+                                   and bool(prewarm.chosen.nodes),
+                                   "replacements": outcome.replacements})
+                pending.remove(job)
+            if pending:
+                self.sleep(max(0.05, min(1.0, min(latest[j] for j in pending) - now)))
+                try:  # a job that ended meanwhile needs no signal; an unreadable node keeps all
+                    nodes = self.slurm.nodes([self.node])
+                except SlurmCommandError as exc:
+                    outcome.errors.append(str(exc))
+                    continue
+                here = nodes[0].jobs if nodes else ()
+                pending = [j for j in pending if j in here]
+
+    def _latest_signal_times(self, jobs: list[int], notice: Notice) -> dict[int, float]:
+        """Per job, :func:`latest_signal_time` from its own saves (else the default)."""
+        prefs = self.config.preemption
+        try:
+            found = {j.job_id: j for j in self.slurm.jobs(jobs)}
+        except SlurmCommandError as exc:
+            log.error("cannot read the jobs' users, assuming default checkpoint times: %s", exc)
+            found = {}
+        result = {}
+        for job in jobs:
+            directory = job_checkpoint_dir(self.config, found[job]) if job in found else None
+            cost = save_costs(directory) if directory is not None else SaveCost()
+            result[job] = latest_signal_time(notice.deadline.timestamp(), self.margin_s, cost,
+                                             prefs.default_checkpoint_s, prefs.signal_margin_s)
+            self._event(events.Action.SIGNAL_PLAN, job_ids=(job,), extra={
+                "save_s": cost.save_s, "step_s": cost.step_s, "size_bytes": cost.size_bytes,
+                "latest_signal_in_s": round(result[job] - self.clock(), 1)})
+        return result
+
+    def _await_allocation(self, jobs: list[int], act_at: float, limit_s: float = 20.0) -> None:
+        """Wait (at most ``limit_s``, never past ``act_at``) until the requeued ``jobs`` have
+        an allocation, so that the replacements' Weight can be restored."""
+        until = min(act_at, self.clock() + limit_s)
+        while jobs and self.clock() < until:
+            try:
+                found = self.slurm.jobs(jobs)
+            except SlurmCommandError:
+                return
+            if all(not j.state.is_pending for j in found):
+                return
+            self.sleep(0.5)
 
     def _signal(self, outcome: NoticeOutcome, job: int, signal: str) -> None:
         self._try(outcome, lambda: self.slurm.signal_steps(job, signal))

@@ -250,10 +250,18 @@ def test_an_existing_checkpoint_is_never_overwritten(
     assert "already exists; not overwriting it" in caplog.text
 
 
-def test_foreign_archive_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+def test_foreign_archive_is_ignored_not_an_error(tmp_path: Path) -> None:
+    """Contract: another library's ``ckpt_*.pt`` in the directory is not ours; restore passes
+    over it (to ours, or to a fresh start), even when its step is newer."""
     (tmp_path / "ckpt_000750.pt").write_bytes(_archive_bytes())
-    with pytest.raises(CheckpointError, match="not a slurm-spot checkpoint"):
-        Checkpointer(tmp_path).restore(_state(0))
+    fresh = _state(0)
+    assert Checkpointer(tmp_path).restore(fresh) is None
+    assert fresh.step == 0
+    Checkpointer(tmp_path).save(_state(5))
+    resumed = _state(0)
+    found = Checkpointer(tmp_path).restore(resumed)
+    assert found is not None and found.path.name == "step_000000005"
+    assert resumed.step == 5
 
 
 # -- two ranks over gloo: plain torch.save on rank 0, and DCP ------------------------------

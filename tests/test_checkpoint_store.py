@@ -37,8 +37,8 @@ class CopyStore:
         return ("write", str(files.new_temp_dir(self.staging_root, step)), "")
 
     def commit(self, staging: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
-               meta: dict[str, Any]) -> str:
-        files.write_manifest(staging, step, kind, world_size, meta)
+               meta: dict[str, Any], started_s: float | None = None) -> str:
+        files.write_manifest(staging, step, kind, world_size, meta, started_s=started_s)
         target = self.remote / files.step_dir_name(step)
         data = [p for p in sorted(staging.rglob("*")) if p.is_file() and p.name != files.MANIFEST_NAME]
         for path in [*data, staging / files.MANIFEST_NAME]:
@@ -49,6 +49,34 @@ class CopyStore:
 
     def prune(self, keep: int, newest: str) -> list[str]:
         return [str(p) for p in files.prune(self.remote, keep, Path(newest))]
+
+    # one writer, staging shared by the ranks: the token is the staging path
+    def local_staging(self, token: str) -> Path:
+        return Path(token)
+
+    def upload(self, staging: Path, token: str) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def commit_manifest(self, token: str, kind: Literal["torch", "dcp"], world_size: int,
+                        meta: dict[str, Any], files_: dict[str, dict[str, Any]],
+                        started_s: float | None = None) -> str:
+        step = int(Path(token).name.split(".")[0].removeprefix("step_"))
+        return self.commit(Path(token), step, kind, world_size, meta, started_s)
+
+    def abort(self, token: str) -> None:
+        shutil.rmtree(token, ignore_errors=True)
+
+    def discard_staging(self, staging: Path) -> None:
+        return None
+
+    def fetch(self, checkpoint: files.Checkpoint) -> files.Checkpoint:
+        return checkpoint
+
+    def has_committed(self) -> bool:
+        return bool(files.list_candidates(self.remote))
+
+    def release(self, checkpoint: files.Checkpoint) -> None:
+        return None
 
 
 def test_a_second_store_saves_and_resumes_bit_exact(tmp_path: Path) -> None:

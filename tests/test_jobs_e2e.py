@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_spot.recovery import PARTS
 from tests.cluster import Cluster, acquire_cluster_lock, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -37,6 +38,11 @@ def test_demo_survives_two_interruptions_bit_exact(tmp_path: Path) -> None:
     notice, kill = result["interruptions"]
     assert (notice["kind"], kill["kind"]) == ("notice", "kill")
     assert notice["lost_steps"] == 0
+    # Prewarm (on by default): the requeued job ran on the replacement booted during the
+    # notice, and every part of the recovery was timed.
+    assert notice["prewarmed"] is True and notice["breakdown"]["landed_on_replacement"]
+    assert all(notice["breakdown"][part] is not None for part in PARTS)
+    assert kill["prewarmed"] is False and kill["breakdown"]["exit_to_first_step_s"] is not None
     assert kill["recovery_s"] < 120  # the reconciler, not SlurmdTimeout (300 s), brought it back
     print(json.dumps(result["interruptions"]))
 

@@ -180,3 +180,37 @@ def test_prolog_never_fails_while_the_user_swaps_the_job_dir(tmp_path: Path) -> 
     final = root / "nobody" / "777"
     assert final.is_dir() and not final.is_symlink()
     assert (final.stat().st_uid, stat.S_IMODE(final.stat().st_mode)) == (65534, 0o700)
+
+
+def test_s3_root_exports_the_url_and_creates_nothing(tmp_path: Path) -> None:
+    cfg = parse_config({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 1}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "checkpoint": {"root": "s3://team-ckpt/runs", "s3": {
+            "endpoint_url": "https://s3.example.eu", "addressing_style": "path"}},
+        "log_dir": str(tmp_path / "log"), "state_dir": str(tmp_path / "state")})
+    assert prepare_checkpoint_dir(cfg, JOB) == "s3://team-ckpt/runs/nobody/777"
+    assert list(tmp_path.iterdir()) == []  # no local directory for an S3 root
+    lines = task_prolog_lines(cfg, JOB)
+    assert "export SLURM_SPOT_CHECKPOINT_DIR=s3://team-ckpt/runs/nobody/777" in lines
+    assert "export SLURM_SPOT_S3_ENDPOINT_URL=https://s3.example.eu" in lines
+    assert "export SLURM_SPOT_S3_ADDRESSING_STYLE=path" in lines
+    assert not [line for line in lines if "SECRET" in line or "KEY_ID" in line]
+
+
+def test_a_job_may_choose_an_s3_root_but_not_a_directory(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "ck")
+    job = {**JOB, "SLURM_SPOT_CHECKPOINT_ROOT": "s3://mine/a b+c=ü",
+           "SLURM_SPOT_S3_ENDPOINT_URL": "http://127.0.0.1:9000"}
+    assert checkpoint_dir(cfg, job) == "s3://mine/a b+c=ü/nobody/777"
+    lines = task_prolog_lines(cfg, job)
+    assert "export SLURM_SPOT_S3_ENDPOINT_URL=http://127.0.0.1:9000" in lines
+    assert "export SLURM_SPOT_S3_ADDRESSING_STYLE=auto" in lines
+    for bad in ("/tmp/elsewhere", "s3://x", "s3://ok-bucket/p\nexport X=1"):
+        with pytest.raises(BadInputError, match="SLURM_SPOT_CHECKPOINT_ROOT"):
+            checkpoint_dir(cfg, {**JOB, "SLURM_SPOT_CHECKPOINT_ROOT": bad})
+    with pytest.raises(Exception, match=r"checkpoint\.root"):
+        parse_config({"cluster": "c", "node_sets": [{"name": "s", "provider": "local",
+                                                     "count": 1}],
+                      "partitions": [{"name": "s", "node_sets": ["s"]}],
+                      "checkpoint": {"root": "relative/dir"}})

@@ -133,3 +133,22 @@ def test_job_name_from_an_odd_file_name_is_one_safe_word() -> None:
     assert "#SBATCH --job-name=my_job_x.sh\n" in plan.script
     options, script, _ = split_command_line(["--mail-type", "END", "job.sh"])
     assert script == "job.sh" and options == ["--mail-type", "END"]
+
+
+def test_per_job_checkpoint_root_is_checked_before_submitting(tmp_path: Path) -> None:
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 1}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}]}))
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    for bad, what in ((["--checkpoint-root", "/tmp/mine"], "expected s3://bucket/prefix"),
+                      (["--s3-addressing-style=sideways"], "expected auto, path or virtual"),
+                      (["--s3-endpoint-url", "ftp://x"], "expected an http(s):// URL")):
+        result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", *bad, "--dry-run",
+                                          str(script)])
+        assert result.exit_code == 2, result.output
+        assert what in result.output
+    result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--checkpoint-root",
+                                      "s3://b-1/x y", "--dry-run", str(script)])
+    assert result.exit_code == 0, result.output

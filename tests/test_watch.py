@@ -59,11 +59,13 @@ class ScriptedSlurm:
 @pytest.mark.parametrize("set_name", ["spot", "gpu+a100_sxm", "n.rack1"])
 def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path,
                                                                   set_name: str) -> None:
-    """Also on nodes whose names hold characters Slurm allows (issue 11: the watcher crashed
-    after draining, before signalling the job, on gpu+a100_sxm-1)."""
+    """With prewarm off: the old order, signal at once, requeue by power-down. Also on nodes
+    whose names hold characters Slurm allows (issue 11: the watcher crashed after draining,
+    before signalling the job, on gpu+a100_sxm-1)."""
     config = parse_config({
         "cluster": "c", "node_sets": [{"name": set_name, "provider": "local", "count": 2}],
         "partitions": [{"name": "spot", "node_sets": [set_name]}],
+        "preemption": {"prewarm": False},
         "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")})
     node = f"{set_name}-1"
     notices = config.state_dir / "local" / "notices"
@@ -91,7 +93,8 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     ]
     # It powered the node down before the deadline, not at it.
     assert clock[0] <= deadline.timestamp() - 5
-    assert [e["action"] for e in read_events(config.log_dir)] == ["notice", "requeued"]
+    assert [e["action"] for e in read_events(config.log_dir)] == ["notice", "signalled",
+                                                                  "requeued"]
 
 
 def test_notice_on_an_idle_node_powers_it_down_and_requeues_nothing(tmp_path: Path) -> None:

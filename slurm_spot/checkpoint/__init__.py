@@ -8,8 +8,9 @@ ones import it:
 - :mod:`.checkpointer`: :class:`Checkpointer`, :class:`TrainState`, :class:`SkipSampler`,
   the RNG helpers (atomic, validated checkpoints; torch.distributed.checkpoint for sharded
   state);
-- :mod:`.store`: :class:`CheckpointStore` (where checkpoints live) and :class:`LocalStore`
-  (a POSIX directory, the default);
+- :mod:`.store`: :class:`CheckpointStore` (where checkpoints live), :class:`LocalStore`
+  (a POSIX directory, the default) and :func:`open_store`;
+- :mod:`.s3`: :class:`S3Store` (``s3://bucket/prefix``, boto3; no torch);
 - :mod:`.files`: the on-disk layout, validation, :func:`find_latest_valid`;
 - :mod:`.preemption`: :class:`PreemptionHandler` (the signal flag, the collective stop
   decision, the requeue).
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from slurm_spot.checkpoint.checkpointer import (
         Checkpointer,
+        SaveHandle,
         SkipSampler,
         TrainState,
         capture_rng_state,
@@ -30,19 +32,21 @@ if TYPE_CHECKING:
     )
     from slurm_spot.checkpoint.files import Checkpoint, CheckpointError, find_latest_valid
     from slurm_spot.checkpoint.preemption import PreemptionHandler
-    from slurm_spot.checkpoint.store import CheckpointStore, LocalStore
+    from slurm_spot.checkpoint.s3 import S3Store
+    from slurm_spot.checkpoint.store import CheckpointStore, LocalStore, open_store
 
 _WHERE = {
     "Checkpointer": "checkpointer", "SkipSampler": "checkpointer", "TrainState": "checkpointer",
     "capture_rng_state": "checkpointer", "restore_rng_state": "checkpointer",
     "Checkpoint": "files", "CheckpointError": "files", "find_latest_valid": "files",
     "PreemptionHandler": "preemption", "CheckpointStore": "store", "LocalStore": "store",
+    "open_store": "store", "S3Store": "s3", "SaveHandle": "checkpointer",
 }
 
 __all__ = [
     "Checkpoint", "CheckpointError", "CheckpointStore", "Checkpointer", "LocalStore",
-    "PreemptionHandler", "SkipSampler", "TrainState", "capture_rng_state", "find_latest_valid",
-    "restore_rng_state",
+    "PreemptionHandler", "S3Store", "SaveHandle", "SkipSampler", "TrainState",
+    "capture_rng_state", "find_latest_valid", "open_store", "restore_rng_state",
 ]
 
 

@@ -36,16 +36,32 @@ in :mod:`slurm_spot.checkpoint.files`). Two ways to write, one staging directory
   file system all ranks share.
 
 Loading uses ``torch.load(weights_only=True)``, so ``extra`` must hold plain Python values and
-tensors.
+tensors; :func:`check_restorable` refuses anything else at save time, naming the key.
+
+Asynchronous saves (POSIX or ``s3://`` roots)::
+
+    handle = ckpt.save_async(state)        # blocks only for the snapshot (a copy of tensors)
+    ...training continues...
+    if preemption.should_stop():
+        preemption.checkpoint_and_exit(ckpt, state)   # in-flight save commits, final save
+
+At most one save is in flight; it counts once every rank's part succeeded (agreed on the
+save's own gloo group). Restore refuses to start from step 0 when checkpoints exist but none
+is valid (``start_fresh_if_invalid``), checks shapes before loading anything, and takes a
+``resume_from`` directory on the first run only.
 """
 
 from __future__ import annotations
 
+import copy as copy_module
 import logging
 import os
 import random
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,7 +75,7 @@ from slurm_spot.checkpoint.files import (
     CheckpointError,
     find_latest_valid,
 )
-from slurm_spot.checkpoint.store import CheckpointStore, LocalStore, StagePlan
+from slurm_spot.checkpoint.store import CheckpointStore, open_store
 
 __all__ = [
     "Checkpoint", "CheckpointError", "Checkpointer", "SkipSampler", "TrainState",
@@ -181,33 +197,162 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
 
 
+def check_restorable(extra: Mapping[str, Any], where: str = "TrainState.extra") -> None:
+    """Refuse values that ``torch.load(weights_only=True)`` would refuse on restore.
+
+    Containers (dict, list, tuple) are walked and tensors accepted as they are; every other
+    value is round-tripped through ``torch.save`` / ``torch.load(weights_only=True)`` alone,
+    so the error names the first refused key (``TrainState.extra['when']``).
+
+    Raises:
+        CheckpointError: a value (numpy scalar or array, datetime, enum, Path, Decimal, UUID,
+            a lambda, ...) that could be saved but never restored, or not pickled at all.
+    """
+    import io
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, torch.Tensor) or value is None or type(value) in (
+                bool, int, float, str, bytes, complex):
+            return
+        if type(value) in (dict, list, tuple):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(value, dict) and type(key) not in (str, int, float, bool):
+                    raise CheckpointError(f"{path}: key {key!r} of type {type(key).__name__} "
+                                          "cannot be restored; use str or int keys")
+                walk(item, f"{path}[{key!r}]")
+            return
+        buf = io.BytesIO()
+        try:
+            torch.save(value, buf)
+            buf.seek(0)
+            torch.load(buf, weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(
+                f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which "
+                f"torch.load(weights_only=True) cannot restore ({type(exc).__name__}); store "
+                "plain Python values (int, float, str, list, dict) or tensors instead") from None
+
+    walk(dict(extra), where)
+
+
+class SaveHandle:
+    """A save that may still be running (from :meth:`Checkpointer.save_async`).
+
+    Attributes:
+        step: the step being saved.
+        location: the store's location (for messages).
+    """
+
+    def __init__(self, step: int, location: str, thread: threading.Thread | None,
+                 default_timeout_s: float) -> None:
+        self.step = step
+        self.location = location
+        self._thread = thread
+        self._default_timeout_s = default_timeout_s
+        self._result: str | None = None
+        self._error: str | None = None
+        self.save_s: float | None = None
+
+    def _finish(self, result: str | None, error: str | None, save_s: float) -> None:
+        self._result, self._error, self.save_s = result, error, save_s
+
+    def done(self) -> bool:
+        """True once the save committed or failed (never blocks)."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self, timeout_s: float | None = None) -> Path | str:
+        """Wait for the save to commit on every rank; returns where it is (a directory, or an
+        ``s3://`` URL).
+
+        Args:
+            timeout_s: seconds to wait (default: the checkpointer's ``writer_timeout_s``).
+
+        Raises:
+            CheckpointError: the writer did not finish within ``timeout_s`` (the message names
+                the checkpoint), or the save failed on some rank (nothing was committed).
+        """
+        limit = self._default_timeout_s if timeout_s is None else timeout_s
+        if self._thread is not None:
+            self._thread.join(max(0.0, limit))
+            if self._thread.is_alive():
+                raise CheckpointError(
+                    f"checkpoint of step {self.step} to {self.location}: the writer did not "
+                    f"finish within {limit:g} s (hung or dead writer; the checkpoint does "
+                    "not count)")
+        if self._error is not None:
+            raise CheckpointError(self._error)
+        assert self._result is not None
+        return self._result if self._result.startswith("s3://") else Path(self._result)
+
+
+@dataclass
+class _Job:
+    """One save between its snapshot (main thread) and its commit (writer)."""
+
+    step: int
+    token: str
+    kind: Literal["torch", "dcp"]
+    payload: dict[str, Any] | None
+    dcp_state: dict[str, Any] | None
+    meta: dict[str, Any]
+    world: int
+    rank: int
+    started_s: float
+    rank_state: dict[str, Any]
+
+
 class Checkpointer:
     """Saves and restores :class:`TrainState` in one job's checkpoint store.
 
     Every method must be called by all ranks together when torch.distributed is initialised.
+    The save's collectives (state gathering, the plan, the agreement on success) run on a
+    process group of their own (gloo, created on the first call), never on the training loop's
+    group, so an asynchronous save in a writer thread cannot interleave with the trainer's
+    collectives (field case async-dcp-deadlock).
 
     Args:
-        directory: the job's checkpoint directory (created on the first save), or a
+        directory: the job's checkpoint directory (created on the first save), an
+            ``s3://bucket/prefix`` URL (:class:`~slurm_spot.checkpoint.s3.S3Store`), or a
             :class:`~slurm_spot.checkpoint.store.CheckpointStore`.
         keep: how many valid checkpoints to keep (>= 1); older ones are deleted after a new
             one is committed.
-        process_group: the group to coordinate over (default: the world).
+        process_group: the ranks to coordinate (default: the world); the save group spans
+            the same ranks.
         verify_checksums: hash files when resolving the newest checkpoint (slower, safer).
+        writer_timeout_s: longest wait (seconds) on a writer and on a save collective; a hung
+            writer raises :class:`CheckpointError` naming the checkpoint instead of hanging.
+        start_fresh_if_invalid: when checkpoints exist but none is valid, start from step 0
+            with a warning instead of raising (default False; env
+            ``SLURM_SPOT_START_FRESH_IF_INVALID=1`` sets it too).
     """
 
     def __init__(self, directory: str | os.PathLike[str] | CheckpointStore, keep: int = 2, *,
-                 process_group: Any = None, verify_checksums: bool = True) -> None:
+                 process_group: Any = None, verify_checksums: bool = True,
+                 writer_timeout_s: float = 1800.0,
+                 start_fresh_if_invalid: bool | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if writer_timeout_s <= 0:
+            raise ValueError(f"writer_timeout_s must be > 0, got {writer_timeout_s}")
         if isinstance(directory, (str, os.PathLike)):
-            self.store: CheckpointStore = LocalStore(directory)
-            self.directory = Path(directory)
+            self.store: CheckpointStore = open_store(directory)
         else:
             self.store = directory
-            self.directory = Path(directory.location)
+        self.directory = Path(self.store.location)
         self.keep = keep
         self.group = process_group
         self.verify_checksums = verify_checksums
+        self.writer_timeout_s = writer_timeout_s
+        if start_fresh_if_invalid is None:
+            start_fresh_if_invalid = os.environ.get(
+                "SLURM_SPOT_START_FRESH_IF_INVALID", "").strip().lower() in ("1", "true", "yes")
+        self.start_fresh_if_invalid = start_fresh_if_invalid
+        self._save_group: Any = None
+        self._inflight: SaveHandle | None = None
+        # host buffers of the last snapshot, reused once its writer is done
+        self._pool: dict[str, dict[str, torch.Tensor]] = {}
+        self.last_save_s: float | None = None
 
     # -- collective plumbing -----------------------------------------------------------------
     def _dist(self) -> bool:
@@ -218,33 +363,57 @@ class Checkpointer:
             return 0, 1
         return dist.get_rank(self.group), dist.get_world_size(self.group)
 
+    def _pg(self) -> Any:
+        """The save's own gloo group over the same ranks (created once, collectively)."""
+        if not self._dist():
+            return None
+        if self._save_group is None:
+            ranks = (dist.get_process_group_ranks(self.group) if self.group is not None
+                     else list(range(dist.get_world_size())))
+            self._save_group = dist.new_group(
+                ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.writer_timeout_s))
+        return self._save_group
+
+    def _src(self) -> int:
+        return dist.get_global_rank(self._pg(), 0)
+
     def _from_rank0(self, value: Any) -> Any:
         if not self._dist():
             return value
         box = [value]
-        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        dist.broadcast_object_list(box, src=src, group=self.group)
+        dist.broadcast_object_list(box, src=self._src(), group=self._pg())
         return box[0]
 
     def _gather(self, value: Any) -> list[Any]:
         if not self._dist():
             return [value]
         out: list[Any] = [None] * self._rank_world()[1]
-        dist.all_gather_object(out, value, group=self.group)
+        dist.all_gather_object(out, value, group=self._pg())
         return out
+
+    def _agree(self, problem: str) -> str:
+        """All ranks' problems joined ("" when every rank succeeded): one rank's failure is
+        every rank's failure."""
+        problems = self._gather(problem)
+        return "; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p)
 
     # -- resolving ----------------------------------------------------------------------------
     def latest(self) -> Checkpoint | None:
         """The newest valid checkpoint (resolved on rank 0, shared with all ranks). Writes
-        nothing."""
+        nothing in the store."""
         found = None
         if self._rank_world()[0] == 0:
             found = self.store.latest(self.verify_checksums)
         return self._from_rank0(found)
 
     # -- saving -------------------------------------------------------------------------------
-    def save(self, state: TrainState, *, sharded: bool | None = None) -> Path:
-        """Commit a checkpoint of ``state`` as ``step_<state.step>`` and prune old ones.
+    def save(self, state: TrainState, *, sharded: bool | None = None) -> Path | str:
+        """Commit a checkpoint of ``state`` as ``step_<state.step>`` and prune old ones; returns
+        when it is committed (waits for an asynchronous save in flight first).
+
+        The manifest records how long this save took (``save_s``, seconds, from this call until
+        the manifest is written) and its size (``size_bytes``): the node-side watcher reads them
+        to signal the job early enough before an interruption deadline.
 
         Args:
             state: what to save.
@@ -252,83 +421,226 @@ class Checkpointer:
                 :func:`is_sharded`.
 
         Returns:
-            The committed directory. If a valid checkpoint of this step already exists it is
-            left as it is (never overwritten) and its path is returned, with a warning logged.
+            The committed checkpoint (a directory, or an ``s3://`` URL string). If a valid
+            checkpoint of this step already exists it is left as it is (never overwritten) and
+            its location is returned, with a warning logged.
 
         Raises:
-            CheckpointError: on any rank, when writing failed on rank 0 (disk full, ...).
+            CheckpointError: on every rank, when the state cannot be restored (names the key),
+                writing or uploading failed on any rank (nothing is committed, the staging is
+                cleaned up), or a writer timed out.
         """
+        return self._start(state, sharded, background=False).wait(self.writer_timeout_s)
+
+    def save_async(self, state: TrainState, *, sharded: bool | None = None) -> SaveHandle:
+        """Snapshot ``state`` (tensors copied, so training may change it at once) and write,
+        upload and commit it in a writer thread; returns at once after the snapshot.
+
+        At most one save is in flight: a previous one is waited for first (up to
+        ``writer_timeout_s``). The writer is a thread, not a forked process, and owns its
+        copies, so it never reads memory the trainer reuses (field case
+        async-pinned-memory-fork). The checkpoint counts once :meth:`SaveHandle.wait` returns:
+        every rank's part succeeded (agreed on the save group).
+
+        Raises:
+            CheckpointError: as :meth:`save` for what fails before the hand-off (unrestorable
+                state, a previous save that failed or hung); later failures surface from
+                :meth:`SaveHandle.wait`, :meth:`wait` or the next save.
+        """
+        return self._start(state, sharded, background=True)
+
+    def wait(self, timeout_s: float | None = None) -> Path | str | None:
+        """Wait for the save in flight (if any) to commit; returns where it is, or None.
+
+        Raises:
+            CheckpointError: it failed, or did not finish within ``timeout_s`` (default
+                ``writer_timeout_s``); the message names the checkpoint.
+        """
+        handle, self._inflight = self._inflight, None
+        if handle is None:
+            return None
+        try:
+            return handle.wait(timeout_s)
+        except CheckpointError:
+            if not handle.done():
+                self._inflight = handle  # still running: never start a second writer
+            raise
+
+    def save_final(self, state: TrainState, within_s: float, *,
+                   sharded: bool | None = None) -> Path | str:
+        """On a preemption: wait (at most ``within_s`` seconds, the notice left) for the save in
+        flight to commit, then save ``state`` synchronously.
+
+        A failed or late in-flight save is logged and the final save still attempted (the
+        previous committed checkpoint remains if that fails too).
+
+        Raises:
+            CheckpointError: the final save failed.
+        """
+        try:
+            self.wait(max(0.0, within_s))
+        except CheckpointError as exc:
+            log.error("in-flight checkpoint did not commit before the final save: %s", exc)
+            if self._inflight is not None:  # its writer still runs: never start a second one
+                raise
+        # a committed checkpoint of this very step is reported as skipped, not rewritten
+        return self.save(state, sharded=sharded)
+
+    def _start(self, state: TrainState, sharded: bool | None, background: bool) -> SaveHandle:
+        started_s = time.monotonic()
+        if self._inflight is not None:
+            self.wait()
         rank, world = self._rank_world()
+        problem = ""
+        try:
+            check_restorable(state.extra)
+        except CheckpointError as exc:
+            problem = f"step {state.step}: {exc}"
+        problem = self._agree(problem)
+        if problem:
+            raise CheckpointError(f"refusing to save to {self.store.location}: {problem}")
         use_dcp = is_sharded(state.model) if sharded is None else sharded
-        per_rank = self._gather(_rank_state(state))
-        plan = self._from_rank0(self._plan(state.step) if rank == 0 else None)
-        if plan[0] == "error":
-            raise CheckpointError(plan[2])
-        if plan[0] == "skip":
-            log.warning("%s", plan[2])
-            return Path(plan[1])
-        temp = Path(plan[1])
-        if use_dcp:
-            import torch.distributed.checkpoint as dcp
-
-            dcp.save(_dcp_state(state), checkpoint_id=temp, process_group=self.group)
-        error, final = "", ""
-        if rank == 0:
-            try:
-                final = self._write_rank0(state, temp, per_rank, world,
-                                          "dcp" if use_dcp else "torch")
-            except (OSError, RuntimeError, CheckpointError) as exc:
-                error = f"saving step {state.step} into {temp} failed: {exc}"
-                log.error("%s", error)
-        error, final = self._from_rank0((error, final))
-        if error:
-            raise CheckpointError(error)
-        return Path(final)
-
-    def _plan(self, step: int) -> StagePlan:
-        """Rank 0: the store's plan for ``step`` (``write`` into a new staging directory,
-        ``skip`` or ``error``)."""
-        return self.store.stage(step)
-
-    def _write_rank0(self, state: TrainState, temp: Path, per_rank: list[Any], world: int,
-                     kind: Literal["torch", "dcp"]) -> str:
-        payload: dict[str, Any] = {
-            "format": FORMAT, "step": state.step, "epoch": state.epoch,
-            "batch_in_epoch": state.batch_in_epoch, "extra": state.extra,
-            "world_size": world, "per_rank": per_rank,
-            "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
-        }
-        if kind == "torch":
-            payload["model"] = _unwrap(state.model).state_dict()
-            payload["optimizer"] = state.optimizer.state_dict() if state.optimizer else None
-        with open(temp / (STATE_FILE if kind == "torch" else META_FILE), "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        kind: Literal["torch", "dcp"] = "dcp" if use_dcp else "torch"
+        handle = SaveHandle(state.step, self.store.location, None, self.writer_timeout_s)
+        # per_rank is filled in by the writer, after gathering every rank's RNG state
+        payload = _payload(state, [], world, kind) if rank == 0 else None
+        dcp_state = _dcp_state(state) if use_dcp else None
+        if background:  # the snapshot: copies the trainer can no longer change
+            payload = _snapshot(payload, self._pool.setdefault("torch", {}))
+            dcp_state = _snapshot(dcp_state, self._pool.setdefault("dcp", {}))
         meta = {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-                "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", "")}
-        final = self.store.commit(temp, state.step, kind, world, meta)
-        removed = self.store.prune(self.keep, final)
-        if removed:
-            log.info("pruned %s", ", ".join(Path(p).name for p in removed))
-        return final
+                "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", ""),
+                "async": background}
+        job = _Job(state.step, "", kind, payload, dcp_state, meta, world, rank, started_s,
+                   _rank_state(state))
+        if not background:
+            self._write(job, handle)
+            return handle
+        thread = threading.Thread(target=self._write, args=(job, handle), daemon=True,
+                                  name=f"slurm-spot-save-{state.step}")
+        handle._thread = thread
+        self._inflight = handle
+        thread.start()
+        return handle
+
+    def _write(self, job: _Job, handle: SaveHandle) -> None:
+        """Write, upload, agree, commit (rank 0), prune. Runs in the writer thread for an
+        asynchronous save; every collective is on the save group."""
+        where = f"checkpoint of step {job.step} to {self.store.location}"
+        # the gather and the plan run here, on the save group, so the stall is the snapshot
+        per_rank = self._gather(job.rank_state)
+        try:
+            plan = self.store.stage(job.step) if job.rank == 0 else None
+        except Exception as exc:
+            plan = ("error", self.store.location, f"cannot prepare {where}: {exc}")
+        plan = self._from_rank0(plan)
+        if plan[0] != "write":
+            if plan[0] == "skip":
+                log.warning("%s", plan[2])
+                handle._finish(plan[1], None, time.monotonic() - job.started_s)
+            else:
+                handle._finish(None, plan[2], time.monotonic() - job.started_s)
+            return
+        job.token = plan[1]
+        if job.payload is not None:
+            job.payload["per_rank"] = per_rank
+        problem, staging = "", None
+        try:
+            staging = self.store.local_staging(job.token)
+            if job.kind == "dcp":
+                import torch.distributed.checkpoint as dcp
+
+                dcp.save(job.dcp_state, checkpoint_id=staging, process_group=self._pg())
+            if job.rank == 0:
+                _write_file(staging / (STATE_FILE if job.kind == "torch" else META_FILE),
+                            job.payload)
+            files = self.store.upload(staging, job.token)
+        except Exception as exc:  # disk full, upload error, pickling: every rank must hear it
+            problem, files = f"{type(exc).__name__}: {exc}", {}
+        gathered = self._gather((problem, files))
+        problem = "; ".join(f"rank {r}: {p}" for r, (p, _f) in enumerate(gathered) if p)
+        final = ""
+        if job.rank == 0:
+            if not problem:
+                merged: dict[str, dict[str, Any]] = {}
+                for _p, f in gathered:
+                    merged.update(f)
+                try:
+                    final = self.store.commit_manifest(job.token, job.kind, job.world, job.meta,
+                                                       merged, job.started_s)
+                except Exception as exc:
+                    problem = f"rank 0: commit failed: {type(exc).__name__}: {exc}"
+            if problem:
+                self.store.abort(job.token)
+            else:
+                try:
+                    removed = self.store.prune(self.keep, final)
+                    if removed:
+                        log.info("pruned %s", ", ".join(removed))
+                except Exception as exc:  # retention failing must not fail a committed save
+                    log.warning("retention in %s failed: %s", self.store.location, exc)
+        if staging is not None:
+            self.store.discard_staging(staging)
+        problem, final = self._from_rank0((problem, final))
+        save_s = time.monotonic() - job.started_s
+        if problem:
+            log.error("%s failed, nothing committed: %s", where, problem)
+            handle._finish(None, f"{where} failed, nothing committed: {problem}", save_s)
+            return
+        self.last_save_s = save_s
+        handle._finish(final, None, save_s)
 
     # -- restoring ----------------------------------------------------------------------------
     def restore(self, state: TrainState, *, checkpoint: Checkpoint | None = None,
+                resume_from: str | os.PathLike[str] | None = None,
                 restore_rng: bool = True) -> Checkpoint | None:
         """Load the newest valid checkpoint (or ``checkpoint``) into ``state`` in place.
+
+        Args:
+            checkpoint: load this one (skips resolving).
+            resume_from: a checkpoint directory given on the command line: used on the first
+                run (``SLURM_RESTART_COUNT`` 0 or unset); after a requeue the newest valid
+                checkpoint of the store wins (the job's own progress). A log line says which.
 
         Returns:
             The checkpoint used, or None when there is none (``state`` is untouched).
 
         Raises:
-            CheckpointError: the checkpoint is not a slurm-spot one or holds types that
-                ``weights_only`` loading refuses.
+            CheckpointError: checkpoints exist but none is valid (unless
+                ``start_fresh_if_invalid``); the checkpoint holds a model of another shape
+                (raised before any tensor is changed); it is not a slurm-spot one or holds
+                types that ``weights_only`` loading refuses.
         """
-        found = checkpoint if checkpoint is not None else self.latest()
+        found = checkpoint
+        if found is None and resume_from is not None:
+            from slurm_spot.jobs.jobenv import restart_count
+
+            restarts = restart_count(os.environ)
+            if restarts == 0:
+                found = self._explicit(Path(resume_from))
+                log.info("resuming from %s (given on the command line; first run)", found.path)
+            else:
+                log.info("restart %d: resuming from the newest valid checkpoint in %s, not "
+                         "from %s given on the command line", restarts, self.store.location,
+                         resume_from)
         if found is None:
-            return None
+            found = self.latest()
+            if found is None:
+                exists = self._from_rank0(
+                    self.store.has_committed() if self._rank_world()[0] == 0 else False)
+                if exists:
+                    msg = (f"{self.store.location} holds checkpoints but none is valid "
+                           "(see the warnings above)")
+                    if not self.start_fresh_if_invalid:
+                        raise CheckpointError(
+                            f"{msg}; refusing to start from step 0 (pass "
+                            "start_fresh_if_invalid=True or set "
+                            "SLURM_SPOT_START_FRESH_IF_INVALID=1 to start over)")
+                    log.error("%s; starting from step 0 as configured", msg)
+                return None
+            log.info("resuming from step %d at %s", found.step, found.path)
+        found = self.store.fetch(found) if not found.path.exists() else found
         rank, world = self._rank_world()
         if found.kind == "dcp":
             payload = _load(found.path / META_FILE)
@@ -336,12 +648,15 @@ class Checkpointer:
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
             loaded = _dcp_state(state)
-            dcp.load(loaded, checkpoint_id=found.path, process_group=self.group)
+            _check_dcp_shapes(found.path, loaded)
+            dcp.load(loaded, checkpoint_id=found.path, process_group=self._pg())
             set_state_dict(state.model, _optimizers(state), model_state_dict=loaded["model"],
                            optim_state_dict=loaded.get("optim", {}))
         else:
             payload = _load(found.path / STATE_FILE if found.kind == "torch" else found.path)
-            _unwrap(state.model).load_state_dict(payload["model"])
+            model = _unwrap(state.model)
+            _check_shapes(found.path, payload["model"], model.state_dict())
+            model.load_state_dict(payload["model"])
             if state.optimizer is not None and payload.get("optimizer") is not None:
                 state.optimizer.load_state_dict(payload["optimizer"])
         if state.scheduler is not None and payload.get("scheduler") is not None:
@@ -360,7 +675,132 @@ class Checkpointer:
                 gen.set_state(mine["generators"][name])
         if restore_rng:
             restore_rng_state(mine["rng"])
+        if self._dist():
+            dist.barrier(group=self._pg())  # every rank has read it (ranks may share a copy)
+        self.store.release(found)
         return found
+
+    def _explicit(self, path: Path) -> Checkpoint:
+        """A checkpoint named on the command line, validated (rank 0 decides for all).
+
+        Raises:
+            CheckpointError: it is not a valid slurm-spot checkpoint.
+        """
+        from slurm_spot.checkpoint.files import Candidate, _as_checkpoint, validate
+
+        result: tuple[str, Checkpoint | None] = ("", None)
+        if self._rank_world()[0] == 0:
+            name = path.name
+            step = int(name.removeprefix("step_")) if name.removeprefix("step_").isdigit() else -1
+            problem = (f"{path}: not a step_<N> checkpoint directory" if step < 0 or
+                       not path.is_dir() else
+                       validate(Candidate(path, step, "dir"), self.verify_checksums))
+            result = (f"{path}: {problem}" if problem else "",
+                      None if problem else _as_checkpoint(Candidate(path, step, "dir")))
+        problem, found = self._from_rank0(result)
+        if problem or found is None:
+            raise CheckpointError(f"cannot resume from {path}: {problem}")
+        return found
+
+
+def _check_shapes(where: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Raise before loading when ``saved`` does not fit the model (keys or shapes)."""
+    missing = sorted(set(current) - set(saved))
+    unexpected = sorted(set(saved) - set(current))
+    wrong = [f"{k}: checkpoint {tuple(saved[k].shape)}, model {tuple(current[k].shape)}"
+             for k in current if k in saved and isinstance(saved[k], torch.Tensor)
+             and tuple(saved[k].shape) != tuple(current[k].shape)]
+    if missing or unexpected or wrong:
+        parts = ([f"shape mismatch: {'; '.join(wrong[:5])}"] if wrong else []) + \
+                ([f"missing in checkpoint: {missing[:5]}"] if missing else []) + \
+                ([f"not in the model: {unexpected[:5]}"] if unexpected else [])
+        raise CheckpointError(f"{where}: the checkpoint does not fit this model, nothing was "
+                              f"loaded ({'; '.join(parts)})")
+
+
+def _check_dcp_shapes(where: Path, loaded: Mapping[str, Any]) -> None:
+    """The DCP form of :func:`_check_shapes`, from the checkpoint's ``.metadata``."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = FileSystemReader(str(where)).read_metadata().state_dict_metadata
+    wrong = []
+    for key, tensor in loaded.get("model", {}).items():
+        meta = saved.get(f"model.{key}")
+        if meta is None:
+            wrong.append(f"{key}: missing in checkpoint")
+        elif isinstance(meta, TensorStorageMetadata) and isinstance(tensor, torch.Tensor) \
+                and tuple(meta.size) != tuple(tensor.shape):
+            wrong.append(f"{key}: checkpoint {tuple(meta.size)}, model {tuple(tensor.shape)}")
+    if wrong:
+        raise CheckpointError(f"{where}: the checkpoint does not fit this model, nothing was "
+                              f"loaded ({'; '.join(wrong[:5])})")
+
+
+def _payload(state: TrainState, per_rank: list[Any], world: int,
+             kind: Literal["torch", "dcp"]) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "format": FORMAT, "step": state.step, "epoch": state.epoch,
+        "batch_in_epoch": state.batch_in_epoch, "extra": state.extra,
+        "world_size": world, "per_rank": per_rank,
+        "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
+    }
+    if kind == "torch":
+        payload["model"] = _unwrap(state.model).state_dict()
+        payload["optimizer"] = state.optimizer.state_dict() if state.optimizer else None
+    return payload
+
+
+def _snapshot(value: Any, pool: dict[str, torch.Tensor] | None = None) -> Any:
+    """A deep copy in which every tensor is a fresh copy in ordinary (non-pinned) host memory
+    (a DTensor is cloned where it lives): nothing the trainer reuses.
+
+    ``pool`` holds the host buffers of the previous snapshot, keyed by their place in
+    ``value``; a buffer of the same shape and dtype is overwritten instead of allocated (a new
+    100 MB allocation costs more in page faults than the copy). The caller reuses a pool only
+    after the writer that read it is done (:meth:`Checkpointer._start` waits for it first).
+    """
+    if value is None:
+        return None
+    from torch.distributed.tensor import DTensor
+
+    memo: dict[int, Any] = {}
+
+    def copy(t: torch.Tensor, where: str) -> torch.Tensor:
+        if isinstance(t, DTensor):
+            return t.detach().clone()
+        buf = pool.get(where) if pool is not None else None
+        if buf is not None and buf.shape == t.shape and buf.dtype == t.dtype \
+                and buf.layout == t.layout == torch.strided:
+            buf.copy_(t.detach())
+        else:
+            buf = t.detach().to("cpu", copy=True)
+        if pool is not None:
+            pool[where] = buf
+        return buf
+
+    def walk(v: Any, where: str) -> Any:
+        if isinstance(v, torch.Tensor):
+            if id(v) not in memo:
+                memo[id(v)] = copy(v, where)
+            return memo[id(v)]
+        if isinstance(v, dict):
+            items = [(k, walk(x, f"{where}/{k!r}")) for k, x in v.items()]
+            return dict(items) if type(v) is dict else type(v)(items)
+        if isinstance(v, list):
+            return [walk(x, f"{where}/{i}") for i, x in enumerate(v)]
+        if isinstance(v, tuple) and not hasattr(v, "_fields"):
+            return tuple(walk(x, f"{where}/{i}") for i, x in enumerate(v))
+        return copy_module.deepcopy(v)
+
+    return walk(value, "")
+
+
+def _write_file(path: Path, payload: Any) -> None:
+    with open(path, "wb") as fh:
+        torch.save(payload, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _rank_state(state: TrainState) -> dict[str, Any]:

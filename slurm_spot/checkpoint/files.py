@@ -298,15 +298,38 @@ def new_temp_dir(directory: str | os.PathLike[str], step: int) -> Path:
     return path
 
 
+def build_manifest(
+    step: int, kind: Literal["torch", "dcp"], world_size: int, meta: dict[str, Any] | None,
+    files: dict[str, dict[str, Any]], started_s: float | None = None,
+) -> dict[str, Any]:
+    """The manifest of a checkpoint (every store writes this, see :func:`write_manifest`):
+    format, step, kind, world size, ``created_unix_s``, ``meta``, ``files``, ``size_bytes``
+    (their total, bytes) and, with ``started_s`` (a :func:`time.monotonic` reading from when
+    the save began), ``save_s`` (seconds until now). The one place that records a save's
+    duration and size."""
+    manifest: dict[str, Any] = {
+        "format": FORMAT, "step": step, "kind": kind, "world_size": world_size,
+        "created_unix_s": round(time.time(), 3), "meta": meta or {}, "files": files,
+        "size_bytes": sum(int(f["size"]) for f in files.values()),
+    }
+    if started_s is not None:
+        manifest["save_s"] = round(max(0.0, time.monotonic() - started_s), 3)
+    return manifest
+
+
 def write_manifest(
     temp_dir: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
-    meta: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None, started_s: float | None = None,
 ) -> dict[str, Any]:
     """fsync every file under ``temp_dir``, then write its manifest as the last file.
 
     The manifest records format, step, kind, world size, ``created_unix_s`` (seconds since the
-    epoch), optional ``meta`` (must be JSON-serialisable) and ``files``: ``{relative path:
-    {"size": bytes, "sha256": hex}}``. Returns the manifest.
+    epoch), optional ``meta`` (must be JSON-serialisable), ``files``: ``{relative path:
+    {"size": bytes, "sha256": hex}}``, ``size_bytes`` (their total) and, when ``started_s`` (a
+    :func:`time.monotonic` reading taken when the save began) is given, ``save_s``: seconds
+    from then until the manifest is written (state gathering, serialisation, fsync, hashing).
+    The node-side watcher reads ``save_s`` to know how long before an interruption deadline a
+    job must be signalled (:func:`save_costs`). Returns the manifest.
 
     Raises:
         CheckpointError: ``temp_dir`` holds no data file or a symlink.
@@ -322,10 +345,7 @@ def write_manifest(
         files[path.relative_to(temp_dir).as_posix()] = {"size": size, "sha256": sha}
     if not files:
         raise CheckpointError(f"{temp_dir}: nothing to commit")
-    manifest = {
-        "format": FORMAT, "step": step, "kind": kind, "world_size": world_size,
-        "created_unix_s": round(time.time(), 3), "meta": meta or {}, "files": files,
-    }
+    manifest = build_manifest(step, kind, world_size, meta, files, started_s)
     partial = temp_dir / f"{MANIFEST_NAME}.tmp"
     with open(partial, "w") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
@@ -388,3 +408,67 @@ def prune(directory: str | os.PathLike[str], keep: int, newest: Path) -> list[Pa
     if removed:
         fsync_dir(root)
     return removed
+
+
+@dataclass(frozen=True)
+class SaveCost:
+    """What a job's recent saves cost, from their manifests (:func:`save_costs`).
+
+    Attributes:
+        save_s: the longest ``save_s`` of the recent checkpoints (seconds), None if none
+            recorded one.
+        size_bytes: the newest checkpoint's total size (bytes), None without a checkpoint.
+        step_s: seconds per training step between the two newest checkpoints (their
+            ``created_unix_s`` and steps), None with fewer than two.
+        checkpoints: how many manifests were read.
+    """
+
+    save_s: float | None = None
+    size_bytes: int | None = None
+    step_s: float | None = None
+    checkpoints: int = 0
+
+
+def save_costs(directory: str | os.PathLike[str], newest: int = 3) -> SaveCost:
+    """Read the manifests of the ``newest`` committed ``step_N`` directories of ``directory``
+    (no checksums, no symlinks followed, nothing written) and summarise what saving costs:
+    ``save_s``/``size_bytes`` from each manifest's ``meta`` (what :class:`Checkpointer` writes)
+    or its top level (:func:`write_manifest` with ``started_s``).
+
+    Unreadable or foreign entries are skipped; a missing directory gives ``SaveCost()``.
+    Values outside plausible ranges (negative, over a day) are ignored: the manifest is written
+    by the job, and its reader may run as root.
+    """
+    manifests: list[dict[str, Any]] = []
+    try:
+        candidates = [c for c in list_candidates(directory) if c.kind == "dir"]
+    except CheckpointError:
+        return SaveCost()
+    for cand in candidates[:newest]:
+        try:
+            manifests.append(read_manifest(cand.path))
+        except CheckpointError:
+            continue
+    if not manifests:
+        return SaveCost()
+    def field(manifest: dict[str, Any], name: str) -> Any:
+        meta = manifest.get("meta")
+        value = manifest.get(name)
+        return meta.get(name, value) if isinstance(meta, dict) else value
+
+    saves = [float(v) for m in manifests
+             if isinstance(v := field(m, "save_s"), (int, float)) and 0 <= v < 86400]
+    size = field(manifests[0], "size_bytes")
+    step_s = None
+    if len(manifests) >= 2:
+        (a, b) = manifests[0], manifests[1]
+        try:
+            dt = float(a["created_unix_s"]) - float(b["created_unix_s"])
+            ds = int(a["step"]) - int(b["step"])
+            if ds > 0 and 0 <= dt < 86400:
+                step_s = dt / ds
+        except (KeyError, TypeError, ValueError):
+            step_s = None
+    return SaveCost(save_s=max(saves) if saves else None,
+                    size_bytes=int(size) if isinstance(size, int) and size >= 0 else None,
+                    step_s=step_s, checkpoints=len(manifests))

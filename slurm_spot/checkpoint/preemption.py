@@ -36,6 +36,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any, NoReturn
@@ -133,6 +134,7 @@ class PreemptionHandler:
         self._client = client
         self._flag = False
         self._received: int | None = None
+        self._received_at: float | None = None
         self._previous: dict[int, Any] = {}
         self.requeue_outcome = ""
 
@@ -165,6 +167,7 @@ class PreemptionHandler:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only plain assignments: this runs between two bytecodes of whatever was executing.
         self._received = signum
+        self._received_at = time.monotonic()
         self._flag = True
 
     def request_stop(self) -> None:
@@ -205,6 +208,35 @@ class PreemptionHandler:
         return self._flag
 
     # -- exit ---------------------------------------------------------------------------------
+    def notice_left_s(self, default_lead_s: float = 60.0) -> float:
+        """Seconds left of the notice: the signal's lead (``@N`` of the sbatch ``--signal``
+        value, else sbatch's default of 60 s: sbatch(1)) minus the time since this rank got
+        the signal (0 elapsed when it was not signalled itself)."""
+        lead = float(self.spec.lead_s if self.spec.lead_s is not None else default_lead_s)
+        since = self._received_at
+        return max(0.0, lead - (time.monotonic() - since if since is not None else 0.0))
+
+    def checkpoint_and_exit(self, checkpointer: Any, state: Any) -> NoReturn:
+        """On a preemption: let the asynchronous save in flight commit within the notice left
+        (:meth:`notice_left_s`), save the final ``state``, then :meth:`exit_for_requeue`.
+
+        Collective: every rank calls it after :meth:`should_stop` returned True. If the final
+        save fails the previous committed checkpoint remains and the job is still requeued
+        (the error is logged).
+
+        Args:
+            checkpointer: a :class:`~slurm_spot.checkpoint.checkpointer.Checkpointer`.
+            state: its :class:`~slurm_spot.checkpoint.checkpointer.TrainState`.
+        """
+        from slurm_spot.checkpoint.files import CheckpointError
+
+        try:
+            checkpointer.save_final(state, within_s=self.notice_left_s())
+        except CheckpointError as exc:
+            log.error("slurm-spot: the final checkpoint failed, the job resumes from the "
+                      "previous one: %s", exc)
+        self.exit_for_requeue()
+
     def exit_for_requeue(self) -> NoReturn:
         """Requeue (rank 0 only, if needed), wait for every rank, exit with :attr:`exit_code`.
 

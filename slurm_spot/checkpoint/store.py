@@ -9,10 +9,13 @@ the bytes live and what "committed" means:
 - :class:`LocalStore` (this module): the job's checkpoint directory on a local or shared POSIX
   file system; staging is a temporary directory beside the checkpoints and the commit is an
   atomic ``rename`` (protocol in :mod:`slurm_spot.checkpoint.files`).
-- an object store (next): staging on local disk, the commit uploads the data files and the
-  manifest last; ``latest`` lists the prefix and downloads the newest valid checkpoint.
+- :class:`~slurm_spot.checkpoint.s3.S3Store`: staging on each rank's local disk, every rank
+  uploads its own files, rank 0 writes the manifest last once all ranks agreed that their
+  uploads succeeded; ``latest`` lists the prefix and downloads the newest valid checkpoint.
 
-Stores run on rank 0 only (the checkpointer broadcasts what they return); no torch here.
+A save goes ``stage`` (rank 0: a token) -> ``local_staging`` (every rank: where to write) ->
+``upload`` (every rank: its files' sizes and checksums) -> the ranks agree -> ``commit_manifest``
+(rank 0) or ``abort``. No torch here. :func:`open_store` picks the store for a root.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from slurm_spot.checkpoint.files import (
     Checkpoint,
     CheckpointError,
     commit,
-    find_latest_valid,
+    iter_valid,
+    list_candidates,
     new_temp_dir,
     prune,
+    remove_checkpoint_dir,
     step_dir_name,
     validate,
     write_manifest,
@@ -62,7 +67,7 @@ class CheckpointStore(Protocol):
         ...
 
     def commit(self, staging: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
-               meta: dict[str, Any]) -> str:
+               meta: dict[str, Any], started_s: float | None = None) -> str:
         """Publish the finished ``staging`` directory as the checkpoint of ``step`` (manifest
         last, with ``meta``); returns where it now is.
 
@@ -77,6 +82,53 @@ class CheckpointStore(Protocol):
         abandoned staging directories; returns what was deleted."""
         ...
 
+    def local_staging(self, token: str) -> Path:
+        """Every rank: the directory this rank writes its files of save ``token`` into."""
+        ...
+
+    def upload(self, staging: Path, token: str) -> dict[str, dict[str, Any]]:
+        """Every rank: make this rank's files durable in the store; returns
+        ``{relative path: {"size": bytes, "sha256": hex}}`` ({} when the commit hashes them)."""
+        ...
+
+    def commit_manifest(self, token: str, kind: Literal["torch", "dcp"], world_size: int,
+                        meta: dict[str, Any], files: dict[str, dict[str, Any]],
+                        started_s: float | None = None) -> str:
+        """Rank 0, after all ranks' uploads succeeded: the commit point; returns where the
+        checkpoint is. ``started_s`` (time.monotonic() when the save began) gives ``save_s``."""
+        ...
+
+    def abort(self, token: str) -> None:
+        """Rank 0: remove what the failed save ``token`` left (never a committed checkpoint)."""
+        ...
+
+    def discard_staging(self, staging: Path) -> None:
+        """Every rank: drop this rank's local staging directory after a save."""
+        ...
+
+    def fetch(self, checkpoint: Checkpoint) -> Checkpoint:
+        """A copy of ``checkpoint`` (resolved on rank 0) readable on this rank."""
+        ...
+
+    def has_committed(self) -> bool:
+        """True when the store holds at least one committed checkpoint of ours (valid or not)."""
+        ...
+
+    def release(self, checkpoint: Checkpoint) -> None:
+        """Every rank, after loading ``checkpoint``: drop a local copy made for it (a download);
+        never the store's own checkpoint."""
+        ...
+
+
+def open_store(root: str | os.PathLike[str], **s3_options: Any) -> CheckpointStore:
+    """The store for a checkpoint root: :class:`~slurm_spot.checkpoint.s3.S3Store` for
+    ``s3://bucket/prefix`` (``s3_options`` go to it), else :class:`LocalStore`."""
+    if str(root).startswith("s3://"):
+        from slurm_spot.checkpoint.s3 import S3Store
+
+        return S3Store(str(root), **s3_options)
+    return LocalStore(root)
+
 
 class LocalStore:
     """Checkpoints as ``step_<N>`` directories in ``directory`` (local or shared POSIX file
@@ -90,7 +142,13 @@ class LocalStore:
         return str(self.directory)
 
     def latest(self, verify_checksums: bool = True) -> Checkpoint | None:
-        return find_latest_valid(self.directory, verify_checksums)
+        """The newest valid ``step_N`` checkpoint. Single archives of other code
+        (``ckpt_000750.pt``) are not ours and are ignored (logged once)."""
+        for found in iter_valid(self.directory, verify_checksums):
+            if found.kind != "file":
+                return found
+            log.info("ignoring %s: not a slurm-spot checkpoint", found.path)
+        return None
 
     def stage(self, step: int) -> StagePlan:
         final = self.directory / step_dir_name(step)
@@ -108,11 +166,40 @@ class LocalStore:
             return ("error", str(final), f"cannot prepare checkpoint {final}: {exc}")
 
     def commit(self, staging: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
-               meta: dict[str, Any]) -> str:
+               meta: dict[str, Any], started_s: float | None = None) -> str:
         if staging.parent != self.directory:
             raise CheckpointError(f"{staging} is not a staging directory of {self.directory}")
-        write_manifest(staging, step, kind, world_size, meta)
+        write_manifest(staging, step, kind, world_size, meta, started_s=started_s)
         return str(commit(staging, step))
 
     def prune(self, keep: int, newest: str) -> list[str]:
         return [str(p) for p in prune(self.directory, keep, Path(newest))]
+
+    # the staging directory is shared by all ranks: the token is its path
+    def local_staging(self, token: str) -> Path:
+        return Path(token)
+
+    def upload(self, staging: Path, token: str) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def commit_manifest(self, token: str, kind: Literal["torch", "dcp"], world_size: int,
+                        meta: dict[str, Any], files: dict[str, dict[str, Any]],
+                        started_s: float | None = None) -> str:
+        staging = Path(token)
+        step = int(staging.name.split(".", 1)[0].removeprefix("step_"))
+        return self.commit(staging, step, kind, world_size, meta, started_s)
+
+    def abort(self, token: str) -> None:
+        remove_checkpoint_dir(Path(token))
+
+    def discard_staging(self, staging: Path) -> None:
+        return None
+
+    def fetch(self, checkpoint: Checkpoint) -> Checkpoint:
+        return checkpoint
+
+    def has_committed(self) -> bool:
+        return any(c.kind == "dir" for c in list_candidates(self.directory))
+
+    def release(self, checkpoint: Checkpoint) -> None:
+        return None

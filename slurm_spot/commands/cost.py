@@ -45,7 +45,8 @@ def job_usage(config: SpotConfig, slurm: SlurmClient, job_id: int, events: list[
     else:
         usage = usage_from_events(job_id, events, config)
     folder = checkpoint_dir
-    if folder is None and usage.user:
+    if folder is None and usage.user and isinstance(config.checkpoint.root, Path):
+        # An s3:// root is not read here (no listing of the bucket): storage then counts 0.
         folder = config.checkpoint.root / usage.user / str(job_id)
     if folder is not None:
         usage.checkpoints = read_checkpoints(folder)

@@ -19,14 +19,43 @@ from slurm_spot.localcluster.demo import Demo, DemoSettings, example_script, sum
 @click.option("--steps", type=click.IntRange(min=100), default=240, show_default=True,
               help="Training steps.")
 @click.option("--keep-cluster", is_flag=True, help="Leave the local cluster running.")
+@click.option("--boot-delay", "boot_delay_s", type=click.FloatRange(1, 3600), default=2.0,
+              show_default=True,
+              help="Simulated boot of a local node, seconds (a cloud GPU node: 60-180).")
+@click.option("--notice", "notice_s", type=click.FloatRange(10, 3600), default=30.0,
+              show_default=True, help="Seconds of notice before the first interruption.")
+@click.option("--prewarm/--no-prewarm", default=True, show_default=True,
+              help="preemption.prewarm: boot the replacement during the notice.")
+@click.option("--checkpoint-root", default=None, metavar="s3://BUCKET/PREFIX",
+              help="Keep the job's checkpoints in S3 (credentials: boto3's standard chain).")
+@click.option("--s3-endpoint-url", default=None, help="S3 endpoint (MinIO, moto, ...).")
+@click.option("--s3-addressing-style", type=click.Choice(["auto", "path", "virtual"]),
+              default="auto", show_default=True)
 @json_option
-def demo_command(workdir: Path, steps: int, keep_cluster: bool, as_json: bool) -> None:
-    """Run a 2-node torchrun job on local spot nodes, preempt it twice, watch it finish."""
+def demo_command(workdir: Path, steps: int, keep_cluster: bool, boot_delay_s: float,
+                 notice_s: float, prewarm: bool, checkpoint_root: str | None,
+                 s3_endpoint_url: str | None, s3_addressing_style: str, as_json: bool) -> None:
+    """Run a 2-node torchrun job on local spot nodes, preempt it twice, watch it finish.
+
+    The result (--json) has, per interruption, the recovery broken down into its parts
+    (notice -> signal -> job exit -> requeue -> allocation -> job start -> first step) and
+    whether a replacement was prewarmed."""
     script = example_script()
     if not script.exists():
         raise BadInputError(f"the demo's training script is missing: {script} (reinstall "
                             "slurm-spot, or run 'make demo' in a source checkout)")
-    settings = DemoSettings(workdir=workdir, steps=steps, keep_cluster=keep_cluster)
+    if checkpoint_root is not None:
+        import re
+
+        from slurm_spot.config import S3_ROOT_PATTERN
+
+        if not re.fullmatch(S3_ROOT_PATTERN, checkpoint_root):
+            raise BadInputError(f"--checkpoint-root {checkpoint_root!r}: expected "
+                                "s3://bucket/prefix")
+    settings = DemoSettings(workdir=workdir, steps=steps, keep_cluster=keep_cluster,
+                            boot_delay_s=boot_delay_s, notice_s=notice_s, prewarm=prewarm,
+                            checkpoint_root=checkpoint_root, s3_endpoint_url=s3_endpoint_url,
+                            s3_addressing_style=s3_addressing_style)
 
     def progress(line: str) -> None:
         click.echo(line, err=as_json)

@@ -31,6 +31,34 @@ def torchrun_script(config: SpotConfig, script: str, args: list[str], nproc_per_
     )
 
 
+#: Per-job checkpoint settings: passed to the job in its environment (sbatch's default
+#: --export=ALL), read by the TaskProlog (slurm_spot.jobs.prolog.checkpoint_root).
+_JOB_ENV_OPTIONS = {"--checkpoint-root": "SLURM_SPOT_CHECKPOINT_ROOT",
+                    "--s3-endpoint-url": "SLURM_SPOT_S3_ENDPOINT_URL",
+                    "--s3-addressing-style": "SLURM_SPOT_S3_ADDRESSING_STYLE"}
+
+
+def _job_env(values: dict[str, str]) -> dict[str, str]:
+    """Validate the per-job checkpoint settings (BadInputError names the option)."""
+    import re
+
+    from slurm_spot.config import S3_ROOT_PATTERN
+
+    names = {v: k for k, v in _JOB_ENV_OPTIONS.items()}
+    for var, value in values.items():
+        option = names[var]
+        if any(c in value for c in "\n\r"):
+            raise BadInputError(f"{option}: the value must be one line")
+        if var == "SLURM_SPOT_CHECKPOINT_ROOT" and not re.fullmatch(S3_ROOT_PATTERN, value):
+            raise BadInputError(f"{option}={value!r}: expected s3://bucket/prefix (a job may "
+                                "choose an S3 root; directory roots are the admin's)")
+        if var == "SLURM_SPOT_S3_ENDPOINT_URL" and not re.fullmatch(r"https?://\S+", value):
+            raise BadInputError(f"{option}={value!r}: expected an http(s):// URL")
+        if var == "SLURM_SPOT_S3_ADDRESSING_STYLE" and value not in ("auto", "path", "virtual"):
+            raise BadInputError(f"{option}={value!r}: expected auto, path or virtual")
+    return values
+
+
 def _our_options(words: list[str]) -> tuple[dict[str, object], list[str]]:
     ours: dict[str, object] = {"torchrun": False, "dry_run": False, "nproc": 1, "json": False,
                                "python": sys.executable}
@@ -40,6 +68,14 @@ def _our_options(words: list[str]) -> tuple[dict[str, object], list[str]]:
         word = words[i]
         if word in ("--torchrun", "--dry-run", "--json"):
             ours[word[2:].replace("-", "_")] = True
+        elif word.split("=", 1)[0] in _JOB_ENV_OPTIONS:
+            key, _, value = word.partition("=")
+            if not value:
+                if i + 1 >= len(words):
+                    raise BadInputError(f"{key} needs a value")
+                value = words[i + 1]
+                i += 1
+            ours.setdefault("job_env", {})[_JOB_ENV_OPTIONS[key]] = value  # type: ignore[index]
         elif word.startswith("--nproc-per-node") or word.startswith("--python"):
             key, _, value = word.partition("=")
             if not value:
@@ -77,9 +113,12 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --python PATH        with --torchrun: the interpreter on the nodes (default: this one).
     --dry-run            print the final batch script and sbatch command line only.
     --json               print the job id (or, with --dry-run, script and argv) as JSON.
+    --checkpoint-root s3://BUCKET/PREFIX   this job's checkpoints in S3 (not the config's root).
+    --s3-endpoint-url URL, --s3-addressing-style auto|path|virtual   how to reach that S3.
     Every other option and argument goes to sbatch unchanged.
     """
     ours, rest = _our_options(list(words))
+    job_env = _job_env(dict(ours.get("job_env", {})))  # type: ignore[call-overload]
     if rest[:1] in (["-h"], ["--help"]) or not rest:
         click.echo(click.get_current_context().get_help())
         if not rest:
@@ -107,7 +146,19 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
                            config.preemption.lead_s, env=os.environ)
     for warning in plan.warnings:
         click.echo(f"slurm-spot: warning: {warning}", err=True)
-    _submit(app, plan, bool(ours["dry_run"]), bool(ours["json"]))
+    if job_env and any(o.startswith("--export") and "ALL" not in o for o in options):
+        raise BadInputError("--checkpoint-root/--s3-*: the job gets them through its "
+                            "environment; add ALL to --export")
+    before = {k: os.environ.get(k) for k in job_env}
+    os.environ.update(job_env)  # sbatch (run below) exports its environment to the job
+    try:
+        _submit(app, plan, bool(ours["dry_run"]), bool(ours["json"]))
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _submit(app: AppContext, plan: Submission, dry_run: bool, as_json: bool) -> None:

@@ -244,7 +244,10 @@ def requeue_exit_code(env: Env, default: int = DEFAULT_REQUEUE_EXIT_CODE) -> int
     return int(raw)
 
 
-def checkpoint_dir(env: Env) -> Path | None:
-    """The job's checkpoint directory from ``SLURM_SPOT_CHECKPOINT_DIR``, or None if unset."""
+def checkpoint_dir(env: Env) -> Path | str | None:
+    """The job's checkpoint directory from ``SLURM_SPOT_CHECKPOINT_DIR``, or None if unset; an
+    ``s3://bucket/prefix`` URL is returned as the string it is (a Path would fold its ``//``)."""
     raw = env.get(ENV_CHECKPOINT_DIR, "").strip()
+    if raw.startswith("s3://"):
+        return raw
     return Path(raw) if raw else None

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_spot import events
-from slurm_spot.config import SpotConfig
+from slurm_spot.config import S3_ROOT_PATTERN, SpotConfig
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.jobenv import checkpoint_key, restart_count
 
@@ -40,8 +40,29 @@ _KEY = re.compile(r"[0-9]+(_[0-9]+)?")
 log = logging.getLogger(__name__)
 
 
-def checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path:
-    """``<root>/<user>/<key>`` for the job described by ``env`` (pure: touches nothing).
+ENV_CHECKPOINT_ROOT = "SLURM_SPOT_CHECKPOINT_ROOT"
+
+
+def checkpoint_root(config: SpotConfig, env: Mapping[str, str]) -> Path | str:
+    """The job's checkpoint root: an ``s3://`` URL the job chose (``SLURM_SPOT_CHECKPOINT_ROOT``,
+    set by ``slurm-spot sbatch --checkpoint-root``), else ``checkpoint.root``. A job may pick
+    an S3 root only: a directory root stays the admin's (the prolog creates it as root).
+
+    Raises:
+        BadInputError: the job's root is not an ``s3://bucket/prefix`` URL.
+    """
+    raw = env.get(ENV_CHECKPOINT_ROOT, "").strip()
+    if not raw:
+        return config.checkpoint.root
+    if not re.fullmatch(S3_ROOT_PATTERN, raw) or any(c in raw for c in "\n\r\"'`$\\"):
+        raise BadInputError(f"{ENV_CHECKPOINT_ROOT}={raw!r}: a job may only choose an "
+                            "s3://bucket/prefix root (no quotes, $ or backslashes)")
+    return raw
+
+
+def checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path | str:
+    """``<root>/<user>/<key>`` for the job described by ``env`` (pure: touches nothing); a
+    ``s3://bucket/prefix/<user>/<key>`` URL for an S3 root.
 
     Raises:
         BadInputError: missing job id or user, or a user/key that is not a plain name.
@@ -52,7 +73,10 @@ def checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path:
     key = checkpoint_key(env)
     if not _KEY.fullmatch(key):
         raise BadInputError(f"checkpoint key {key!r} from the job environment is not a job id")
-    return config.checkpoint.root / user / key
+    root = checkpoint_root(config, env)
+    if isinstance(root, str):
+        return f"{root.rstrip('/')}/{user}/{key}"
+    return root / user / key
 
 
 def _open_dir(name: str, parent_fd: int) -> int:
@@ -158,8 +182,9 @@ def _move_aside(parent_fd: int, name: str, where: Path, problem: str) -> None:
     log.warning("%s: %s; moved it aside to %s", where, problem, aside)
 
 
-def prepare_checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path:
-    """Prolog: create the job's checkpoint directory safely (see the module docstring).
+def prepare_checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path | str:
+    """Prolog: create the job's checkpoint directory safely (see the module docstring). For an
+    S3 root nothing is created (the first save writes the first object); the URL is returned.
 
     What the job's user controls (the entries in ``<root>/<user>/``) never makes this fail:
     see :func:`_ensure_job_dir`. What only root or the admin controls does.
@@ -169,7 +194,10 @@ def prepare_checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path:
             foreign owner at the root or the user directory (both held by root); nothing is
             created below a refused component.
     """
-    path = checkpoint_dir(config, env)
+    target = checkpoint_dir(config, env)
+    if isinstance(target, str):
+        return target
+    path = target
     user = path.parent.name
     try:
         account = pwd.getpwnam(user)
@@ -180,8 +208,8 @@ def prepare_checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path:
         gid = int(env.get("SLURM_JOB_GID", account.pw_gid))
     except ValueError:
         raise BadInputError("SLURM_JOB_UID/SLURM_JOB_GID are not numbers") from None
-    root_fd = _open_root(config.checkpoint.root)
-    root = config.checkpoint.root
+    root = path.parent.parent
+    root_fd = _open_root(root)
     try:
         user_fd = _ensure_child(root_fd, user, uid, gid, root / user)
         try:
@@ -216,10 +244,29 @@ def _open_root(root: Path) -> int:
     return fd
 
 
+def _one_line(value: str | None) -> str | None:
+    if value and any(c in value for c in "\n\r"):
+        raise BadInputError(f"{value!r}: a value exported by the TaskProlog must be one line")
+    return value or None
+
+
 def task_prolog_lines(config: SpotConfig, env: Mapping[str, str]) -> list[str]:
-    """TaskProlog output: ``export NAME=value`` lines for the task environment."""
+    """TaskProlog output: ``export NAME=value`` lines for the task environment. For an S3
+    root also the endpoint and addressing style (``SLURM_SPOT_S3_ENDPOINT_URL``,
+    ``SLURM_SPOT_S3_ADDRESSING_STYLE``) unless the job set its own; never credentials."""
+    target = checkpoint_dir(config, env)
+    s3_lines = []
+    if isinstance(target, str):
+        s3 = config.checkpoint.s3
+        # slurmd takes the text after "NAME=" literally (no shell quoting): no newlines here
+        endpoint = _one_line(env.get("SLURM_SPOT_S3_ENDPOINT_URL")) or s3.endpoint_url
+        style = _one_line(env.get("SLURM_SPOT_S3_ADDRESSING_STYLE")) or s3.addressing_style
+        if endpoint:
+            s3_lines.append(f"export SLURM_SPOT_S3_ENDPOINT_URL={endpoint}")
+        s3_lines.append(f"export SLURM_SPOT_S3_ADDRESSING_STYLE={style}")
     return [
-        f"export SLURM_SPOT_CHECKPOINT_DIR={checkpoint_dir(config, env)}",
+        f"export SLURM_SPOT_CHECKPOINT_DIR={target}",
+        *s3_lines,
         f"export SLURM_SPOT_RESTART_COUNT={restart_count(env)}",
         f"export SLURM_SPOT_PREEMPT_SIGNAL={config.preemption.signal}",
         f"export SLURM_SPOT_REQUEUE_EXIT_CODE={config.preemption.requeue_exit_code}",

@@ -22,11 +22,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import yaml
 
 from slurm_spot.errors import SlurmSpotError
+from slurm_spot.events import read_events
+from slurm_spot.recovery import PARTS, breakdown
 from slurm_spot.resources import example
 from slurm_spot.slurm.client import SlurmClient, run_command
 
@@ -47,6 +50,7 @@ class Interruption:
     started: float
     resumed_from: int | None = None
     recovery_s: float | None = None
+    breakdown: dict[str, object] = field(default_factory=dict)
 
     @property
     def lost_steps(self) -> int | None:
@@ -57,7 +61,9 @@ class Interruption:
     def to_json(self) -> dict[str, object]:
         return {"kind": self.kind, "node": self.node, "at_step": self.at_step,
                 "resumed_from": self.resumed_from, "lost_steps": self.lost_steps,
-                "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 1)}
+                "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 1),
+                "prewarmed": bool(self.breakdown.get("prewarmed")),
+                "breakdown": self.breakdown}
 
 
 @dataclass
@@ -73,6 +79,13 @@ class DemoSettings:
     second_after_steps: int = 60
     timeout_s: float = 900.0
     keep_cluster: bool = False
+    boot_delay_s: float = 2.0
+    prewarm: bool = True
+    #: an ``s3://bucket/prefix`` checkpoint root (None: a directory in ``workdir``), and how
+    #: to reach it; credentials come from the environment (boto3's chain)
+    checkpoint_root: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_addressing_style: str = "auto"
 
 
 @dataclass
@@ -107,19 +120,28 @@ class TrainingLog:
         return max(steps) if steps else 0
 
 
-def demo_config(workdir: Path) -> dict:
-    """The demo's spot.yaml: 4 one-CPU local nodes, short timers, a fast reconciler."""
+def demo_config(workdir: Path, boot_delay_s: float = 2.0, prewarm: bool = True,
+                checkpoint: dict | None = None) -> dict:
+    """The demo's spot.yaml: 4 one-CPU local nodes, short timers, a fast reconciler.
+
+    ``boot_delay_s`` is the local instances' simulated boot (seconds; slurmd adds ~2-3 s);
+    ResumeTimeout and the orphan grace grow with it. ``prewarm`` is ``preemption.prewarm``.
+    ``checkpoint`` replaces the default checkpoint section (a directory in ``workdir``).
+    """
     return {
         "cluster": "demo",
-        "providers": {"local": {"type": "local", "kill_wait_s": 10, "notice_poll_s": 0.5}},
+        "providers": {"local": {"type": "local", "kill_wait_s": 10, "notice_poll_s": 0.5,
+                                "boot_delay_s": boot_delay_s}},
         "node_sets": [{"name": "spot", "provider": "local", "count": 4, "cpus": 1}],
         "partitions": [{"name": "spot", "node_sets": ["spot"], "default": True}],
-        "power": {"suspend_time_s": 20, "suspend_timeout_s": 10, "resume_timeout_s": 90},
-        "reconcile": {"interval_s": 5, "orphan_grace_s": 60, "cooldown_s": 60},
-        "preemption": {"signal": "USR2", "lead_s": 90},
+        "power": {"suspend_time_s": 20, "suspend_timeout_s": 10,
+                  "resume_timeout_s": int(90 + boot_delay_s)},
+        "reconcile": {"interval_s": 5, "orphan_grace_s": int(60 + boot_delay_s),
+                      "cooldown_s": 60},
+        "preemption": {"signal": "USR2", "lead_s": 90, "prewarm": prewarm},
         "state_dir": str(workdir / "state"),
         "log_dir": str(workdir / "log"),
-        "checkpoint": {"root": str(workdir / "checkpoints"), "keep": 2},
+        "checkpoint": checkpoint or {"root": str(workdir / "checkpoints"), "keep": 2},
     }
 
 
@@ -185,18 +207,52 @@ class Demo:
         raise SlurmSpotError(f"reference run failed: {errors}")
 
     def run(self) -> dict[str, object]:
-        workdir = self.s.workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        source = workdir / "demo-spot.yaml"
-        source.write_text(yaml.safe_dump(demo_config(workdir), sort_keys=False))
-        self.say("starting the local spot cluster (munge, slurmctld, reconciler)")
-        self.spot_with_config(source, "local", "up", "--conf-dir", str(self.conf_dir))
+        """The whole demo (module docstring); returns what ``demo --json`` prints."""
+        self._up()
         try:
             return self._run_job()
         finally:
-            if not self.s.keep_cluster:
-                self.say("stopping the local cluster")
-                self.spot("local", "down", "--conf-dir", str(self.conf_dir))
+            self._down()
+
+    def measure(self, kind: str, repetitions: int) -> list[Interruption]:
+        """For benchmarks: one long training job on a fresh cluster, interrupted
+        ``repetitions`` times the same way (``notice`` or ``kill``), the first at
+        ``first_at_step``, each next one ``second_after_steps`` steps after the last resume;
+        then the job is cancelled and the cluster stopped. Returns each interruption."""
+        self._up()
+        try:
+            job, log = self._submit(steps=100_000)
+            self.wait("training to start", lambda: log.last_step() >= 1, log)
+            result = []
+            at = self.s.first_at_step
+            for _ in range(repetitions):
+                result.append(self._interrupt(kind, job, log, at))
+                at = log.last_step() + self.s.second_after_steps
+            self.spot("local", "status")  # the cluster still answers
+            SlurmClient().run("scancel", str(job), check=False)
+            return result
+        finally:
+            self._down()
+
+    def _up(self) -> None:
+        workdir = self.s.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        source = workdir / "demo-spot.yaml"
+        checkpoint = None
+        if self.s.checkpoint_root:
+            checkpoint = {"root": self.s.checkpoint_root, "keep": 2,
+                          "s3": {"endpoint_url": self.s.s3_endpoint_url,
+                                 "addressing_style": self.s.s3_addressing_style}}
+        source.write_text(yaml.safe_dump(
+            demo_config(workdir, self.s.boot_delay_s, self.s.prewarm, checkpoint),
+            sort_keys=False))
+        self.say("starting the local spot cluster (munge, slurmctld, reconciler)")
+        self.spot_with_config(source, "local", "up", "--conf-dir", str(self.conf_dir))
+
+    def _down(self) -> None:
+        if not self.s.keep_cluster:
+            self.say("stopping the local cluster")
+            self.spot("local", "down", "--conf-dir", str(self.conf_dir))
 
     def spot_with_config(self, config: Path, *args: str) -> None:
         argv = [sys.executable, "-m", "slurm_spot", "--config", str(config), *args]
@@ -207,14 +263,7 @@ class Demo:
     def _run_job(self) -> dict[str, object]:
         self.say("computing the reference (uninterrupted run on this machine)")
         reference = self.reference()
-        out = self.s.workdir / "train-%j.out"
-        submitted = json.loads(self.spot(
-            "sbatch", "--torchrun", "--json", "-p", "spot", "-N", "2", "-o", str(out),
-            str(example_script()), "--steps", str(self.s.steps), "--step-sleep", str(self.s.step_sleep_s),
-            "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1"))
-        job = int(submitted["job_id"])
-        log = TrainingLog(Path(str(out).replace("%j", str(job))))
-        self.say(f"submitted job {job}: 2 nodes, {self.s.steps} steps")
+        job, log = self._submit(self.s.steps)
         self.wait("training to start", lambda: log.last_step() >= 1, log)
         interruptions = [self._interrupt("notice", job, log, self.s.first_at_step)]
         nxt = log.last_step() + self.s.second_after_steps
@@ -239,6 +288,17 @@ class Demo:
             "workdir": str(self.s.workdir),
         }
 
+    def _submit(self, steps: int) -> tuple[int, TrainingLog]:
+        out = self.s.workdir / "train-%j.out"
+        submitted = json.loads(self.spot(
+            "sbatch", "--torchrun", "--json", "-p", "spot", "-N", "2", "-o", str(out),
+            str(example_script()), "--steps", str(steps), "--step-sleep", str(self.s.step_sleep_s),
+            "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1",
+            "--timestamps"))
+        job = int(submitted["job_id"])
+        self.say(f"submitted job {job}: 2 nodes, {steps} steps")
+        return job, TrainingLog(Path(str(out).replace("%j", str(job))))
+
     def _job_nodes(self, job: int) -> list[str]:
         from slurm_spot.hostlist import expand
 
@@ -246,26 +306,41 @@ class Demo:
         return expand(nodes) if nodes and nodes != "(null)" else []
 
     def _interrupt(self, kind: str, job: int, log: TrainingLog, at_step: int) -> Interruption:
+        """Interrupt the job's first node at ``at_step`` (with notice, or a kill), wait for
+        the first step of the resumed run and time each part (:mod:`slurm_spot.recovery`)."""
         resumes_before = len(log.of("resume")) + len(log.of("start"))
         self.wait(f"step {at_step}", lambda: log.last_step() >= at_step, log)
         node = self._job_nodes(job)[0]
         notice = self.s.notice_s if kind == "notice" else 0
-        self.spot("local", "preempt", node, "--notice", str(notice), "--conf-dir",
-                  str(self.conf_dir))
+        answer = json.loads(self.spot("local", "preempt", node, "--notice", str(notice),
+                                      "--conf-dir", str(self.conf_dir), "--json"))
+        interrupted_at = datetime.fromisoformat(answer["deadline"]).timestamp() - notice
         log.poll()
         event = Interruption(kind, node, log.last_step(), time.monotonic())
+        step_at_notice = event.at_step
         self.say(f"{'preempted' if notice else 'killed'} {node} at step {event.at_step}"
                  + (f" with {notice:.0f} s notice" if notice else " without notice"))
         self.wait("training to resume on fresh nodes",
                   lambda: len(log.of("resume")) + len(log.of("start")) > resumes_before, log)
         when, first = sorted(log.of("resume") + log.of("start"), key=lambda pair: pair[0])[-1]
+        self.wait("the first resumed step",
+                  lambda: any(e.get("step", 0) > int(first.get("step", 0))
+                              for _, e in log.of("step")), log)
         if kind == "notice" and log.of("preempted"):
             # Training ran on until the signal reached it; its stop step is what was done.
             event.at_step = max(event.at_step, int(log.of("preempted")[-1][1]["step"]))
         event.resumed_from = int(first.get("step", 0))
         event.recovery_s = when - event.started
+        since = [e for _, e in log.events if float(e.get("time", 0)) >= interrupted_at]
+        watch = [e for e in read_events(self.s.workdir / "log")
+                 if e.get("source") == "watch" and job in list(e.get("job_ids") or [])  # type: ignore[call-overload]
+                 and datetime.fromisoformat(str(e["time"])).timestamp() >= interrupted_at - 1]
+        event.breakdown = breakdown(kind, interrupted_at, step_at_notice, since, watch,
+                                    self.job_fields(job), job)
         self.say(f"resumed from step {event.resumed_from} after {event.recovery_s:.0f} s "
-                 f"({event.lost_steps} step(s) lost)")
+                 f"({event.lost_steps} step(s) lost); exit -> first resumed step "
+                 f"{event.breakdown['exit_to_first_step_s']} s, prewarmed "
+                 f"{event.breakdown['prewarmed']}")
         return event
 
 
@@ -276,7 +351,12 @@ def summary_lines(result: dict[str, object]) -> list[str]:
     for item in result["interruptions"]:  # type: ignore[attr-defined]
         lines.append(f"  {item['kind']:6} on {item['node']}: at step {item['at_step']}, resumed "
                      f"from {item['resumed_from']} after {item['recovery_s']} s, "
-                     f"{item['lost_steps']} step(s) recomputed")
+                     f"{item['lost_steps']} step(s) recomputed, prewarmed {item['prewarmed']}")
+        parts = item.get("breakdown") or {}
+        shown = [f"{p.removesuffix('_s').replace('_to_', '->')} {parts.get(p)}"
+                 for p in PARTS if parts.get(p) is not None]
+        lines.append(f"    {', '.join(shown)} (s); exit->first step "
+                     f"{parts.get('exit_to_first_step_s')} s")
     lines.append(f"final loss {result['final_loss']} (reference {result['reference_loss']}); "
                  f"weights {'identical to' if result['exact_resume'] else 'DIFFERENT from'} "
                  "the uninterrupted run")

@@ -38,6 +38,7 @@ from slurm_spot.config import SpotConfig
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.events import Action
 from slurm_spot.power import ProviderFactory
+from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.reconcile.history import EventTail, build_history, history_keep_s
@@ -220,6 +221,9 @@ class Reconciler:
                 requeued += self._act(decision, snap, result)
         self._terminate_orphans(plan.orphans, snap, result)
         self._expedite(requeued, plan.expedite, result)
+        # A watcher restores its replacement's Weight itself unless its node went first.
+        for node in restore_weights(self.config, self.slurm, snap.nodes):
+            self._emit(result, Action.WEIGHT_RESTORED, node=node)
         self._observe(snap, result, time.monotonic() - started)
         return result
 

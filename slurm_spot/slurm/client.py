@@ -80,7 +80,9 @@ class Node:
 
     ``addr``/``hostname`` are NodeAddr/NodeHostName; ``reason`` is the free text without the
     ``[user@time]`` suffix Slurm appends; ``jobs`` is filled by :meth:`SlurmClient.nodes` from
-    squeue (running and completing jobs only).
+    squeue (running and completing jobs only); ``weight`` is the scheduling Weight slurmctld
+    uses now (slurm.conf(5) Weight; ``scontrol update nodename=N weight=W`` changes it until
+    slurmctld restarts or reconfigures, scontrol(1) of Slurm 22.05), None if not shown.
     """
 
     name: str
@@ -91,6 +93,7 @@ class Node:
     partitions: tuple[str, ...] = ()
     jobs: tuple[int, ...] = ()
     boot_time: str = ""
+    weight: int | None = None
 
 
 @dataclass(frozen=True)
@@ -380,6 +383,26 @@ class SlurmClient:
         """Send ``signal`` to every step of ``job_id`` (``scancel -s SIG --full`` reaches the
         batch shell too; without ``--full`` only steps get it)."""
         self.run("scancel", "-s", signal, self.job_ref(job_id))
+
+    def power_up(self, names: Sequence[str]) -> None:
+        """Ask slurmctld to power ``names`` up now: ``scontrol update nodename=<hostlist>
+        state=POWER_UP`` (scontrol(1) of Slurm 22.05 through 26.05; 24.05+ also spells it
+        ``scontrol power up``). slurmctld runs ResumeProgram for them on the controller, so
+        the caller needs no cloud credentials.
+
+        Raises:
+            SlurmCommandError: scontrol refused (unknown node, node not powered down, ...).
+        """
+        self.update_nodes(names, state="POWER_UP")
+
+    def set_weight(self, names: Sequence[str], weight: int) -> None:
+        """``scontrol update nodename=<hostlist> weight=<weight>``: slurmctld schedules with it
+        until it restarts without ``-R`` or reconfigures (scontrol(1), Weight, Slurm 22.05).
+
+        Raises:
+            SlurmCommandError: scontrol refused.
+        """
+        self.update_nodes(names, weight=str(weight))
 
     def ping(self) -> bool:
         """True if slurmctld answers ``scontrol ping``."""

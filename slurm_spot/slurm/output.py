@@ -72,6 +72,12 @@ def _partitions(value: object) -> tuple[str, ...]:
     return ()
 
 
+def _weight(value: Any) -> int | None:
+    """A node's scheduling Weight (an integer; newer data_parser versions wrap numbers in
+    ``{"set": true, "number": N}``), None when absent or unreadable."""
+    return _number(value)
+
+
 def node_fields_json(obj: Mapping[str, Any]) -> dict[str, Any]:
     """One node object of ``sinfo --json`` (22.05) / ``scontrol --json show node`` (23.02+)
     as the keyword arguments of :class:`~slurm_spot.slurm.client.Node` (without ``jobs``).
@@ -95,6 +101,7 @@ def node_fields_json(obj: Mapping[str, Any]) -> dict[str, Any]:
         "hostname": str(obj.get("hostname") or ""),
         "partitions": _partitions(obj.get("partitions")),
         "boot_time": datetime.fromtimestamp(boot).isoformat(timespec="seconds") if boot else "None",
+        "weight": _weight(obj.get("weight")),
     }
 
 
@@ -168,4 +175,5 @@ def node_fields_text(line: str) -> dict[str, Any]:
         "hostname": fields.get("NodeHostName", ""),
         "partitions": tuple(p for p in fields.get("Partitions", "").split(",") if p),
         "boot_time": fields.get("BootTime", ""),
+        "weight": _weight(fields.get("Weight")),
     }
