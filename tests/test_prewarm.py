@@ -209,6 +209,7 @@ def test_prewarm_powers_up_first_signals_when_up_and_the_job_lands_there(tmp_pat
         "update jobid=7 StartTime=now",
         "update nodename=spot-3 weight=1",  # its job landed: back to the configured weight
         "update nodename=spot-1 state=POWER_DOWN_FORCE reason=" + outcome.notice.reason,
+        "update jobid=7 AdminComment=requeued: " + outcome.notice.reason,  # for sacct
     ]
     assert cluster.job_nodes == ["spot-2", "spot-3"]
     # Signalled seconds after the notice (the boot), long before the deadline.
