@@ -107,7 +107,7 @@ class Watcher:
         while self.clock() < act_at and jobs:
             self.sleep(max(0.05, min(1.0, act_at - self.clock())))
             jobs = [j for j in self._jobs_here(outcome) if j in outcome.jobs]
-        self._try(outcome, lambda: self.slurm.set_state([self.node], "POWER_DOWN_FORCE", reason))
+        self._try(outcome, lambda: self.slurm.power_down_force([self.node], reason))
         for job in outcome.jobs:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)

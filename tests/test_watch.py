@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from slurm_spot.cli import cli
@@ -32,9 +33,10 @@ class ScriptedSlurm:
     """scontrol/squeue/scancel as seen by the watcher: job 5 (task 3 of array 4) runs on
     spot-1 until the node is powered down, then it is pending (requeued)."""
 
-    def __init__(self, with_job: bool = True) -> None:
+    def __init__(self, with_job: bool = True, version: str = "22.05.8") -> None:
         self.powered_down = not with_job  # no job: nothing runs there from the start
         self.commands: list[str] = []
+        self.version = version
 
     def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
         tool, args = argv[0].rsplit("/", 1)[-1], argv[1:]
@@ -43,7 +45,10 @@ class ScriptedSlurm:
         if tool == "scontrol" and args[:3] == ["-o", "show", "node"]:
             state = "IDLE+CLOUD+POWERED_DOWN" if self.powered_down else "MIXED+CLOUD+DRAIN"
             out = f"NodeName=spot-1 State={state} Reason=x\n"
-        elif tool == "scontrol" and "state=POWER_DOWN_FORCE" in args:
+        elif tool == "scontrol" and args == ["-V"]:
+            out = f"slurm {self.version}\n"
+        elif tool == "scontrol" and ("state=POWER_DOWN_FORCE" in args
+                                     or args[:3] == ["power", "down", "force"]):
             self.powered_down = True
         elif tool == "squeue" and "--json" in args:
             state = "PENDING" if self.powered_down else "RUNNING"
@@ -54,7 +59,9 @@ class ScriptedSlurm:
         return CommandResult(argv, 0, out, "")
 
 
-def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5"])
+def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path,
+                                                                  version: str) -> None:
     config = parse_config({
         "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
         "partitions": [{"name": "spot", "node_sets": ["spot"]}],
@@ -64,7 +71,7 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     deadline = datetime.now(timezone.utc) + timedelta(seconds=30)
     (notices / "spot-1.json").write_text(json.dumps({"action": "terminate",
                                                      "time": deadline.isoformat()}))
-    slurm = ScriptedSlurm()
+    slurm = ScriptedSlurm(version=version)
     clock = [deadline.timestamp() - 30]
     watcher = Watcher(config, "spot-1", SlurmClient("/usr/bin", runner=slurm),
                       source_for(config, "spot-1"), clock=lambda: clock[0],
@@ -72,11 +79,16 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     outcome = watcher.run(once=True)
     assert outcome is not None and outcome.jobs == [5] and outcome.requeued == [5]
     reason = f"spot-interruption:terminate@{deadline:%Y-%m-%dT%H:%M:%SZ}"
-    steps = [c for c in slurm.commands if not c.startswith(("squeue", "scontrol -o"))]
+    steps = [c for c in slurm.commands if not c.startswith(("squeue", "scontrol -o",
+                                                             "scontrol -V"))]
+    # 24.05+ powers down with 'scontrol power down force', which takes no reason.
+    power_down = ([f"scontrol update nodename=spot-1 reason={reason}",
+                   "scontrol power down force spot-1"] if version >= "24.05" else
+                  [f"scontrol update nodename=spot-1 state=POWER_DOWN_FORCE reason={reason}"])
     assert steps == [
         f"scontrol update nodename=spot-1 state=DRAIN reason={reason}",
         "scancel -s USR2 4_3",  # the task by its own name: '4' would be the whole array
-        f"scontrol update nodename=spot-1 state=POWER_DOWN_FORCE reason={reason}",
+        *power_down,
         "scontrol update jobid=4_3 StartTime=now",
     ]
     # It powered the node down before the deadline, not at it.

@@ -25,6 +25,7 @@ from slurm_spot.config import LocalProviderConfig, SpotConfig, load_config
 from slurm_spot.errors import BadInputError, ConfigError, SlurmSpotError
 from slurm_spot.render import render, slurm_version, template_env, write_rendered
 from slurm_spot.slurm.client import SlurmClient
+from slurm_spot.slurm.version import SlurmVersion
 
 MANAGED_MARK = "Managed by slurm-spot"
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
@@ -106,16 +107,28 @@ def write_cluster_files(config: SpotConfig, paths: LocalClusterPaths) -> None:
         (p for p in config.providers.values() if isinstance(p, LocalProviderConfig)),
         LocalProviderConfig(),
     )
-    for folder in (config.state_dir / "slurmctld", config.state_dir / "slurmd", config.log_dir):
+    version = slurm_version()
+    state_save = state_save_dir(config, version)
+    for folder in (state_save, config.state_dir / "slurmd", config.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
-    write_rendered(render(config, version=slurm_version()), paths.conf_dir)
+    write_rendered(render(config, version=version), paths.conf_dir)
     text = template_env().get_template("slurm.conf.j2").render(
         version=_version(), cluster=config.cluster, slurmctld_port=6817,
-        state_dir=config.state_dir, log_dir=config.log_dir,
+        state_dir=config.state_dir, state_save=state_save, log_dir=config.log_dir,
         kill_wait_s=local.kill_wait_s, slurmd_timeout_s=local.slurmd_timeout_s,
         fragment=paths.conf_dir / "slurm-spot.conf",
     )
     paths.slurm_conf.write_text(text)
+
+
+def state_save_dir(config: SpotConfig, version: SlurmVersion | None) -> Path:
+    """slurmctld's StateSaveLocation for the installed Slurm: one directory per Slurm series
+    (``<state_dir>/slurmctld-24.11``), so a cluster brought up under another Slurm starts
+    from a clean state of its own. slurmctld refuses the state of another release at start:
+    24.11.5 on a 22.05 directory exits with "fatal: Can not recover assoc_usage state,
+    incompatible version" (docs/slurm-versions.md)."""
+    series = f"{version.series[0]}.{version.series[1]:02d}" if version else "unknown"
+    return config.state_dir / f"slurmctld-{series}"
 
 
 def _version() -> str:
@@ -139,6 +152,31 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
     conf_dir.mkdir(parents=True, exist_ok=True)
     write_cluster_files(config, paths)
     munge_pid = start_munge()
+    try:
+        return _start(config, paths, munge_pid, keep_state, reconcile)
+    except BaseException:
+        _undo_failed_up(config, paths, munge_pid)
+        raise
+
+
+def _undo_failed_up(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int | None) -> None:
+    """A failed ``up`` leaves nothing running: the slurmctld of this cluster (found by its pid
+    file and its ``-f <slurm.conf>`` argument, never by name) and munged if ``up`` started it."""
+    pid = _read_pid(config.state_dir / "slurmctld.pid")
+    if pid is not None and _alive(pid):
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            words = []
+        if str(paths.slurm_conf) in words:
+            _stop(pid)
+    if munge_pid is not None:
+        _stop(munge_pid)
+    _kill_leftovers(config)
+
+
+def _start(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int | None,
+           keep_state: bool, reconcile: bool) -> dict[str, object]:
     env = {**os.environ, "SLURM_CONF": str(paths.slurm_conf)}
     os.environ["SLURM_CONF"] = str(paths.slurm_conf)
     client = SlurmClient(config.slurm_bin_dir)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from slurm_spot.errors import SlurmCommandError
+from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.hostlist import compress
 from slurm_spot.slurm.states import (
     JobState,
@@ -24,6 +24,7 @@ from slurm_spot.slurm.states import (
     parse_node_state,
     parse_oneline,
 )
+from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
 DEFAULT_TIMEOUT_S = 30.0
 # scontrol accepts a hostlist of any length, but keep each argv well under ARG_MAX.
@@ -66,7 +67,9 @@ class Node:
 
     ``addr``/``hostname`` are NodeAddr/NodeHostName; ``reason`` is the free text without the
     ``[user@time]`` suffix Slurm appends; ``jobs`` is filled by :meth:`SlurmClient.nodes` from
-    squeue (running and completing jobs only).
+    squeue (running and completing jobs only). ``instance_id``/``instance_type`` are the node's
+    InstanceId/InstanceType (Slurm 23.11+, set by the resume hook; empty before 23.11 or when
+    unset, which scontrol shows as ``(null)`` or ``N/A``).
     """
 
     name: str
@@ -77,6 +80,8 @@ class Node:
     partitions: tuple[str, ...] = ()
     jobs: tuple[int, ...] = ()
     boot_time: str = ""
+    instance_id: str = ""
+    instance_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,8 @@ class SlurmClient:
         bin_dir: directory of scontrol/sinfo/squeue/sbatch (absolute: hooks run with no PATH).
         runner: how to run a command (default: :func:`run_command`).
         timeout_s: per-command timeout in seconds.
+        version: the Slurm release this talks to; None: asked once from ``scontrol -V``
+            (which needs no slurmctld) when a version-dependent call first needs it.
     """
 
     def __init__(
@@ -118,11 +125,25 @@ class SlurmClient:
         bin_dir: str | os.PathLike[str] = "/usr/bin",
         runner: CommandRunner = run_command,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        version: SlurmVersion | None = None,
     ) -> None:
         self.bin_dir = Path(bin_dir)
         self._run = runner
         self.timeout_s = timeout_s
         self._refs: dict[int, str] = {}
+        self._version = version
+
+    @property
+    def version(self) -> SlurmVersion:
+        """The Slurm release of ``scontrol -V``; the oldest supported one (22.05, whose ways
+        work everywhere) if scontrol does not say."""
+        if self._version is None:
+            try:
+                out = self.run("scontrol", "-V", check=False).stdout
+                self._version = SlurmVersion.parse(out)
+            except (SlurmCommandError, BadInputError):
+                self._version = OLDEST_SUPPORTED
+        return self._version
 
     # -- plumbing ---------------------------------------------------------------------------
     def run(self, tool: str, *args: str, check: bool = True) -> CommandResult:
@@ -168,6 +189,8 @@ class SlurmClient:
                     partitions=tuple(p for p in fields.get("Partitions", "").split(",") if p),
                     jobs=tuple(job_map.get(name, ())),
                     boot_time=fields.get("BootTime", ""),
+                    instance_id=_unset(fields.get("InstanceId", "")),
+                    instance_type=_unset(fields.get("InstanceType", "")),
                 )
             )
         return nodes
@@ -241,6 +264,49 @@ class SlurmClient:
                 f"nodehostname={','.join(addresses[n][1] for n in chunk)}",
             )
 
+    def set_instances(self, instances: dict[str, tuple[str, str]]) -> bool:
+        """Record each node's cloud instance: ``{node: (instance id, instance type)}`` as the
+        node's InstanceId/InstanceType (scontrol(1) of 23.11+: ``update nodename=N
+        instanceid=I instancetype=T``). One call per node (the values are per node).
+
+        Returns False, doing nothing, on a Slurm older than 23.11, which has no such fields
+        (the reconciler then matches by NodeAddr, as before).
+
+        Raises:
+            SlurmCommandError: scontrol refused.
+        """
+        if not self.version.instance_fields:
+            return False
+        for node in sorted(instances, key=_natural_key):
+            instance_id, instance_type = instances[node]
+            args = ["update", f"nodename={node}", f"instanceid={instance_id}"]
+            if instance_type:
+                args.append(f"instancetype={instance_type}")
+            self.run("scontrol", *args)
+        return True
+
+    def power_down_force(self, names: Sequence[str], reason: str) -> None:
+        """Power the nodes down now; their batch jobs are requeued (``--requeue``) or
+        cancelled; the node returns to ``idle~`` after SuspendTimeout.
+
+        Slurm 24.05+: ``scontrol power down force <nodes>`` (scontrol(1) 24.11: it "obsoletes"
+        ``update State=POWER_DOWN_FORCE``), which takes no reason, so ``reason`` is set by a
+        ``update nodename=<nodes> reason=<reason>`` first. Older releases: ``update
+        nodename=<nodes> state=POWER_DOWN_FORCE reason=<reason>``. See
+        :attr:`~slurm_spot.slurm.version.SlurmVersion.power_down_force_command`.
+
+        Raises:
+            SlurmCommandError: scontrol refused.
+        """
+        names = list(names)
+        if not self.version.power_down_force_command:
+            self.set_state(names, "POWER_DOWN_FORCE", reason)
+            return
+        self.update_nodes(names, reason=reason)
+        for i in range(0, len(names), _MAX_NODES_PER_UPDATE):
+            self.run("scontrol", "power", "down", "force",
+                     compress(names[i : i + _MAX_NODES_PER_UPDATE]))
+
     def set_state(self, names: Sequence[str], state: str, reason: str | None = None) -> None:
         """Set ``state`` (DOWN, DRAIN, RESUME, POWER_DOWN, POWER_DOWN_FORCE, IDLE, ...).
 
@@ -292,9 +358,23 @@ class SlurmClient:
             return False
         raise SlurmCommandError(result.argv, result.returncode, result.stderr)
 
-    def expedite(self, job_id: int | str) -> None:
-        """Clear a requeued job's ~121 s requeue delay: ``scontrol update jobid=N StartTime=now``."""
+    def expedite(self, job_id: int | str) -> str:
+        """Make a requeued job eligible now instead of after the ~121 s requeue delay.
+
+        Returns how: ``"start_time"`` (``scontrol update jobid=N StartTime=now``, every
+        release) or ``"expedited"`` (Slurm 25.11+, the job was submitted with
+        ``--requeue=expedite`` and Slurm already made it eligible: pending for another
+        reason than BeginTime; nothing to do).
+
+        Raises:
+            SlurmCommandError: scontrol refused.
+        """
+        if self.version.expedited_requeue and isinstance(job_id, int):
+            found = self.jobs([job_id])
+            if found and found[0].state.is_pending and found[0].reason != "BeginTime":
+                return "expedited"
         self.run("scontrol", "update", f"jobid={self.job_ref(job_id)}", "StartTime=now")
+        return "start_time"
 
     def signal_steps(self, job_id: int, signal: str) -> None:
         """Send ``signal`` to every step of ``job_id`` (``scancel -s SIG --full`` reaches the
@@ -305,6 +385,11 @@ class SlurmClient:
         """True if slurmctld answers ``scontrol ping``."""
         result = self.run("scontrol", "ping", check=False)
         return result.returncode == 0 and "UP" in result.stdout
+
+
+def _unset(value: str) -> str:
+    """scontrol prints an unset string field as ``(null)`` (or ``N/A``)."""
+    return "" if value in ("(null)", "N/A", "None") else value
 
 
 def _natural_key(name: str) -> tuple[str, int]:

@@ -1,0 +1,149 @@
+"""The per-version smoke: what every Slurm of the matrix must do with slurm-spot.
+
+Runs on the host's Slurm as part of the suite, and inside each Debian root of the matrix
+(tests/test_slurm_matrix.py runs this module there, with the root's slurmctld/slurmd/scontrol).
+One cluster with the reconciler: start-up log free of unknown/defunct/deprecated parameters, a
+2-node job, one interruption with notice and one without on the same job, the ``--json``
+outputs parsed live, then ``local down`` leaves no daemon behind.
+
+``SLURM_SPOT_CAPTURE_JSON=<dir>`` also writes the live ``scontrol show node --json``, ``sinfo
+--json`` and ``squeue --json`` there (how tests/data/slurm-json/<version>/ was captured).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_spot.hostlist import expand
+from slurm_spot.slurm.jsonout import parse_jobs, parse_nodes
+from slurm_spot.slurm.version import SlurmVersion
+from tests.cluster import Cluster, base_config, wait_for
+from tests.conftest import _slurm_available
+
+pytestmark = pytest.mark.e2e
+
+# What slurmctld logs for a slurm.conf parameter it does not know, no longer knows, or is
+# about to drop (read_config.c / parse_config.c wording in 22.05-26.05).
+BAD_CONF = re.compile(
+    r"(unknown|unrecognized|invalid) (parameter|option|key|line)|is defunct|deprecated|"
+    r"no longer (supported|valid)|has been removed|Parse error|Configured MailProg is invalid",
+    re.IGNORECASE)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if not _slurm_available():
+        pytest.fail("slurmctld is not installed: run 'make test', which installs slurm-wlm")
+    root = tmp_path_factory.mktemp("smoke")
+    config = base_config(root)
+    config["reconcile"] = {"interval_s": 5, "orphan_grace_s": 20, "cooldown_s": 20}
+    c = Cluster(root, config, reconcile=True)
+    c.start()
+    record = json.loads((c.state_dir / "local" / "cluster.json").read_text())
+    try:
+        yield c
+    finally:
+        c.stop()
+        for key in ("slurmctld_pid", "munge_pid", "reconciler_pid"):
+            pid = record.get(key)
+            if pid:
+                wait_for(lambda pid=pid: not _alive(pid), timeout=15, what=f"{key} {pid} gone")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def version(c: Cluster) -> SlurmVersion:
+    return SlurmVersion.parse(c.slurm("scontrol", "-V"))
+
+
+def test_slurmctld_starts_without_complaint_about_the_config(smoke: Cluster) -> None:
+    """The rendered slurm.conf uses only what this Slurm knows (issue 15, item 2)."""
+    v = version(smoke)
+    conf = (smoke.conf_dir / "slurm-spot.conf").read_text()
+    assert f"# For Slurm {v}" in conf
+    assert ("NoAddrCache" in conf) == (not v.at_least(23, 11))
+    log = (smoke.log_dir / "slurmctld.log").read_text()
+    bad = [line for line in log.splitlines() if BAD_CONF.search(line)]
+    assert not bad, f"Slurm {v}: slurmctld complained about the config:\n" + "\n".join(bad)
+
+
+def test_two_node_job_runs_and_records_the_instances(smoke: Cluster) -> None:
+    out = smoke.root / "hostname.out"
+    smoke.slurm("sbatch", "--wait", "-p", "spot", "-N", "2", "-o", str(out),
+                "--wrap", "srun hostname | sort", timeout=150)
+    hosts = out.read_text().split()
+    assert len(hosts) == 2 and len(set(hosts)) == 2 and all(h.startswith("spot-") for h in hosts)
+
+
+def test_interruption_with_notice_then_without(smoke: Cluster, tmp_path: Path) -> None:
+    """One 2-node job: a notice (the watcher requeues it), then a kill without notice (the
+    reconciler does); it runs again after each."""
+    v = version(smoke)
+    job = smoke.sbatch("-p", "spot", "-N", "2", "--requeue", "-o", "/dev/null",
+                       "--wrap", "srun sleep 600")
+    wait_for(lambda: smoke.job(job).get("JobState") == "RUNNING", timeout=120, what="job running")
+    nodes = expand(smoke.job(job)["NodeList"])
+    if v.instance_fields:  # 23.11+: the resume hook recorded each node's instance
+        ids = {i["node"]: i["instance_id"] for i in smoke.instances()}
+        for node in nodes:
+            shown = smoke.node(node)
+            assert shown.get("InstanceId") == ids[node], (v, shown)
+            assert shown.get("InstanceType") == "local", (v, shown)
+    _check_json(smoke, v, job, nodes)
+
+    smoke.spot("local", "preempt", nodes[0], "--notice", "5", "--conf-dir", str(smoke.conf_dir))
+    wait_for(lambda: smoke.job(job).get("Restarts") == "1", timeout=60, what="requeue (notice)")
+    wait_for(lambda: smoke.job(job).get("JobState") == "RUNNING", timeout=150,
+             what="running after the notice")
+    watched = [e for e in smoke.events() if e["source"] == "watch" and e["action"] == "requeued"]
+    assert any(job in e["job_ids"] for e in watched), smoke.events()
+
+    victim = expand(smoke.job(job)["NodeList"])[0]
+    killed = time.monotonic()
+    smoke.spot("local", "preempt", victim, "--notice", "0", "--conf-dir", str(smoke.conf_dir))
+    wait_for(lambda: smoke.job(job).get("Restarts") == "2", timeout=90, what="requeue (kill)")
+    wait_for(lambda: smoke.job(job).get("JobState") == "RUNNING", timeout=150,
+             what="running after the kill")
+    print(f"\nSlurm {v}: running again {time.monotonic() - killed:.0f} s after a kill "
+          "without notice")
+    reclaimed = [e for e in smoke.events() if e["source"] == "reconcile"
+                 and e["action"] == "reclaimed" and e["node"] == victim]
+    assert reclaimed and reclaimed[-1]["job_ids"] == [job]
+    subprocess.run(["scancel", str(job)], env=smoke.env, check=False, timeout=30)
+
+
+def _check_json(c: Cluster, v: SlurmVersion, job: int, nodes: list[str]) -> None:
+    """This version's ``--json`` outputs parse into the same nodes and job."""
+    outputs = {"sinfo": c.slurm("sinfo", "--json", "-N"), "squeue": c.slurm("squeue", "--json")}
+    if v.scontrol_json:
+        outputs["scontrol-show-node"] = c.slurm("scontrol", "show", "node", "--json")
+    capture = os.environ.get("SLURM_SPOT_CAPTURE_JSON")
+    if capture:
+        folder = Path(capture) / str(v)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in outputs.items():
+            (folder / f"{name}.json").write_text(text)
+    for name in ("sinfo", "scontrol-show-node"):
+        if name not in outputs:
+            continue
+        parsed = {n.name: n for n in parse_nodes(json.loads(outputs[name]))}
+        assert set(parsed) >= {f"spot-{i}" for i in range(1, 5)}, (v, name)
+        for node in nodes:
+            assert parsed[node].state.base in ("ALLOCATED", "MIXED"), (v, name, parsed[node])
+            assert parsed[node].state.is_cloud, (v, name, parsed[node])
+    jobs = {j.job_id: j for j in parse_jobs(json.loads(outputs["squeue"]))}
+    assert jobs[job].state.base == "RUNNING" and set(expand(jobs[job].nodes)) == set(nodes), v
