@@ -243,7 +243,7 @@ def _hosts(root: Path) -> None:
 def chroot_argv(root: Path, argv: list[str], cwd: Path = REPO) -> list[str]:
     """argv that runs ``argv`` in ``root`` from ``cwd``, with the checkout's venv first on PATH."""
     path = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    return ["chroot", str(root), "/usr/bin/env", f"PATH={path}", "--chdir", str(cwd), *argv]
+    return ["chroot", str(root), "/usr/bin/env", f"--chdir={cwd}", f"PATH={path}", *argv]
 
 
 def host_series() -> str | None:

@@ -93,8 +93,14 @@ def test_interruption_with_notice_then_without(smoke: Cluster, tmp_path: Path) -
     """One 2-node job: a notice (the watcher requeues it), then a kill without notice (the
     reconciler does); it runs again after each."""
     v = version(smoke)
-    job = smoke.sbatch("-p", "spot", "-N", "2", "--requeue", "-o", "/dev/null",
-                       "--wrap", "srun sleep 600")
+    script = tmp_path / "sleeper.sh"
+    script.write_text("#!/bin/bash\nsrun sleep 600\n")
+    # Through slurm-spot sbatch: --requeue, or --requeue=expedite on 25.11+.
+    submitted = json.loads(smoke.spot("sbatch", "--json", "-p", "spot", "-N", "2",
+                                      "-o", "/dev/null", str(script)).stdout)
+    job = int(submitted["job_id"])
+    requeue = smoke.slurm("scontrol", "write", "batch_script", str(job), "-")
+    assert ("--requeue=expedite" in requeue) is v.expedited_requeue, requeue
     wait_for(lambda: smoke.job(job).get("JobState") == "RUNNING", timeout=120, what="job running")
     nodes = expand(smoke.job(job)["NodeList"])
     if v.instance_fields:  # 23.11+: the resume hook recorded each node's instance
@@ -126,24 +132,36 @@ def test_interruption_with_notice_then_without(smoke: Cluster, tmp_path: Path) -
     subprocess.run(["scancel", str(job)], env=smoke.env, check=False, timeout=30)
 
 
+def data_parsers() -> list[str]:
+    """The data_parser plugins this Slurm ships (23.02+: ``data_parser_v0_0_42.so``), oldest
+    first; 22.05 has none (its ``--json`` is always v0.0.38)."""
+    found = sorted(Path("/usr/lib/x86_64-linux-gnu/slurm-wlm").glob("data_parser_v*.so"))
+    return [p.stem.replace("data_parser_", "").replace("_", ".") for p in found]
+
+
 def _check_json(c: Cluster, v: SlurmVersion, job: int, nodes: list[str]) -> None:
-    """This version's ``--json`` outputs parse into the same nodes and job."""
-    outputs = {"sinfo": c.slurm("sinfo", "--json", "-N"), "squeue": c.slurm("squeue", "--json")}
-    if v.scontrol_json:
-        outputs["scontrol-show-node"] = c.slurm("scontrol", "show", "node", "--json")
+    """Every ``--json`` output this version can write (each data_parser it ships) parses into
+    the same nodes and job."""
+    parsers = data_parsers() or [v.data_parser]
     capture = os.environ.get("SLURM_SPOT_CAPTURE_JSON")
-    if capture:
-        folder = Path(capture) / str(v)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, text in outputs.items():
-            (folder / f"{name}.json").write_text(text)
-    for name in ("sinfo", "scontrol-show-node"):
-        if name not in outputs:
-            continue
-        parsed = {n.name: n for n in parse_nodes(json.loads(outputs[name]))}
-        assert set(parsed) >= {f"spot-{i}" for i in range(1, 5)}, (v, name)
-        for node in nodes:
-            assert parsed[node].state.base in ("ALLOCATED", "MIXED"), (v, name, parsed[node])
-            assert parsed[node].state.is_cloud, (v, name, parsed[node])
-    jobs = {j.job_id: j for j in parse_jobs(json.loads(outputs["squeue"]))}
-    assert jobs[job].state.base == "RUNNING" and set(expand(jobs[job].nodes)) == set(nodes), v
+    for parser in parsers:
+        flag = "--json" if parser == v.data_parser else f"--json={parser}"
+        outputs = {"sinfo": c.slurm("sinfo", flag), "squeue": c.slurm("squeue", flag)}
+        if v.scontrol_json:
+            outputs["scontrol-show-node"] = c.slurm("scontrol", "show", "node", flag)
+        if capture:
+            folder = Path(capture) / str(v) / parser
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, text in outputs.items():
+                (folder / f"{name}.json").write_text(text)
+        for name in ("sinfo", "scontrol-show-node"):
+            if name not in outputs:
+                continue
+            parsed = {n.name: n for n in parse_nodes(json.loads(outputs[name]))}
+            assert set(parsed) >= {f"spot-{i}" for i in range(1, 5)}, (v, parser, name)
+            for node in nodes:
+                state = parsed[node].state
+                assert state.base in ("ALLOCATED", "MIXED"), (v, parser, name, parsed[node])
+        jobs = {j.job_id: j for j in parse_jobs(json.loads(outputs["squeue"]))}
+        assert jobs[job].state.base == "RUNNING", (v, parser, jobs[job])
+        assert set(expand(jobs[job].nodes)) == set(nodes), (v, parser, jobs[job])

@@ -153,3 +153,14 @@ def test_local_cluster_state_is_kept_per_slurm_series(tmp_path: Path) -> None:
     new = state_save_dir(config, SlurmVersion.parse("24.11.5"))
     assert old != new and old.name == "slurmctld-22.05" and new.name == "slurmctld-24.11"
     assert state_save_dir(config, SlurmVersion.parse("24.11.2")) == new
+
+
+@pytest.mark.parametrize(("version", "flag"), [("24.11.5", "--requeue"),
+                                               ("25.11.0", "--requeue=expedite")])
+def test_sbatch_asks_for_expedited_requeue_where_slurm_has_it(version: str, flag: str) -> None:
+    from slurm_spot.jobs.sbatch import plan_submission
+
+    slurm = SlurmVersion.parse(version)
+    plan = plan_submission("#!/bin/bash\nsrun train\n", "train.sh", [], [], "USR2", 90,
+                           expedite=slurm.expedited_requeue)
+    assert f"#SBATCH {flag}\n" in plan.script
