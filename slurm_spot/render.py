@@ -156,16 +156,22 @@ def slurm_parameters(version: SlurmVersion | None) -> list[str]:
       ``CommunicationParameters=NoAddrCache`` only before 23.11, which made cloud_reg_addrs'
       behaviour the default and removed both (a 24.11/26.05 slurmctld logs them as "defunct",
       :attr:`SlurmVersion.addr_cache_options`).
-    - ``SchedulerParameters=requeue_delay=0`` is NOT rendered: the fragment is included into
-      the site's slurm.conf, whose own SchedulerParameters line it would replace. Requeued
-      jobs are made eligible at once by ``--requeue=expedite`` (25.11+) or
-      ``StartTime=now`` instead (:meth:`slurm_spot.slurm.client.SlurmClient.expedite`).
+    - ``enable_expedited_requeue`` from 25.11, without which ``--requeue=expedite`` (added by
+      ``slurm-spot sbatch`` there) does nothing (:attr:`SlurmVersion.expedited_requeue`).
+    - ``SchedulerParameters=requeue_delay=`` is not rendered here: this fragment is included
+      into the site's slurm.conf, whose own SchedulerParameters line it would replace. The
+      local cluster, whose slurm.conf is all ours, sets it (templates/slurm.conf.j2).
     """
     slurm = version or OLDEST_SUPPORTED
+    ctld = ["idle_on_node_suspend"]
     if slurm.addr_cache_options:
-        return ["SlurmctldParameters=idle_on_node_suspend,cloud_reg_addrs",
-                "CommunicationParameters=NoAddrCache"]
-    return ["SlurmctldParameters=idle_on_node_suspend"]
+        ctld.append("cloud_reg_addrs")
+    if slurm.expedited_requeue:
+        ctld.append("enable_expedited_requeue")
+    lines = [f"SlurmctldParameters={','.join(ctld)}"]
+    if slurm.addr_cache_options:
+        lines.append("CommunicationParameters=NoAddrCache")
+    return lines
 
 
 @dataclass(frozen=True)

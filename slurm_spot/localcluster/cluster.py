@@ -29,6 +29,7 @@ from slurm_spot.slurm.version import SlurmVersion
 
 MANAGED_MARK = "Managed by slurm-spot"
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+LOCAL_REQUEUE_DELAY_S = 1
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,9 @@ def write_cluster_files(config: SpotConfig, paths: LocalClusterPaths) -> None:
     text = template_env().get_template("slurm.conf.j2").render(
         version=_version(), cluster=config.cluster, slurmctld_port=6817,
         state_dir=config.state_dir, state_save=state_save, log_dir=config.log_dir,
+        # 25.11+: a requeued job is eligible after this many seconds instead of ~121 s
+        # (slurm.conf(5) 26.05, SchedulerParameters=requeue_delay).
+        requeue_delay_s=LOCAL_REQUEUE_DELAY_S if version and version.requeue_delay else None,
         kill_wait_s=local.kill_wait_s, slurmd_timeout_s=local.slurmd_timeout_s,
         fragment=paths.conf_dir / "slurm-spot.conf",
     )

@@ -144,14 +144,29 @@ class SlurmVersion:
     def expedited_requeue(self) -> bool:
         """``sbatch --requeue=expedite`` (25.11+, https://slurm.schedmd.com/news.html, Release
         Notes for Slurm 25.11: "Expedited requeue jobs are eligible to restart immediately,
-        are treated as the highest priority job"), so no ``StartTime=now`` is needed for them."""
+        are treated as the highest priority job"), so no ``StartTime=now`` is needed for them.
+        Only where slurm.conf allows it: sbatch(1) 26.05, "This will only happen if expedited
+        requeues are allowed globally with the SlurmctldParameters=enable_expedited_requeue"
+        (rendered by slurm_spot.render.slurm_parameters)."""
         return self.at_least(25, 11)
 
     @property
     def requeue_delay(self) -> bool:
-        """``SchedulerParameters=requeue_delay=<seconds>`` (slurm.conf(5) of 25.11+): the wait
-        before a requeued job is eligible, until then a fixed ~121 s (Reason=BeginTime)."""
+        """``SchedulerParameters=requeue_delay=<seconds>`` (25.11+; slurm.conf(5) 26.05:
+        "Delay before a non-Expedited Requeue job is eligible to run after being requeued.
+        Defaults to the AuthInfo=cred_expire setting, which itself defaults to 120
+        seconds"); before, a requeued job always waits ~121 s (Reason=BeginTime)."""
         return self.at_least(25, 11)
+
+    @property
+    def power_actions(self) -> bool:
+        """``PowerAction=<name> Location=<slurmctld|slurmd> Program="<path> [args]"`` (26.05,
+        slurm.conf(5) "POWERACTION CONFIGURATION"): a named program usable in place of a
+        path in ResumeProgram/SuspendProgram/ResumeFailProgram/RebootProgram and selectable
+        per request (``scontrol power ... action=<name>``). Plain program paths stay valid,
+        and a power-up action must run on slurmctld anyway, so slurm-spot keeps rendering
+        its hook paths on every release; nothing else about resume/suspend changes."""
+        return self.at_least(26, 5)
 
     @property
     def scontrol_json(self) -> bool:
@@ -168,7 +183,7 @@ class SlurmVersion:
         """Every feature flag by name (for ``render --json`` and the docs)."""
         names = ("partition_power_options", "addr_cache_options", "instance_fields",
                  "power_down_force_command", "expedited_requeue", "requeue_delay",
-                 "scontrol_json")
+                 "power_actions", "scontrol_json")
         return {name: bool(getattr(self, name)) for name in names}
 
 
