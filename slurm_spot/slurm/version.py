@@ -12,7 +12,6 @@ the "Release Notes for Slurm 25.11" (https://slurm.schedmd.com/news.html). The m
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from functools import total_ordering
 
@@ -77,13 +76,14 @@ class SlurmVersion:
         ``scontrol -V`` next; ``sinfo --version`` last, as it fails on 22.05 without a
         reachable slurm.conf.
         """
+        from slurm_spot.errors import SlurmCommandError
+        from slurm_spot.slurm.client import run_command  # the one runner; it imports this module
+
         for argv in ([f"{sbin_dir}/slurmctld", "-V"], ["slurmctld", "-V"],
                      [f"{bin_dir}/scontrol", "-V"], [f"{bin_dir}/sinfo", "--version"]):
             try:
-                out = subprocess.run(  # noqa: S603 - argv list
-                    argv, capture_output=True, text=True, timeout=timeout_s, check=False,
-                    stdin=subprocess.DEVNULL).stdout
-            except (OSError, subprocess.TimeoutExpired):
+                out = run_command(argv, timeout_s).stdout
+            except SlurmCommandError:
                 continue
             if _VERSION_RE.search(out):
                 return cls.parse(out)
