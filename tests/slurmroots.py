@@ -74,22 +74,23 @@ def suite_for(version_or_suite: str) -> Suite:
                    + ", ".join(f"{s.short} ({s.name})" for s in SUITES.values()))
 
 
-def debian_mirror() -> str:
-    """The Debian archive URL of the host's apt configuration (deb822 ``*.sources`` first, then
-    one-line ``sources.list``), skipping the security archive.
+def debian_mirror(apt: Path = Path("/etc/apt")) -> str:
+    """The Debian archive URL of the host's apt configuration (deb822 ``sources.list.d/*.sources``
+    first, then one-line ``sources.list``/``*.list``), skipping the security archive and
+    disabled stanzas.
 
     Raises:
         RuntimeError: apt names no Debian mirror.
     """
-    files = sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))
-    for path in files:
-        for stanza in path.read_text().split("\n\n"):
+    for path in sorted((apt / "sources.list.d").glob("*.sources")):
+        for stanza in re.split(r"\n\s*\n", path.read_text()):
             uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
             suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
-            if uris and suites and "security" not in uris.group(1) \
+            enabled = re.search(r"^Enabled:\s*no\b", stanza, re.M | re.I) is None
+            if uris and suites and enabled and "security" not in uris.group(1) \
                     and "security" not in suites.group(1):
                 return uris.group(1)
-    for path in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*.list")]:
+    for path in [apt / "sources.list", *sorted((apt / "sources.list.d").glob("*.list"))]:
         if path.exists():
             for line in path.read_text().splitlines():
                 words = line.split()
@@ -97,7 +98,7 @@ def debian_mirror() -> str:
                     url = next((w for w in words[1:] if "://" in w), None)
                     if url:
                         return url
-    raise RuntimeError("no Debian mirror in /etc/apt/sources.list{,.d}; cannot build a Slurm root")
+    raise RuntimeError(f"no Debian mirror in {apt}/sources.list{{,.d}}; cannot build a Slurm root")
 
 
 def root_path(suite: Suite) -> Path:
