@@ -126,14 +126,17 @@ class Cluster:
         return json.loads(self.spot("events", "--json").stdout)
 
 
-def acquire_cluster_lock(timeout: float = 900) -> IO[str]:
+def acquire_cluster_lock(timeout: float | None = None) -> IO[str]:
     """Take the machine-wide test-cluster lock (an exclusive ``flock`` on :data:`LOCK_PATH`);
     release it by closing the returned file.
 
     Waits up to ``timeout`` seconds (another test run may be using the cluster), then fails
     naming the processes that hold the file open: a daemon that inherited the lock (munged
     started under ``flock(1)`` without ``-o``) would otherwise hang the suite for ever.
+    ``timeout`` defaults to ``$SLURM_SPOT_LOCK_WAIT_S`` or 900 s.
     """
+    if timeout is None:
+        timeout = float(os.environ.get("SLURM_SPOT_LOCK_WAIT_S", "900"))
     lock = open(LOCK_PATH, "a")  # returned to the caller; Python fds are not inherited
     deadline = time.monotonic() + timeout
     while True:
