@@ -181,9 +181,10 @@ def test_cluster_starts_where_other_releases_left_their_state(tmp_path: Path) ->
     try:
         v = version(c)
         assert c.slurm("scontrol", "ping").count("UP") == 1
-        mine = SHARED_STATE / f"slurmctld-{v.series[0]}.{v.series[1]:02d}"
-        assert (mine / "node_state").exists() or any(mine.iterdir()), mine
-        others = sorted(p.name for p in SHARED_STATE.glob("slurmctld-*") if p != mine)
-        print(f"\nSlurm {v}: started beside the state of {others or 'no other release'}")
     finally:
         c.stop()
+    mine = SHARED_STATE / f"slurmctld-{v.series[0]}.{v.series[1]:02d}"
+    wait_for(lambda: (mine / "node_state").exists(), timeout=15,
+             what=f"slurmctld's state saved in {mine}")
+    others = sorted(p.name for p in SHARED_STATE.glob("slurmctld-*") if p != mine)
+    print(f"\nSlurm {v}: started beside the state of {others or 'no other release'}")
