@@ -290,9 +290,14 @@ def run_pytest(suite: Suite, args: list[str], timeout_s: float = INNER_TIMEOUT_S
                stream: bool = False) -> RunResult:
     """Run ``python -m pytest ARGS`` of this checkout inside the root of ``suite`` (built),
     then stop whatever it left running there and unmount. ``stream`` prints as it goes."""
-    with mounted(suite) as root:
+    from tests.cluster import LOCK_HELD_ENV, acquire_cluster_lock
+
+    # One slurmctld on the machine: hold the test-cluster lock around the whole run, so no
+    # other test run's cluster comes in between (the run's own clusters then take nothing).
+    with acquire_cluster_lock(), mounted(suite) as root:
         version = slurm_version_in(root)
         argv = chroot_argv(root, ["/usr/bin/env", f"{INSIDE_ENV}={suite.name}",
+                                  f"{LOCK_HELD_ENV}={os.getpid()}",
                                   f"HOME={os.environ.get('HOME', '/root')}",
                                   sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                                   "-q", *args])
