@@ -2,7 +2,7 @@
 
 The host runs its Debian's Slurm (22.05 on Debian 12, 24.11 on Debian 13). The matrix adds the
 Slurm of the other Debian suites, each installed from Debian's packages into a
-``debootstrap --variant=minbase`` root (no containers), see /work/shared/docs/slurm-versions.md:
+``debootstrap --variant=minbase`` root (no containers), see docs/slurm-versions.md:
 
 ================  =========  =============================
 Debian suite      Slurm      data_parser (``--json``)
