@@ -276,23 +276,37 @@ class SlurmClient:
 
     def set_instances(self, instances: dict[str, tuple[str, str]]) -> bool:
         """Record each node's cloud instance: ``{node: (instance id, instance type)}`` as the
-        node's InstanceId/InstanceType (scontrol(1) of 23.11+: ``update nodename=N
-        instanceid=I instancetype=T``). One call per node (the values are per node).
+        node's InstanceId/InstanceType (Slurm 23.11+, scontrol(1) 24.11: ``update
+        NodeName=N InstanceId=I InstanceType=T``). The values are per node and scontrol takes
+        one value per call, so the calls run up to 16 at a time.
 
         Returns False, doing nothing, on a Slurm older than 23.11, which has no such fields
         (the reconciler then matches by NodeAddr, as before).
 
         Raises:
-            SlurmCommandError: scontrol refused.
+            SlurmCommandError: scontrol refused for a node (the first failure; the other
+                nodes were still updated).
         """
         if not self.version.instance_fields:
             return False
-        for node in sorted(instances, key=_natural_key):
+        if not instances:
+            return True
+
+        def one(node: str) -> None:
             instance_id, instance_type = instances[node]
             args = ["update", f"nodename={node}", f"instanceid={instance_id}"]
             if instance_type:
                 args.append(f"instancetype={instance_type}")
             self.run("scontrol", *args)
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = sorted(instances, key=_natural_key)
+        with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+            errors = [f.exception() for f in [pool.submit(one, n) for n in names]]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise failed[0]
         return True
 
     def power_down_force(self, names: Sequence[str], reason: str) -> None:
