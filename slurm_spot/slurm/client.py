@@ -145,14 +145,19 @@ class SlurmClient:
 
     @property
     def version(self) -> SlurmVersion:
-        """The Slurm release of ``scontrol -V``; the oldest supported one (22.05, whose ways
-        work everywhere) if scontrol does not say."""
+        """The Slurm release of ``scontrol -V``, else of ``slurmctld -V`` (26.05's scontrol
+        exits with "Could not establish a configuration source" when no slurm.conf is found,
+        even for ``-V``); the oldest supported one (22.05, whose ways work everywhere) if
+        neither says."""
         if self._version is None:
             try:
                 out = self.run("scontrol", "-V", check=False).stdout
                 self._version = SlurmVersion.parse(out)
             except (SlurmCommandError, BadInputError):
-                self._version = OLDEST_SUPPORTED
+                sbin = self.bin_dir.parent / "sbin"
+                found = SlurmVersion.detect(sbin_dir=str(sbin), bin_dir=str(self.bin_dir)) \
+                    if self._run is run_command else None
+                self._version = found or OLDEST_SUPPORTED
         return self._version
 
     # -- plumbing ---------------------------------------------------------------------------
