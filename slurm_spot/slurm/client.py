@@ -320,7 +320,8 @@ class SlurmClient:
 
         Slurm 24.05+: ``scontrol power down force <nodes>`` (scontrol(1) 24.11: it "obsoletes"
         ``update State=POWER_DOWN_FORCE``), which takes no reason, so ``reason`` is set by a
-        ``update nodename=<nodes> reason=<reason>`` first. Older releases: ``update
+        ``update nodename=<nodes> reason=<reason>`` first (if that is refused, the nodes are
+        still powered down, then the refusal is raised). Older releases: ``update
         nodename=<nodes> state=POWER_DOWN_FORCE reason=<reason>``. See
         :attr:`~slurm_spot.slurm.version.SlurmVersion.power_down_force_command`.
 
@@ -331,10 +332,16 @@ class SlurmClient:
         if not self.version.power_down_force_command:
             self.set_state(names, "POWER_DOWN_FORCE", reason)
             return
-        self.update_nodes(names, reason=reason)
+        refused: SlurmCommandError | None = None
+        try:
+            self.update_nodes(names, reason=reason)
+        except SlurmCommandError as exc:  # the power down matters more than its reason
+            refused = exc
         for i in range(0, len(names), _MAX_NODES_PER_UPDATE):
             self.run("scontrol", "power", "down", "force",
                      compress(names[i : i + _MAX_NODES_PER_UPDATE]))
+        if refused is not None:
+            raise refused
 
     def set_state(self, names: Sequence[str], state: str, reason: str | None = None) -> None:
         """Set ``state`` (DOWN, DRAIN, RESUME, POWER_DOWN, POWER_DOWN_FORCE, IDLE, ...).
