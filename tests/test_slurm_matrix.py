@@ -13,10 +13,12 @@ Skipped inside a root (no roots within roots) and where SLURM_SPOT_MATRIX=0.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
 from tests import slurmroots
+from tests.cluster import LOCK_HELD_ENV, acquire_cluster_lock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -34,8 +36,27 @@ def _skip_reason() -> str | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def machine_lock() -> Iterator[None]:
+    """The test-cluster lock, held once for every version of the matrix (each root's run then
+    takes none): other test runs on the machine wait for the whole matrix, not in between."""
+    if _skip_reason():
+        yield
+        return
+    with acquire_cluster_lock():
+        before = os.environ.get(LOCK_HELD_ENV)
+        os.environ[LOCK_HELD_ENV] = str(os.getpid())
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(LOCK_HELD_ENV, None)
+            else:
+                os.environ[LOCK_HELD_ENV] = before
+
+
 @pytest.mark.parametrize("series", sorted(slurmroots.SUITES))
-def test_smoke_and_demo_on_other_slurm(series: str) -> None:
+def test_smoke_and_demo_on_other_slurm(series: str, machine_lock: None) -> None:
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
