@@ -4,7 +4,8 @@ slurm_spot.slurm.jsonout.
 The fixtures are captured from the real releases by the version smoke
 (``SLURM_SPOT_CAPTURE_JSON=tests/data/slurm-json``, tests/test_slurm_smoke.py) while a 2-node
 job runs on a 4-node local cluster, one folder per release and data_parser: 22.05.8 on the host
-wrote v0.0.38, 26.05.5 in the forky root v0.0.42 to v0.0.45 (``--json=<version>``). The smoke parses every data_parser
+wrote v0.0.38, 24.11.5 in the trixie root v0.0.40 to v0.0.42, 26.05.5 in the forky root
+v0.0.42 to v0.0.45 (``--json=<version>``). The smoke parses every data_parser
 each release ships live on every run of the matrix (22.05.8: v0.0.38; 24.11.5: v0.0.40 to
 v0.0.42); v0.0.39 (23.02) is the one version no Debian release ships.
 """
