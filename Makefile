@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: all setup system-deps venv lint typecheck unit e2e test demo clean
+.PHONY: all setup system-deps venv lint typecheck unit e2e test demo clean slurm-roots test-slurm
 
 all: test
 
@@ -47,6 +47,17 @@ e2e: setup
 # The whole suite: lint, types, unit and end-to-end tests (a real local Slurm).
 test: setup lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+
+# The version matrix's Debian roots with Debian's Slurm 22.05/24.11/26.05 (tests/slurmroots.py):
+# built once from the Debian mirror of this machine's apt sources, cached in
+# /var/cache/slurm-spot/roots. `make test` builds what it needs by itself.
+slurm-roots: setup
+	$(PY) -m tests.slurmroots build all
+
+# The whole end-to-end suite on one Slurm of the matrix, in its root: make test-slurm VERSION=24.11
+test-slurm: setup
+	@test -n "$(VERSION)" || { echo "usage: make test-slurm VERSION=22.05|24.11|26.05" >&2; exit 2; }
+	$(PY) -m tests.slurmroots test $(VERSION) $(PYTEST_ARGS)
 
 # A real local Slurm, spot nodes, a torchrun job that is interrupted twice and finishes.
 demo: setup

@@ -267,6 +267,7 @@ def _resume_node_set(
             # An instance Slurm cannot reach is a leak: give it back now, tell the caller.
             result.errors.append(f"{exc}; terminating the instances just launched")
             _give_back(config, node_set, providers, launched, result)
+    _record_instances(slurm, [i for i in launched if i in result.launched], result)
     for failure in failures:
         mark_launch_failed(config, slurm, failure, result)
 
@@ -303,6 +304,19 @@ def _controller_unreachable(exc: SlurmCommandError) -> bool:
     return exc.returncode is None or any(m in text for m in (
         "unable to contact slurm controller", "socket timed out", "connection refused",
         "connect failure", "zero bytes were transmitted"))
+
+
+def _record_instances(slurm: SlurmClient, launched: list[Instance], result: PowerResult) -> None:
+    """Each node's InstanceId/InstanceType in Slurm (23.11+; a no-op before): the reconciler
+    matches a node to its instance by id, which a cloud never reuses, where an address may be
+    recycled or reported late. A refusal is only an error line: the node works without it."""
+    ids = {i.node: (i.instance_id, i.instance_type or "") for i in launched if i.node}
+    if not ids:
+        return
+    try:
+        slurm.set_instances(ids)
+    except SlurmCommandError as exc:
+        result.errors.append(f"recording instance ids: {exc}")
 
 
 def _give_back(config: SpotConfig, node_set: NodeSetConfig, providers: ProviderFactory,

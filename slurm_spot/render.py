@@ -6,7 +6,6 @@ templates under ``templates/``. Keys and their meaning: slurm.conf(5) and gres.c
 
 from __future__ import annotations
 
-import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +19,10 @@ from slurm_spot.config import (
     PartitionConfig,
     SpotConfig,
 )
-from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.errors import BadInputError
 from slurm_spot.hostlist import compress
 from slurm_spot.resources import templates
-from slurm_spot.slurm.client import run_command
+from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
 HOOK_NAMES = ("resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog")
 FRAGMENT_NAME = "slurm-spot.conf"
@@ -84,23 +83,9 @@ def hook_paths(hooks_dir: Path | None = None) -> dict[str, str]:
     return {name.replace("-", "_"): str(folder / f"slurm-spot-{name}") for name in HOOK_NAMES}
 
 
-def slurm_version(candidates: tuple[list[str], ...] = (
-    ["/usr/sbin/slurmctld", "-V"], ["slurmctld", "-V"], ["sinfo", "--version"],
-)) -> tuple[int, int] | None:
-    """(major, minor) of the installed Slurm, or None if no Slurm program answers.
-
-    ``slurmctld -V`` comes first: ``sinfo --version`` fails on 22.05 when no slurm.conf is
-    reachable.
-    """
-    for argv in candidates:
-        try:
-            out = run_command(argv, 10).stdout
-        except SlurmCommandError:
-            continue
-        match = re.search(r"(\d+)\.(\d+)", out)
-        if match:
-            return int(match.group(1)), int(match.group(2))
-    return None
+def slurm_version() -> SlurmVersion | None:
+    """The installed Slurm (:meth:`SlurmVersion.detect`), or None if no Slurm program answers."""
+    return SlurmVersion.detect()
 
 
 def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
@@ -155,7 +140,7 @@ def _node_attributes(ns: NodeSetConfig) -> str:
     return " ".join(parts)
 
 
-def partition_lines(config: SpotConfig, version: tuple[int, int] | None) -> list[str]:
+def partition_lines(config: SpotConfig, version: SlurmVersion | None) -> list[str]:
     """``PartitionName=`` lines.
 
     Raises:
@@ -166,7 +151,7 @@ def partition_lines(config: SpotConfig, version: tuple[int, int] | None) -> list
 
 
 def _partition_line(
-    config: SpotConfig, part: PartitionConfig, version: tuple[int, int] | None
+    config: SpotConfig, part: PartitionConfig, version: SlurmVersion | None
 ) -> str:
     nodes = compress(n for name in part.node_sets for n in config.node_set(name).node_names)
     line = f"PartitionName={part.name} Nodes={nodes} MaxTime={part.max_time} State=UP"
@@ -176,11 +161,10 @@ def _partition_line(
     for key, value in overrides.items():
         if value is None:
             continue
-        if version is not None and version < (23, 2):
+        if version is not None and not version.partition_power_options:
             raise BadInputError(
                 f"partitions: {part.name}: {key} per partition needs Slurm 23.02 or newer; "
-                f"this Slurm is {version[0]}.{version[1]:02d}. Remove the override or set it "
-                "under 'power:'."
+                f"this Slurm is {version}. Remove the override or set it under 'power:'."
             )
         line += f" {key}={value}"
     return line
@@ -198,6 +182,31 @@ def gres_lines(config: SpotConfig) -> list[str]:
     return lines
 
 
+def slurm_parameters(version: SlurmVersion | None) -> list[str]:
+    """The power-saving parameter lines that depend on the Slurm release.
+
+    - ``SlurmctldParameters=idle_on_node_suspend`` always; ``cloud_reg_addrs`` and
+      ``CommunicationParameters=NoAddrCache`` only before 23.11, which made cloud_reg_addrs'
+      behaviour the default and removed both (a 24.11/26.05 slurmctld logs them as "defunct",
+      :attr:`SlurmVersion.addr_cache_options`).
+    - ``enable_expedited_requeue`` from 25.11, without which ``--requeue=expedite`` (added by
+      ``slurm-spot sbatch`` there) does nothing (:attr:`SlurmVersion.expedited_requeue`).
+    - ``SchedulerParameters=requeue_delay=`` is not rendered here: this fragment is included
+      into the site's slurm.conf, whose own SchedulerParameters line it would replace. The
+      local cluster, whose slurm.conf is all ours, sets it (templates/slurm.conf.j2).
+    """
+    slurm = version or OLDEST_SUPPORTED
+    ctld = ["idle_on_node_suspend"]
+    if slurm.addr_cache_options:
+        ctld.append("cloud_reg_addrs")
+    if slurm.expedited_requeue:
+        ctld.append("enable_expedited_requeue")
+    lines = [f"SlurmctldParameters={','.join(ctld)}"]
+    if slurm.addr_cache_options:
+        lines.append("CommunicationParameters=NoAddrCache")
+    return lines
+
+
 @dataclass(frozen=True)
 class Rendered:
     """The rendered files: name -> text."""
@@ -208,13 +217,16 @@ class Rendered:
 def render(
     config: SpotConfig,
     hooks_dir: Path | None = None,
-    version: tuple[int, int] | None = None,
+    version: SlurmVersion | tuple[int, int] | str | None = None,
 ) -> Rendered:
-    """Render ``slurm-spot.conf`` and ``gres.conf`` (pure: writes nothing).
+    """Render ``slurm-spot.conf`` and ``gres.conf`` (pure: writes nothing) for the Slurm
+    ``version`` the controller runs (see :func:`slurm_parameters`); None when unknown renders
+    for the oldest supported release and says so in the file.
 
     Raises:
-        BadInputError: see :func:`partition_lines`.
+        BadInputError: see :func:`partition_lines`; ``version`` is not a Slurm version.
     """
+    slurm = SlurmVersion.of(version)
     gres = gres_lines(config)
     context = {
         "version": __version__,
@@ -223,7 +235,10 @@ def render(
         "power": config.power,
         "requeue_exit_code": config.preemption.requeue_exit_code,
         "node_lines": node_lines(config),
-        "partition_lines": partition_lines(config, version),
+        "partition_lines": partition_lines(config, slurm),
+        "slurm_version": str(slurm) if slurm else None,
+        "oldest": str(OLDEST_SUPPORTED),
+        "parameters": slurm_parameters(slurm),
         "gres_types": ["gpu"] if gres else [],
         "gres_lines": gres,
     }

@@ -132,7 +132,7 @@ class Watcher:
         if prewarm is not None:
             self._await_allocation(outcome.requeued, act_at)
             prewarm.restore()
-        self._try(outcome, lambda: self.slurm.set_state([self.node], "POWER_DOWN_FORCE", reason))
+        self._try(outcome, lambda: self.slurm.power_down_force([self.node], reason))
         for job in jobs:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)

@@ -159,6 +159,9 @@ class FakeSlurm:
         self.calls.append(("state", tuple(names), state, reason))
         self.powered_down |= state == "POWER_DOWN_FORCE"
 
+    def power_down_force(self, names: list[str], reason: str) -> None:
+        self.set_state(names, "POWER_DOWN_FORCE", reason)  # the client picks the release's form
+
     def nodes(self, names: list[str] | None = None, with_jobs: bool = True) -> list[Node]:
         jobs = () if self.powered_down else (42,)
         return [Node("gpu-2", parse_node_state("MIXED+DRAIN"), jobs=jobs)]

@@ -341,3 +341,25 @@ def test_nodes_of_complete_jobs_are_kept_and_the_option_turns_it_off(setup, tmp_
     power.resume(keep, "gpu-[1-2]", slurm, lambda c, name: clouds2[name],
                  jobs={9: ("gpu-1", "gpu-2")})
     assert [i.node for i in clouds2["cloud"].instances if i.state.is_alive] == ["gpu-1"]
+
+
+@pytest.mark.parametrize(("version", "recorded"), [("22.05.8", False), ("24.11.5", True)])
+def test_resume_records_instance_id_and_type_where_slurm_has_them(  # type: ignore[no-untyped-def]
+        setup, version: str, recorded: bool) -> None:
+    config, clouds, scontrol, _ = setup
+
+    def runner(argv: list[str], timeout_s: float) -> CommandResult:
+        if argv[1:] == ["-V"]:
+            return CommandResult(argv, 0, f"slurm {version}\n", "")
+        return scontrol(argv, timeout_s)
+
+    result = power.resume(config, "gpu-[1-2]", SlurmClient("/usr/bin", runner=runner),
+                          lambda c, name: clouds[name])
+    for inst in result.launched:
+        node = scontrol.nodes[str(inst.node)]
+        assert node["nodeaddr"] == inst.private_ip
+        if recorded:  # 23.11+: InstanceId/InstanceType, the reconciler's key for the node
+            assert (node["instanceid"], node["instancetype"]) == (inst.instance_id,
+                                                                  inst.instance_type)
+        else:
+            assert "instanceid" not in node and "instancetype" not in node

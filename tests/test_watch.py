@@ -33,10 +33,12 @@ class ScriptedSlurm:
     """scontrol/squeue/scancel as seen by the watcher: job 5 (task 3 of array 4) runs on
     spot-1 until the node is powered down, then it is pending (requeued)."""
 
-    def __init__(self, with_job: bool = True, node: str = "spot-1") -> None:
+    def __init__(self, with_job: bool = True, node: str = "spot-1",
+                 version: str = "22.05.8") -> None:
         self.powered_down = not with_job  # no job: nothing runs there from the start
         self.commands: list[str] = []
         self.node = node
+        self.version = version
 
     def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
         tool, args = argv[0].rsplit("/", 1)[-1], argv[1:]
@@ -45,7 +47,10 @@ class ScriptedSlurm:
         if tool == "scontrol" and args[:3] == ["-o", "show", "node"]:
             state = "IDLE+CLOUD+POWERED_DOWN" if self.powered_down else "MIXED+CLOUD+DRAIN"
             out = f"NodeName={self.node} State={state} Reason=x\n"
-        elif tool == "scontrol" and "state=POWER_DOWN_FORCE" in args:
+        elif tool == "scontrol" and args == ["-V"]:
+            out = f"slurm {self.version}\n"
+        elif tool == "scontrol" and ("state=POWER_DOWN_FORCE" in args
+                                     or args[:3] == ["power", "down", "force"]):
             self.powered_down = True
         elif tool == "squeue" and "--json" in args:
             state = "PENDING" if self.powered_down else "RUNNING"
@@ -56,9 +61,10 @@ class ScriptedSlurm:
         return CommandResult(argv, 0, out, "")
 
 
-@pytest.mark.parametrize("set_name", ["spot", "gpu+a100_sxm", "n.rack1"])
-def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path,
-                                                                  set_name: str) -> None:
+@pytest.mark.parametrize(("set_name", "version"), [
+    ("spot", "22.05.8"), ("spot", "24.11.5"), ("gpu+a100_sxm", "22.05.8"), ("n.rack1", "24.11.5")])
+def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path, set_name: str,
+                                                                  version: str) -> None:
     """With prewarm off: the old order, signal at once, requeue by power-down. Also on nodes
     whose names hold characters Slurm allows (issue 11: the watcher crashed after draining,
     before signalling the job, on gpu+a100_sxm-1)."""
@@ -73,7 +79,7 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     deadline = datetime.now(timezone.utc) + timedelta(seconds=30)
     (notices / f"{node}.json").write_text(json.dumps({"action": "terminate",
                                                       "time": deadline.isoformat()}))
-    slurm = ScriptedSlurm(node=node)
+    slurm = ScriptedSlurm(node=node, version=version)
     clock = [deadline.timestamp() - 30]
     watcher = Watcher(config, node, SlurmClient("/usr/bin", runner=slurm),
                       source_for(config, node), clock=lambda: clock[0],
@@ -81,12 +87,16 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     outcome = watcher.run(once=True)
     assert outcome is not None and outcome.jobs == [5] and outcome.requeued == [5]
     reason = f"spot-interruption:terminate@{deadline:%Y-%m-%dT%H:%M:%SZ}"
-    reads = ("squeue", "scontrol -o", "scontrol --json", "sinfo")
+    reads = ("squeue", "scontrol -o", "scontrol --json", "sinfo", "scontrol -V")
     steps = [c for c in slurm.commands if not c.startswith(reads)]
+    # 24.05+ powers down with 'scontrol power down force', which takes no reason.
+    power_down = ([f"scontrol update nodename={node} reason={reason}",
+                   f"scontrol power down force {node}"] if version >= "24.05" else
+                  [f"scontrol update nodename={node} state=POWER_DOWN_FORCE reason={reason}"])
     assert steps == [
         f"scontrol update nodename={node} state=DRAIN reason={reason}",
         "scancel -s USR2 4_3",  # the task by its own name: '4' would be the whole array
-        f"scontrol update nodename={node} state=POWER_DOWN_FORCE reason={reason}",
+        *power_down,
         "scontrol update jobid=4_3 StartTime=now",
         # the requeue is on the job's own record, where sacct shows it
         f"scontrol update jobid=4_3 AdminComment=requeued: {reason}",

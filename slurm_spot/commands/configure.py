@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import click
@@ -11,6 +10,7 @@ from slurm_spot.commands.common import AppContext, json_option, pass_app, print_
 from slurm_spot.errors import BadInputError, ConfigError
 from slurm_spot.providers import check_config
 from slurm_spot.render import render, slurm_version, write_rendered
+from slurm_spot.slurm.version import SlurmVersion
 
 
 @click.group("config")
@@ -81,12 +81,11 @@ def render_command(app: AppContext, output_dir: Path | None, hooks_dir: Path | N
                    "'scontrol reconfigure'.")
 
 
-def _parse_version(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"(\d{2})\.(\d{2})(\.\d+)?", text.strip())
-    if not match:
-        raise click.BadParameter(f"{text!r} is not a Slurm version such as 23.11",
-                                 param_hint="--slurm-version")
-    return int(match.group(1)), int(match.group(2))
+def _parse_version(text: str) -> SlurmVersion:
+    try:
+        return SlurmVersion.parse(text)
+    except BadInputError as exc:
+        raise click.BadParameter(str(exc), param_hint="--slurm-version") from None
 
 
 COMMANDS = [config_group, render_command]

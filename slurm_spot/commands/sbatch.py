@@ -17,6 +17,7 @@ from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.jobs.sbatch import Submission, plan_submission, split_command_line
 from slurm_spot.render import render_template
 from slurm_spot.slurm.client import run_command
+from slurm_spot.slurm.version import SlurmVersion
 
 
 def torchrun_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
@@ -142,8 +143,10 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
             text = path.read_text()
         except UnicodeDecodeError:
             raise BadInputError(f"{script}: not a text file (UTF-8)") from None
+    slurm = SlurmVersion.detect(bin_dir=str(config.slurm_bin_dir))
     plan = plan_submission(text, path.name, options, script_args, config.preemption.signal,
-                           config.preemption.lead_s, env=os.environ)
+                           config.preemption.lead_s, env=os.environ,
+                           expedite=bool(slurm and slurm.expedited_requeue))
     for warning in plan.warnings:
         click.echo(f"slurm-spot: warning: {warning}", err=True)
     if job_env and any(o.startswith("--export") and "ALL" not in o for o in options):

@@ -175,13 +175,17 @@ def plan_submission(
     signal: str,
     lead_s: int,
     env: Mapping[str, str] | None = None,
+    expedite: bool = False,
 ) -> Submission:
     """Build what to submit: the script with slurm-spot's directives right after the shebang,
     and the user's options and arguments, passed through unchanged.
 
-    Adds ``--requeue``, ``--open-mode=append``, ``--signal=<signal>@<lead_s>``, an explicit
-    ``--nodes`` (1 unless given) and ``--job-name`` (the script's name), each unless set.
-    Directives in the script come before command-line options, so the user's still win.
+    Adds ``--requeue`` (``--requeue=expedite`` with ``expedite``, for Slurm 25.11+: the
+    requeued job is eligible at once and runs first, see
+    :attr:`~slurm_spot.slurm.version.SlurmVersion.expedited_requeue`), ``--open-mode=append``,
+    ``--signal=<signal>@<lead_s>``, an explicit ``--nodes`` (1 unless given) and ``--job-name``
+    (the script's name), each unless set. Directives in the script come before command-line
+    options, so the user's still win.
 
     Raises:
         BadInputError: ``--no-requeue``; a ``--signal`` naming another signal than the one
@@ -202,7 +206,7 @@ def plan_submission(
                             "requeueable; drop it")
     if env.get("SBATCH_SIGNAL"):
         options = [f"--signal={env['SBATCH_SIGNAL']}", *options]
-    added = ["--requeue", "--open-mode=append"]
+    added = ["--requeue=expedite" if expedite else "--requeue", "--open-mode=append"]
     wanted = parse_signal(signal)
     given = option_values(options, "--signal")
     for value in given:

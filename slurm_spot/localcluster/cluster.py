@@ -27,9 +27,11 @@ from slurm_spot.errors import BadInputError, ConfigError, SlurmCommandError, Slu
 from slurm_spot.localcluster import accounting as dbd
 from slurm_spot.render import render, render_template, slurm_version, write_rendered
 from slurm_spot.slurm.client import CommandResult, SlurmClient, run_command
+from slurm_spot.slurm.version import SlurmVersion
 
 MANAGED_MARK = "Managed by slurm-spot"
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+LOCAL_REQUEUE_DELAY_S = 1
 
 
 @dataclass(frozen=True)
@@ -109,16 +111,31 @@ def write_cluster_files(config: SpotConfig, paths: LocalClusterPaths,
         (p for p in config.providers.values() if isinstance(p, LocalProviderConfig)),
         LocalProviderConfig(),
     )
-    for folder in (config.state_dir / "slurmctld", config.state_dir / "slurmd", config.log_dir):
+    version = slurm_version()
+    state_save = state_save_dir(config, version)
+    for folder in (state_save, config.state_dir / "slurmd", config.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
-    write_rendered(render(config, version=slurm_version()), paths.conf_dir)
+    write_rendered(render(config, version=version), paths.conf_dir)
     text = render_template("slurm.conf.j2",
         version=_version(), cluster=config.cluster, slurmctld_port=6817,
-        state_dir=config.state_dir, log_dir=config.log_dir,
+        state_dir=config.state_dir, state_save=state_save, log_dir=config.log_dir,
+        # 25.11+: a requeued job is eligible after this many seconds instead of ~121 s
+        # (slurm.conf(5) 26.05, SchedulerParameters=requeue_delay).
+        requeue_delay_s=LOCAL_REQUEUE_DELAY_S if version and version.requeue_delay else None,
         kill_wait_s=local.kill_wait_s, slurmd_timeout_s=local.slurmd_timeout_s,
         fragment=paths.conf_dir / "slurm-spot.conf", dbd_port=dbd_port,
     )
     paths.slurm_conf.write_text(text)
+
+
+def state_save_dir(config: SpotConfig, version: SlurmVersion | None) -> Path:
+    """slurmctld's StateSaveLocation for the installed Slurm: one directory per Slurm series
+    (``<state_dir>/slurmctld-24.11``), so a cluster brought up under another Slurm starts
+    from a clean state of its own. slurmctld refuses the state of another release at start:
+    24.11.5 on a 22.05 directory exits with "fatal: Can not recover assoc_usage state,
+    incompatible version" (docs/slurm-versions.md)."""
+    series = f"{version.series[0]}.{version.series[1]:02d}" if version else "unknown"
+    return config.state_dir / f"slurmctld-{series}"
 
 
 def _version() -> str:
@@ -151,6 +168,38 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
     conf_dir.mkdir(parents=True, exist_ok=True)
     write_cluster_files(config, paths, dbd.DBD_PORT if accounting else None)
     munge_pid = start_munge()
+    record: dict[str, object] = {}
+    try:
+        return _start(config, paths, munge_pid, keep_state, reconcile, accounting, record)
+    except BaseException:
+        _undo_failed_up(config, paths, munge_pid, record)
+        raise
+
+
+def _undo_failed_up(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int | None,
+                    record: dict[str, object]) -> None:
+    """A failed ``up`` leaves nothing running: the slurmctld of this cluster (found by its pid
+    file and its ``-f <slurm.conf>`` argument, never by name), the slurmdbd and MariaDB it
+    started (their pids in ``record``) and munged if ``up`` started it."""
+    for name in ("slurmdbd", "mysqld"):
+        if _alive(record.get(f"{name}_pid")):
+            _stop(record.get(f"{name}_pid"), timeout_s=30)
+    pid = _read_pid(config.state_dir / "slurmctld.pid")
+    if pid is not None and _alive(pid):
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            words = []
+        if str(paths.slurm_conf) in words:
+            _stop(pid)
+    if munge_pid is not None:
+        _stop(munge_pid)
+    _kill_leftovers(config)
+
+
+def _start(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int | None,
+           keep_state: bool, reconcile: bool, accounting: bool,
+           record: dict[str, object]) -> dict[str, object]:
     env = {**os.environ, "SLURM_CONF": str(paths.slurm_conf)}
     os.environ["SLURM_CONF"] = str(paths.slurm_conf)
     client = SlurmClient(config.slurm_bin_dir)
@@ -158,8 +207,8 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
         raise SlurmSpotError(
             "another slurmctld already answers on this machine's port 6817; stop it first "
             "(slurm-spot local down with its --conf-dir, or scontrol shutdown)")
-    record: dict[str, object] = {"slurm_conf": str(paths.slurm_conf),
-                                 "spot_yaml": str(config.source_path), "munge_pid": munge_pid}
+    record.update({"slurm_conf": str(paths.slurm_conf),
+                   "spot_yaml": str(config.source_path), "munge_pid": munge_pid})
     if accounting:
         _start_accounting(config, paths, env, record, fresh=not keep_state)
     argv = ["/usr/sbin/slurmctld", "-f", str(paths.slurm_conf)]

@@ -266,7 +266,7 @@ class Reconciler:
     def _power_down_lost(self, d: NodeDecision, result: PassResult) -> None:
         """DOWN (requeues the jobs at once), then POWER_DOWN_FORCE (back to idle~)."""
         self.slurm.set_state([d.node], "DOWN", d.reason)
-        self.slurm.set_state([d.node], "POWER_DOWN_FORCE", d.reason)
+        self.slurm.power_down_force([d.node], d.reason)
         reclaimed = d.reason.startswith("spot-interruption:")
         if reclaimed:
             self.metrics.interruptions.labels(self.node_set_of[d.node]).inc()

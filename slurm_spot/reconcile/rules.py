@@ -131,11 +131,17 @@ class Cooldown:
 def pick_kept(node: Node, alive: Sequence[Instance]) -> Instance:
     """The instance Slurm knows among several alive ones for ``node``.
 
-    Instances whose private IP is the node's NodeAddr are preferred (all of them when none
-    matches, or when all share one address as local instances do). Among those, the newest
-    launched no later than the node's BootTime (+2 s) registered last; without a BootTime,
-    or with every candidate newer, the oldest is kept: it is the first to have booted.
+    On Slurm 23.11+ the resume hook records the node's InstanceId, and the instance with that
+    id is the one (an id is never reused; an address can be recycled by the cloud or reported
+    late). Otherwise (older Slurm, or no id recorded) instances whose private IP is the node's
+    NodeAddr are preferred (all of them when none matches, or when all share one address as
+    local instances do). Among those, the newest launched no later than the node's BootTime
+    (+2 s) registered last; without a BootTime, or with every candidate newer, the oldest is
+    kept: it is the first to have booted.
     """
+    by_id = [i for i in alive if node.instance_id and i.instance_id == node.instance_id]
+    if by_id:
+        return by_id[0]
     matching = [i for i in alive if i.private_ip and i.private_ip == node.addr] or list(alive)
     boot = parse_slurm_time(node.boot_time)
     if boot is not None:

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurm_spot.errors import HostlistError, SlurmCommandError
+from slurm_spot.errors import BadInputError, HostlistError, SlurmCommandError
 from slurm_spot.hostlist import compress, expand
 from slurm_spot.slurm.output import load_json, node_fields_text, nodes_json
 from slurm_spot.slurm.states import JobState, NodeState, parse_job_state
+from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class Node:
     squeue (running and completing jobs only); ``weight`` is the scheduling Weight slurmctld
     uses now (slurm.conf(5) Weight; ``scontrol update nodename=N weight=W`` changes it until
     slurmctld restarts or reconfigures, scontrol(1) of Slurm 22.05), None if not shown.
+    ``instance_id``/``instance_type`` are the node's InstanceId/InstanceType (Slurm 23.11+,
+    set by the resume hook; empty before 23.11 or when unset, which scontrol shows as
+    ``(null)`` or ``N/A``).
     """
 
     name: str
@@ -94,6 +98,8 @@ class Node:
     jobs: tuple[int, ...] = ()
     boot_time: str = ""
     weight: int | None = None
+    instance_id: str = ""
+    instance_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,8 @@ class SlurmClient:
         bin_dir: directory of scontrol/sinfo/squeue/sbatch (absolute: hooks run with no PATH).
         runner: how to run a command (default: :func:`run_command`).
         timeout_s: per-command timeout in seconds.
+        version: the Slurm release this talks to; None: asked once from ``scontrol -V``
+            (which needs no slurmctld) when a version-dependent call first needs it.
     """
 
     def __init__(
@@ -127,12 +135,31 @@ class SlurmClient:
         bin_dir: str | os.PathLike[str] = "/usr/bin",
         runner: CommandRunner = run_command,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        version: SlurmVersion | None = None,
     ) -> None:
         self.bin_dir = Path(bin_dir)
         self._run = runner
         self.timeout_s = timeout_s
         self._refs: dict[int, str] = {}
         self._node_source: str | None = None
+        self._version = version
+
+    @property
+    def version(self) -> SlurmVersion:
+        """The Slurm release of ``scontrol -V``, else of ``slurmctld -V`` (26.05's scontrol
+        exits with "Could not establish a configuration source" when no slurm.conf is found,
+        even for ``-V``); the oldest supported one (22.05, whose ways work everywhere) if
+        neither says."""
+        if self._version is None:
+            try:
+                out = self.run("scontrol", "-V", check=False).stdout
+                self._version = SlurmVersion.parse(out)
+            except (SlurmCommandError, BadInputError):
+                sbin = self.bin_dir.parent / "sbin"
+                found = SlurmVersion.detect(sbin_dir=str(sbin), bin_dir=str(self.bin_dir)) \
+                    if self._run is run_command else None
+                self._version = found or OLDEST_SUPPORTED
+        return self._version
 
     # -- plumbing ---------------------------------------------------------------------------
     def run(self, tool: str, *args: str, check: bool = True) -> CommandResult:
@@ -273,6 +300,70 @@ class SlurmClient:
                 f"nodehostname={','.join(addresses[n][1] for n in chunk)}",
             )
 
+    def set_instances(self, instances: dict[str, tuple[str, str]]) -> bool:
+        """Record each node's cloud instance: ``{node: (instance id, instance type)}`` as the
+        node's InstanceId/InstanceType (Slurm 23.11+, scontrol(1) 24.11: ``update
+        NodeName=N InstanceId=I InstanceType=T``). The values are per node and scontrol takes
+        one value per call, so the calls run up to 16 at a time.
+
+        Returns False, doing nothing, on a Slurm older than 23.11, which has no such fields
+        (the reconciler then matches by NodeAddr, as before).
+
+        Raises:
+            SlurmCommandError: scontrol refused for a node (the first failure; the other
+                nodes were still updated).
+        """
+        if not self.version.instance_fields:
+            return False
+        if not instances:
+            return True
+
+        def one(node: str) -> None:
+            instance_id, instance_type = instances[node]
+            args = ["update", f"nodename={node}", f"instanceid={instance_id}"]
+            if instance_type:
+                args.append(f"instancetype={instance_type}")
+            self.run("scontrol", *args)
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = sorted(instances, key=_natural_key)
+        with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+            errors = [f.exception() for f in [pool.submit(one, n) for n in names]]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise failed[0]
+        return True
+
+    def power_down_force(self, names: Sequence[str], reason: str) -> None:
+        """Power the nodes down now; their batch jobs are requeued (``--requeue``) or
+        cancelled; the node returns to ``idle~`` after SuspendTimeout.
+
+        Slurm 24.05+: ``scontrol power down force <nodes>`` (scontrol(1) 24.11: it "obsoletes"
+        ``update State=POWER_DOWN_FORCE``), which takes no reason, so ``reason`` is set by a
+        ``update nodename=<nodes> reason=<reason>`` first (if that is refused, the nodes are
+        still powered down, then the refusal is raised). Older releases: ``update
+        nodename=<nodes> state=POWER_DOWN_FORCE reason=<reason>``. See
+        :attr:`~slurm_spot.slurm.version.SlurmVersion.power_down_force_command`.
+
+        Raises:
+            SlurmCommandError: scontrol refused.
+        """
+        names = list(names)
+        if not self.version.power_down_force_command:
+            self.set_state(names, "POWER_DOWN_FORCE", reason)
+            return
+        refused: SlurmCommandError | None = None
+        try:
+            self.update_nodes(names, reason=reason)
+        except SlurmCommandError as exc:  # the power down matters more than its reason
+            refused = exc
+        for i in range(0, len(names), _MAX_NODES_PER_UPDATE):
+            self.run("scontrol", "power", "down", "force",
+                     compress(names[i : i + _MAX_NODES_PER_UPDATE]))
+        if refused is not None:
+            raise refused
+
     def set_state(self, names: Sequence[str], state: str, reason: str | None = None) -> None:
         """Set ``state`` (DOWN, DRAIN, RESUME, POWER_DOWN, POWER_DOWN_FORCE, IDLE, ...).
 
@@ -333,9 +424,23 @@ class SlurmClient:
             return False
         raise SlurmCommandError(result.argv, result.returncode, result.stderr)
 
-    def expedite(self, job_id: int | str) -> None:
-        """Clear a requeued job's ~121 s requeue delay: ``scontrol update jobid=N StartTime=now``."""
+    def expedite(self, job_id: int | str) -> str:
+        """Make a requeued job eligible now instead of after the ~121 s requeue delay.
+
+        Returns how: ``"start_time"`` (``scontrol update jobid=N StartTime=now``, every
+        release) or ``"expedited"`` (Slurm 25.11+, the job was submitted with
+        ``--requeue=expedite`` and Slurm already made it eligible: pending for another
+        reason than BeginTime; nothing to do).
+
+        Raises:
+            SlurmCommandError: scontrol refused.
+        """
+        if self.version.expedited_requeue and isinstance(job_id, int):
+            found = self.jobs([job_id])
+            if found and found[0].state.is_pending and found[0].reason != "BeginTime":
+                return "expedited"
         self.run("scontrol", "update", f"jobid={self.job_ref(job_id)}", "StartTime=now")
+        return "start_time"
 
     def record_interruption(self, job_ids: Iterable[int], text: str) -> list[str]:
         """Append ``text`` to each job's AdminComment (``scontrol update jobid=N

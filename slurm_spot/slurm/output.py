@@ -72,6 +72,11 @@ def _partitions(value: object) -> tuple[str, ...]:
     return ()
 
 
+def _unset(value: str) -> str:
+    """An unset string field, as scontrol prints it (``(null)``, ``N/A``), is ``""``."""
+    return "" if value in ("(null)", "N/A", "None") else value
+
+
 def _weight(value: Any) -> int | None:
     """A node's scheduling Weight (an integer; newer data_parser versions wrap numbers in
     ``{"set": true, "number": N}``), None when absent or unreadable."""
@@ -102,6 +107,8 @@ def node_fields_json(obj: Mapping[str, Any]) -> dict[str, Any]:
         "partitions": _partitions(obj.get("partitions")),
         "boot_time": datetime.fromtimestamp(boot).isoformat(timespec="seconds") if boot else "None",
         "weight": _weight(obj.get("weight")),
+        "instance_id": _unset(str(obj.get("instance_id") or "")),
+        "instance_type": _unset(str(obj.get("instance_type") or "")),
     }
 
 
@@ -176,4 +183,6 @@ def node_fields_text(line: str) -> dict[str, Any]:
         "partitions": tuple(p for p in fields.get("Partitions", "").split(",") if p),
         "boot_time": fields.get("BootTime", ""),
         "weight": _weight(fields.get("Weight")),
+        "instance_id": _unset(fields.get("InstanceId", "")),
+        "instance_type": _unset(fields.get("InstanceType", "")),
     }

@@ -27,6 +27,8 @@ class FakeNode:
     addr: str = ""
     hostname: str = ""
     boot_time: str = "None"
+    instance_id: str = ""
+    instance_type: str = ""
 
     @property
     def state(self) -> str:
@@ -53,7 +55,8 @@ class FakeSlurm:
     snapshot and an action).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, version: str = "22.05.8") -> None:
+        self.version = version  # what ``scontrol -V`` answers; 23.11+ has node instance fields
         self.nodes: dict[str, FakeNode] = {}
         self.jobs: dict[int, FakeJob] = {}
         self.dead: set[str] = set()
@@ -138,6 +141,12 @@ class FakeSlurm:
             return self._update_nodes(args[1].split("=", 1)[1], args[2:])
         if args[0] == "ping":
             return "Slurmctld(primary) at localhost is UP\n"
+        if args == ["-V"]:
+            return f"slurm {self.version}\n"
+        if args[:3] == ["power", "down", "force"] and self._at_least(24, 5):
+            for name in expand(args[3]):
+                self._to_power_down_force(self.nodes[name])
+            return ""
         raise _Refused(f"fake scontrol: unsupported {args}")
 
     def _show(self, name: str) -> str:
@@ -145,9 +154,14 @@ class FakeSlurm:
             raise _Refused(f"Node {name} not found")
         n = self.nodes[name]
         reason = f" Reason={n.reason} [root@2026-03-01T11:00:00]" if n.reason else ""
+        instance = (f" InstanceId={n.instance_id or '(null)'} "
+                    f"InstanceType={n.instance_type or '(null)'}") if self._at_least(23, 11) else ""
         return (f"NodeName={n.name} Arch=x86_64 CoresPerSocket=1 NodeAddr={n.addr} "
                 f"NodeHostName={n.hostname} State={n.state} BootTime={n.boot_time} "
-                f"Partitions=spot{reason}\n")
+                f"Partitions=spot{instance}{reason}\n")
+
+    def _at_least(self, major: int, minor: int) -> bool:
+        return tuple(int(p) for p in self.version.split(".")[:2]) >= (major, minor)
 
     def _update_nodes(self, hostlist: str, args: list[str]) -> str:
         settings = dict(a.split("=", 1) for a in args)
@@ -159,6 +173,12 @@ class FakeSlurm:
             for name, addr, host in zip(names, settings["nodeaddr"].split(","),
                                         settings["nodehostname"].split(","), strict=True):
                 self.nodes[name].addr, self.nodes[name].hostname = addr, host
+        if "instanceid" in settings or "instancetype" in settings:
+            if not self._at_least(23, 11):
+                raise _Refused("Update of this parameter is not supported: instanceid")
+            for name in names:
+                self.nodes[name].instance_id = settings.get("instanceid", "")
+                self.nodes[name].instance_type = settings.get("instancetype", "")
         state = settings.get("state", "").upper()
         if state in ("DOWN", "DRAIN") and not settings.get("reason"):
             raise _Refused("You must specify a reason when DOWNING or DRAINING a node")

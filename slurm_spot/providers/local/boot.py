@@ -76,8 +76,28 @@ def inside(config_path: str, node: str, instance_id: str) -> None:
          "--instance-id", instance_id],
         stdin=subprocess.DEVNULL, stdout=watch_log, stderr=watch_log, close_fds=True,
     )
-    argv = [settings.slurmd, "-D", "-N", node, "-f", _slurm_conf()]
+    argv = [settings.slurmd, "-D", "-N", node, "-f", _slurm_conf(),
+            *_instance_options(settings.slurmd, instance_id)]
     os.execv(argv[0], argv)
+
+
+def _instance_options(slurmd: str, instance_id: str) -> list[str]:
+    """``--instance-id ID --instance-type local`` where slurmd has them (23.11+, slurmd(8):
+    "Set cloud instance ID on node startup"). slurmd sends them when it registers, and
+    slurmctld replaces the node's InstanceId/InstanceType with what it sent (an empty value
+    too), so a real instance must pass its own, as this one does; the resume hook's values
+    only last until then."""
+    from slurm_spot.errors import BadInputError, SlurmCommandError
+    from slurm_spot.slurm.client import run_command
+    from slurm_spot.slurm.version import SlurmVersion
+
+    try:
+        version = SlurmVersion.parse(run_command([slurmd, "-V"], 10).stdout)
+    except (SlurmCommandError, BadInputError):
+        return []
+    if not version.instance_fields:
+        return []
+    return ["--instance-id", instance_id, "--instance-type", "local"]
 
 
 def reclaim_after(config_path: str, seconds: float, node: str, instance_id: str) -> None:

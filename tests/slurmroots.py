@@ -1,0 +1,359 @@
+"""Other Slurm versions for the tests: Debian's own Slurm packages in debootstrapped roots.
+
+The host runs its Debian's Slurm (22.05 on Debian 12, 24.11 on Debian 13). The matrix adds the
+Slurm of the other Debian suites, each installed from Debian's packages into a
+``debootstrap --variant=minbase`` root (no containers), see docs/slurm-versions.md:
+
+================  =========  =============================
+Debian suite      Slurm      data_parser (``--json``)
+================  =========  =============================
+bookworm (12)     22.05.8    v0.0.38
+trixie (13)       24.11.5    v0.0.42
+forky (next)      26.05.5    v0.0.45
+================  =========  =============================
+
+A root is built once into :data:`CACHE` (``/var/cache/slurm-spot/roots/<suite>``, kept between
+CI runs where the machine keeps ``/var/cache``) from the Debian mirror that the host's own apt
+configuration names (:func:`debian_mirror`). Commands run in a root by ``chroot`` with ``/proc``,
+``/sys``, ``/dev``, ``/tmp``, the host's Python installation and the checkout bind-mounted at the
+same paths, so the checkout's venv runs inside unchanged. :func:`mounted` undoes every mount
+(``umount -R``) however the body ends.
+
+Usable as a script: ``python -m tests.slurmroots build trixie``, ``... run trixie -- CMD``,
+``... version trixie``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE = Path(os.environ.get("SLURM_SPOT_ROOTS", "/var/cache/slurm-spot/roots"))
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("slurm-wlm", "munge", "python3", "procps", "iproute2", "util-linux",
+            "ca-certificates")
+BUILD_TIMEOUT_S = 1800
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A Debian suite whose Slurm the matrix tests: ``short`` is the Slurm series (``24.11``)."""
+
+    name: str
+    short: str
+    script: str | None = None  # debootstrap script when the suite has none of its own
+
+
+SUITES = {s.short: s for s in (Suite("bookworm", "22.05"), Suite("trixie", "24.11"),
+                                Suite("forky", "26.05", "sid"))}
+"""The matrix's versions, keyed by Slurm series (``make test-slurm VERSION=24.11``); the one the
+host itself runs is tested directly, not in a root."""
+INSIDE_ENV = "SLURM_SPOT_SLURM_ROOT"
+"""Set (to the suite's name) for everything run inside a root."""
+INNER_TIMEOUT_S = 3000
+
+
+def suite_for(version_or_suite: str) -> Suite:
+    """The suite for ``24.11``/``26.05`` or ``trixie``/``forky``.
+
+    Raises:
+        KeyError: neither a known Slurm series nor a suite name.
+    """
+    for suite in SUITES.values():
+        if version_or_suite in (suite.name, suite.short):
+            return suite
+    raise KeyError(f"no Debian root for {version_or_suite!r}; known: "
+                   + ", ".join(f"{s.short} ({s.name})" for s in SUITES.values()))
+
+
+def debian_mirror(apt: Path = Path("/etc/apt")) -> str:
+    """The Debian archive URL of the host's apt configuration (deb822 ``sources.list.d/*.sources``
+    first, then one-line ``sources.list``/``*.list``), skipping the security archive and
+    disabled stanzas.
+
+    Raises:
+        RuntimeError: apt names no Debian mirror.
+    """
+    for path in sorted((apt / "sources.list.d").glob("*.sources")):
+        for stanza in re.split(r"\n\s*\n", path.read_text()):
+            uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
+            suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
+            enabled = re.search(r"^Enabled:\s*no\b", stanza, re.M | re.I) is None
+            if uris and suites and enabled and "security" not in uris.group(1) \
+                    and "security" not in suites.group(1):
+                return uris.group(1)
+    for path in [apt / "sources.list", *sorted((apt / "sources.list.d").glob("*.list"))]:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                words = line.split()
+                if len(words) >= 3 and words[0] == "deb" and "security" not in line:
+                    url = next((w for w in words[1:] if "://" in w), None)
+                    if url:
+                        return url
+    raise RuntimeError(f"no Debian mirror in {apt}/sources.list{{,.d}}; cannot build a Slurm root")
+
+
+def root_path(suite: Suite) -> Path:
+    return CACHE / suite.name
+
+
+def is_built(suite: Suite) -> bool:
+    return (root_path(suite) / ".slurm-spot-root").exists()
+
+
+def build(suite: Suite, log: Path | None = None) -> Path:
+    """Build the root of ``suite`` unless a complete one is cached; returns its path.
+
+    A half-built root (a crashed earlier run) is removed first; the root becomes visible under
+    :data:`CACHE` only when debootstrap finished (``.slurm-spot-root`` marker).
+
+    Raises:
+        RuntimeError: debootstrap failed (its log's tail is in the message).
+    """
+    target = root_path(suite)
+    if is_built(suite):
+        return target
+    _ensure_debootstrap()
+    work = target.with_name(f".{suite.name}.partial")
+    if work.exists():
+        _umount_all(work)
+        shutil.rmtree(work)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+            suite.name, str(work), debian_mirror()]
+    if suite.script:
+        argv.append(f"/usr/share/debootstrap/scripts/{suite.script}")
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+                              check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    finally:
+        _umount_all(work)  # debootstrap mounts /proc and /sys in the target
+    if log is not None:
+        log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"debootstrap {suite.name} failed ({proc.returncode}):\n"
+                           + (proc.stdout + proc.stderr)[-3000:])
+    # slurmctld is started by root; the test cluster needs a host name that resolves.
+    (work / "var/cache/apt/archives").mkdir(parents=True, exist_ok=True)
+    for deb in (work / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+    (work / ".slurm-spot-root").write_text(
+        f"built {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} in "
+        f"{time.monotonic() - started:.0f} s\n")
+    if target.exists():
+        shutil.rmtree(target)
+    work.rename(target)
+    return target
+
+
+def _ensure_debootstrap() -> None:
+    if shutil.which("debootstrap"):
+        return
+    for argv in (["apt-get", "update", "-qq"],
+                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "debootstrap"]):
+        subprocess.run(argv, check=True, timeout=600, capture_output=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def _binds() -> list[Path]:
+    """Host paths that appear at the same place inside a root: scratch, Python, checkout."""
+    paths = [Path("/tmp"), Path(sys.base_prefix), REPO]
+    venv = Path(sys.prefix)
+    if not venv.is_relative_to(REPO) and venv != Path(sys.base_prefix):
+        paths.append(venv)
+    return paths
+
+
+def _mountpoints(root: Path) -> list[str]:
+    """Mount points at or under ``root`` (from /proc/self/mountinfo), deepest first."""
+    prefix = str(root.resolve())
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == prefix or point.startswith(prefix + "/"):
+            found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def _umount_all(root: Path) -> None:
+    """``umount -R`` everything under ``root``; lazily when a mount is still busy."""
+    for point in _mountpoints(root):
+        if subprocess.run(["umount", "-R", point], capture_output=True, timeout=60,
+                          check=False).returncode != 0:
+            subprocess.run(["umount", "-R", "-l", point], capture_output=True, timeout=60,
+                           check=False)
+
+
+@contextlib.contextmanager
+def mounted(suite: Suite) -> Iterator[Path]:
+    """The built root of ``suite`` with its bind mounts in place; all undone on exit.
+
+    Raises:
+        RuntimeError: the root is not built (run :func:`build`).
+    """
+    root = root_path(suite)
+    if not is_built(suite):
+        raise RuntimeError(f"{root} is not built; run: python -m tests.slurmroots build {suite.name}")
+    _umount_all(root)  # a crashed earlier run
+    try:
+        _mount(["-t", "proc", "proc"], root / "proc")
+        _mount(["--rbind", "/sys"], root / "sys")
+        _mount(["--make-rslave"], root / "sys", bind=False)
+        _mount(["--rbind", "/dev"], root / "dev")
+        _mount(["--make-rslave"], root / "dev", bind=False)
+        for path in _binds():
+            _mount(["--bind", str(path)], root / str(path).lstrip("/"))
+        _hosts(root)
+        yield root
+    finally:
+        _umount_all(root)
+        leftovers = _mountpoints(root)
+        if leftovers:
+            raise RuntimeError(f"could not unmount {leftovers}")
+
+
+def _mount(args: list[str], point: Path, bind: bool = True) -> None:
+    if bind:
+        point.mkdir(parents=True, exist_ok=True)
+        argv = ["mount", *args, str(point)]
+    else:
+        argv = ["mount", *args, str(point)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {proc.stderr.strip()}")
+
+
+def _hosts(root: Path) -> None:
+    """The host's name must resolve inside the root (slurmctld and munge look it up)."""
+    hosts = root / "etc/hosts"
+    name = os.uname().nodename
+    text = hosts.read_text() if hosts.exists() else "127.0.0.1 localhost\n"
+    if not re.search(rf"\s{re.escape(name)}(\s|$)", text):
+        hosts.write_text(text.rstrip("\n") + f"\n127.0.1.1 {name}\n")
+
+
+def chroot_argv(root: Path, argv: list[str], cwd: Path = REPO) -> list[str]:
+    """argv that runs ``argv`` in ``root`` from ``cwd``, with the checkout's venv first on PATH."""
+    path = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    return ["chroot", str(root), "/usr/bin/env", f"--chdir={cwd}", f"PATH={path}", *argv]
+
+
+def host_series() -> str | None:
+    """``22.05`` for the host's own Slurm (from ``slurmctld -V``), None without one."""
+    try:
+        out = subprocess.run(["/usr/sbin/slurmctld", "-V"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except OSError:
+        return None
+    match = re.search(r"(\d+\.\d+)", out)
+    return match.group(1) if match else None
+
+
+def kill_processes_in(root: Path) -> list[int]:
+    """SIGKILL every process whose root directory is ``root`` (all were started there by
+    :func:`run_pytest`: munged, slurmctld, slurmd, hooks); returns their pids."""
+    target = str(root.resolve())
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/root") == target:
+                os.kill(int(entry), 9)
+                killed.append(int(entry))
+        except OSError:
+            continue
+    if killed:
+        time.sleep(0.5)
+    return killed
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a pytest run in a root gave: exit code, ``slurm 24.11.5``, stdout+stderr."""
+
+    returncode: int
+    version: str
+    output: str
+
+
+def run_pytest(suite: Suite, args: list[str], timeout_s: float = INNER_TIMEOUT_S,
+               stream: bool = False) -> RunResult:
+    """Run ``python -m pytest ARGS`` of this checkout inside the root of ``suite`` (built),
+    then stop whatever it left running there and unmount. ``stream`` prints as it goes."""
+    from tests.cluster import LOCK_HELD_ENV, acquire_cluster_lock
+
+    # One slurmctld on the machine: hold the test-cluster lock around the whole run, so no
+    # other test run's cluster comes in between (the run's own clusters then take nothing).
+    with acquire_cluster_lock(), mounted(suite) as root:
+        version = slurm_version_in(root)
+        argv = chroot_argv(root, ["/usr/bin/env", f"{INSIDE_ENV}={suite.name}",
+                                  f"{LOCK_HELD_ENV}={os.getpid()}",
+                                  f"HOME={os.environ.get('HOME', '/root')}",
+                                  sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                                  "-q", *args])
+        try:
+            if stream:
+                proc = subprocess.run(argv, timeout=timeout_s, check=False)
+                output = ""
+            else:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                                      check=False)
+                proc, output = done, done.stdout + done.stderr
+            code = proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            code, output = 124, f"timed out after {timeout_s:g} s\n{exc.stdout or ''}"
+        finally:
+            kill_processes_in(root)
+    return RunResult(code, version, output)
+
+
+def slurm_version_in(root: Path) -> str:
+    """``slurmctld -V`` inside ``root``: ``"slurm 24.11.5"``."""
+    out = subprocess.run(["chroot", str(root), "/usr/sbin/slurmctld", "-V"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return out.strip()
+
+
+def main(argv: list[str]) -> int:
+    """``build SUITE|all`` (prints seconds taken), ``version SUITE``, ``run SUITE -- CMD...``,
+    ``test SUITE [PYTEST ARGS]`` (the end-to-end suite in that root)."""
+    if not argv or argv[0] not in ("build", "version", "run", "test"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv[0] == "build":
+        names = [s.short for s in SUITES.values()] if argv[1:] in ([], ["all"]) else argv[1:]
+        for name in names:
+            suite = suite_for(name)
+            cached = is_built(suite)
+            started = time.monotonic()
+            build(suite)
+            print(f"{suite.name}: {'cached' if cached else 'built'} in "
+                  f"{time.monotonic() - started:.0f} s at {root_path(suite)}", flush=True)
+        return 0
+    suite = suite_for(argv[1])
+    if argv[0] == "version":
+        print(slurm_version_in(build(suite)))
+        return 0
+    if argv[0] == "test":
+        build(suite)
+        args = argv[2:] or ["-m", "e2e", "--deselect", "tests/test_slurm_matrix.py"]
+        print(f"running the end-to-end tests on {slurm_version_in(root_path(suite))} "
+              f"({suite.name} root)", flush=True)
+        return run_pytest(suite, args, stream=True).returncode
+    command = argv[argv.index("--") + 1:] if "--" in argv else argv[2:]
+    with mounted(suite) as root:
+        return subprocess.run(chroot_argv(root, command), check=False, timeout=3600).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
