@@ -113,7 +113,9 @@ class FakeSlurm:
         data = {"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "nodes": [
             {"name": n.name, "address": n.addr, "hostname": n.hostname,
              "state": n.base.lower(), "state_flags": sorted(n.flags), "reason": n.reason,
-             "partitions": ["spot"], "boot_time": _epoch(n.boot_time)}
+             "partitions": ["spot"], "boot_time": _epoch(n.boot_time),
+             **({"instance_id": n.instance_id, "instance_type": n.instance_type}
+                if self._at_least(23, 11) else {})}
             for n in self.nodes.values()]}
         warning = "sinfo: warning: plugin said something\n" if self.json_nodes == "warn" else ""
         return warning + json.dumps(data, indent=2)
