@@ -3,13 +3,16 @@
 On an interruption notice for its node it:
 
 1. drains the node with reason ``spot-interruption:<action>@<time>`` (no new jobs land);
-2. sends the preemption signal (default SIGUSR2) to every step of every job on the node
-   (``scancel -s``), so training code checkpoints at its next step boundary;
+2. sends every job on the node the preemption signal that job handles (its own ``--signal``,
+   else what its processes catch, else spot.yaml's; never one its processes would die of:
+   :mod:`slurm_spot.jobs.signal_choice`), so training code checkpoints at its next step
+   boundary; a job with nothing to catch it yet (still in its prolog) is tried again;
 3. waits until those jobs have left the node, or until ``margin_s`` before the deadline;
 4. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
    once (not after SlurmdTimeout) and powers the node down;
-5. clears the ~121 s requeue delay of each of those jobs (``scontrol update jobid=N
-   StartTime=now``).
+5. requeues each of those jobs that ended during the interruption, whatever its exit code
+   (:mod:`slurm_spot.jobs.requeue`), and clears the ~121 s requeue delay of each
+   (``scontrol update jobid=N StartTime=now``).
 
 A rebalance recommendation (AWS) is only logged, or drains the node early when configured.
 """
@@ -29,6 +32,8 @@ from slurm_spot.config import (
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.jobs.requeue import requeue_ended
+from slurm_spot.jobs.signal_choice import JobSignaller
 from slurm_spot.notices.base import Notice, NoticeSource
 from slurm_spot.slurm.client import SlurmClient
 
@@ -99,6 +104,7 @@ class Watcher:
         self.margin_s = margin_s
         self.clock = clock
         self.sleep = sleep
+        self.signaller = JobSignaller(slurm, node, config.preemption.signal, self._event)
 
     def _event(self, action: str, **fields: object) -> None:
         events.emit(self.config.log_dir,
@@ -113,13 +119,12 @@ class Watcher:
         outcome.jobs = jobs
         self._event("notice", reason=reason, job_ids=tuple(jobs),
                     extra={"deadline": notice.deadline.isoformat(), "source": notice.source})
-        signal = self.config.preemption.signal
-        for job in jobs:
-            self._signal(outcome, job, signal)
+        outcome.errors += self.signaller.deliver(jobs)
         act_at = notice.deadline.timestamp() - self.margin_s
         while self.clock() < act_at and jobs:
             self.sleep(max(0.05, min(1.0, act_at - self.clock())))
             jobs = [j for j in self._jobs_here(outcome) if j in outcome.jobs]
+            outcome.errors += self.signaller.deliver(jobs)  # those still in their prolog
         self._try(outcome, lambda: self.slurm.set_state([self.node], "POWER_DOWN_FORCE", reason))
         for job in outcome.jobs:
             if self._expedite(job, outcome):
@@ -128,9 +133,6 @@ class Watcher:
         self._event("requeued" if outcome.requeued else "powered_down", reason=reason,
                     job_ids=tuple(outcome.requeued))
         return outcome
-
-    def _signal(self, outcome: NoticeOutcome, job: int, signal: str) -> None:
-        self._try(outcome, lambda: self.slurm.signal_steps(job, signal))
 
     def _jobs_here(self, outcome: NoticeOutcome) -> list[int]:
         try:
@@ -149,11 +151,24 @@ class Watcher:
                 outcome.errors.append(str(exc))
                 return False
             if not found or found[0].state.is_finished:
-                return False
+                if not self._requeue_ended(job, outcome):
+                    return False
+                continue
             if found[0].state.is_pending:
                 return self._try(outcome, lambda: self.slurm.expedite(job))
             self.sleep(0.5)
         return False
+
+    def _requeue_ended(self, job: int, outcome: NoticeOutcome) -> bool:
+        """Requeue ``job`` if it ended during the interruption (never FAILED by one)."""
+        try:
+            decision = requeue_ended(self.slurm, job)
+        except SlurmCommandError as exc:
+            outcome.errors.append(str(exc))
+            return False
+        self._event("requeue_ended" if decision.requeue else "not_requeued",
+                    job_ids=(job,), reason=decision.why)
+        return decision.requeue
 
     def _try(self, outcome: NoticeOutcome, action: Callable[[], object]) -> bool:
         try:
