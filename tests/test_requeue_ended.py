@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from pathlib import Path
+
 import pytest
 
 from slurm_spot.jobs.requeue import decide, ended_on, requeue_ended, requeue_ended_on
 from slurm_spot.slurm.client import CommandResult, SlurmClient, parse_job_record
+from tests.test_reconcile_rules import NOW, World
 
 # A real line of Slurm 22.05.8 (a batch job killed by SIGUSR2 it did not catch), shortened.
 FAILED_LINE = (
@@ -102,3 +106,30 @@ def test_requeue_ended_on_a_reclaimed_node() -> None:
     decisions, errors = requeue_ended_on(SlurmClient("/usr/bin", runner=ctld), "spot-2", end - 60)
     assert errors == [] and ctld.requeued == ["7"]
     assert [(d.job_id, d.requeue) for d in decisions] == [(7, True), (10, False)]
+
+
+def test_reconciler_requeues_a_job_that_died_before_its_node_was_reclaimed(
+        tmp_path: Path) -> None:
+    """No notice: the job's processes died (exit 143) 20 s before the reconciler found the
+    instance gone; the job is requeued and expedited, not left FAILED. A job that failed
+    long before, and one submitted --no-requeue, are left alone."""
+    world = World(tmp_path)
+    local = (NOW - timedelta(seconds=20)).astimezone().replace(tzinfo=None)
+    old = (NOW - timedelta(hours=1)).astimezone().replace(tzinfo=None)
+    world.slurm.nodes["spot-1"].base = "IDLE"
+    world.slurm.nodes["spot-1"].flags = {"CLOUD"}
+    world.slurm.add_job(7, ["spot-1"], state="FAILED")
+    world.slurm.jobs[7].exit_code, world.slurm.jobs[7].end_time = "143:0", local.isoformat()
+    world.slurm.add_job(8, ["spot-1"], state="FAILED")
+    world.slurm.jobs[8].exit_code, world.slurm.jobs[8].end_time = "1:0", old.isoformat()
+    world.slurm.add_job(9, ["spot-1"], state="FAILED")
+    world.slurm.jobs[9].requeue, world.slurm.jobs[9].end_time = False, local.isoformat()
+    result = world.run()
+    assert result.verdicts.get("reclaimed") == 1, result
+    assert not result.errors
+    job = world.slurm.jobs[7]
+    assert (job.state, job.reason, job.restarts) == ("PENDING", "None", 1)
+    assert (world.slurm.jobs[8].state, world.slurm.jobs[9].state) == ("FAILED", "FAILED")
+    assert [(e["action"], e["job_ids"]) for e in world.events()
+            if e["action"] in ("requeue_ended", "not_requeued")] == [
+        ("requeue_ended", [7]), ("not_requeued", [9])]
