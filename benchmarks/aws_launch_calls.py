@@ -47,7 +47,7 @@ def measure(nodes: int) -> dict[str, Any]:
     from moto import mock_aws
 
     from slurm_spot.config import AwsProviderConfig, parse_config
-    from slurm_spot.providers.aws import AwsProvider
+    from slurm_spot.providers.aws.provider import AwsProvider
     from slurm_spot.providers.base import LaunchRequest
 
     with mock_aws():

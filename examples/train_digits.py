@@ -49,9 +49,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from slurm_spot.checkpoint.checkpointer import Checkpointer, SkipSampler, TrainState
+from slurm_spot.checkpoint.preemption import PreemptionHandler
 from slurm_spot.jobs import jobenv
-from slurm_spot.jobs.checkpoint import Checkpointer, SkipSampler, TrainState
-from slurm_spot.jobs.preemption import PreemptionHandler
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,4 +1,5 @@
-"""The ``slurm-spot`` command line: a click group; each command lives in ``commands/``.
+"""The ``slurm-spot`` command line: a click group; each command lives in ``commands/`` and is
+imported only when it runs (:class:`~slurm_spot.commands.LazyGroup`).
 
 Exit codes: 0 success, 1 an operation failed (provider, Slurm), 2 bad input (a malformed
 hostlist, an unknown node, an invalid config, a usage error). Messages name what is wrong.
@@ -13,12 +14,12 @@ from typing import Any
 import click
 
 from slurm_spot import __version__
-from slurm_spot.commands import register
+from slurm_spot.commands import LazyGroup
 from slurm_spot.commands.common import AppContext, check_config_path
 from slurm_spot.errors import BadInputError, SlurmSpotError
 
 
-class _Group(click.Group):
+class _Group(LazyGroup):
     """Maps slurm-spot errors to exit codes and one-line messages (no tracebacks)."""
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -47,8 +48,6 @@ def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ctx.obj = AppContext(config_path)
 
-
-register(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -82,9 +82,9 @@ class GcpProviderConfig(_Model):
     credentials_file: Path | None = None
 
 
-ProviderConfig = Annotated[
-    LocalProviderConfig | AwsProviderConfig | GcpProviderConfig, Field(discriminator="type")
-]
+#: The settings of one ``providers:`` entry, whichever its type.
+ProviderSettings = LocalProviderConfig | AwsProviderConfig | GcpProviderConfig
+ProviderConfig = Annotated[ProviderSettings, Field(discriminator="type")]
 
 
 class GpuSpec(_Model):
@@ -216,7 +216,7 @@ class ReconcileConfig(_Model):
     metrics_file: Path | None = None
 
 
-def _default_providers() -> dict[str, LocalProviderConfig | AwsProviderConfig | GcpProviderConfig]:
+def _default_providers() -> dict[str, ProviderSettings]:
     return {"local": LocalProviderConfig()}
 
 
@@ -390,6 +390,12 @@ def _describe(exc: ValidationError) -> list[str]:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # providers.<name>.type
+            loc += ".type"
+            known = ", ".join(repr(c.model_fields["type"].default) for c in get_args(ProviderSettings))
+            given = err["input"].get("type") if isinstance(err["input"], dict) else None
+            msg = (f"unknown provider type {given!r}" if given is not None else "missing") + \
+                f"; known types: {known}"
         if err["type"] == "value_error" and not err["loc"]:
             problems.extend(msg.split("; "))
             continue

@@ -8,6 +8,7 @@ calls on an ``O_APPEND`` file, so concurrent writers never interleave within a l
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -20,12 +21,50 @@ EVENTS_FILE = "events.jsonl"
 log = logging.getLogger(__name__)
 
 
+class Action(str, enum.Enum):
+    """Every event name slurm-spot writes (the ``action`` field), and reads back: the
+    reconciler's history and metrics match on these, never on a string written elsewhere.
+    A member compares equal to its value, so events read from the file (plain strings) match.
+    """
+
+    # power hooks (source resume, suspend, resume-fail)
+    LAUNCHED = "launched"
+    LAUNCH_FAILED = "launch_failed"
+    TERMINATED = "terminated"  # also the reconciler (orphans, lost instances)
+    # the watcher on a compute node (source watch)
+    NOTICE = "notice"
+    REQUEUED = "requeued"  # also the reconciler, after a reclaim
+    POWERED_DOWN = "powered_down"  # a notice on a node that ran no job
+    SIGNALLED = "signalled"  # a job got its preemption signal (which, why, to whom)
+    SIGNAL_WITHHELD = "signal_withheld"  # nothing of the job catches one yet
+    REQUEUE_ENDED = "requeue_ended"  # also the reconciler: a job ended during an interruption
+    NOT_REQUEUED = "not_requeued"  # ... and why it was left as it ended
+    REBALANCE = "rebalance_recommendation"
+    # the reconciler (source reconcile), one per verdict of reconcile.rules
+    RECLAIMED = "reclaimed"
+    BOOT_LOST = "boot_lost"
+    RESUME_FAILED = "resume_failed"
+    COOLDOWN = "cooldown"
+    COOLDOWN_END = "cooldown_end"
+    BREAKER = "breaker"
+    UNDRAINED = "undrained"
+    EXPEDITED = "expedited"
+    # job hooks (source epilog)
+    JOB_END = "job_end"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
+
+
 @dataclass(frozen=True)
 class Event:
     """One decision. ``time`` is ISO 8601 UTC; ``source`` is the component (resume, suspend,
     resume-fail, reconcile, watch, preempt)."""
 
-    action: str
+    action: Action
     source: str
     node: str | None = None
     instance: str | None = None
@@ -63,7 +102,7 @@ def emit(log_dir: Path, event: Event) -> None:
 def record(
     log_dir: Path,
     source: str,
-    action: str,
+    action: Action,
     nodes: Sequence[str | None] = (None,),
     **fields: object,
 ) -> None:

@@ -132,7 +132,7 @@ def _resume_node_set(
     result.failed.extend(failures)
     for inst in launched:
         events.emit(config.log_dir, events.Event(
-            "launched", "resume", node=inst.node, instance=inst.instance_id,
+            events.Action.LAUNCHED, "resume", node=inst.node, instance=inst.instance_id,
             extra={"market": inst.market, "type": inst.instance_type, "zone": inst.zone}))
     addresses = {
         i.node: (i.private_ip, i.hostname or i.node)
@@ -162,7 +162,7 @@ def _give_back(config: SpotConfig, node_set: NodeSetConfig, providers: ProviderF
     result.terminated.extend(launched)
     for inst in launched:
         events.emit(config.log_dir, events.Event(
-            "terminated", "resume", node=inst.node, instance=inst.instance_id,
+            events.Action.TERMINATED, "resume", node=inst.node, instance=inst.instance_id,
             reason="Slurm did not accept the node's address"))
 
 
@@ -172,7 +172,7 @@ def mark_launch_failed(
     """DOWN with ``(Code:X)...`` (slurmctld requeues the jobs at once), then POWER_DOWN so the
     node returns to ``idle~`` instead of staying in plain DOWN."""
     nodes = list(failure.nodes)
-    events.record(config.log_dir, "resume", "launch_failed", nodes, reason=failure.reason,
+    events.record(config.log_dir, "resume", events.Action.LAUNCH_FAILED, nodes, reason=failure.reason,
                   extra={"code": failure.code, "class": failure.error_class.value,
                          "pool": failure.pool})
     try:
@@ -211,7 +211,7 @@ def terminate_nodes(
         result.terminated.extend(ended)
         for inst in ended:
             events.emit(config.log_dir, events.Event(
-                "terminated", source, node=inst.node, instance=inst.instance_id))
+                events.Action.TERMINATED, source, node=inst.node, instance=inst.instance_id))
     return result
 
 

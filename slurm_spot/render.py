@@ -17,7 +17,6 @@ import jinja2
 
 from slurm_spot import __version__
 from slurm_spot.config import (
-    AwsProviderConfig,
     LocalProviderConfig,
     NodeSetConfig,
     PartitionConfig,
@@ -74,14 +73,12 @@ def slurm_version(candidates: tuple[list[str], ...] = (
 
 
 def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
-    """Node set ``index`` with CPUs, memory and GPUs filled from its EC2 instance types where
-    the admin left them unset (shipped catalogue; see providers/aws_catalog.py)."""
-    ns = config.node_sets[index]
-    if isinstance(config.providers[ns.provider], AwsProviderConfig):
-        from slurm_spot.providers.aws_catalog import resolve_node_set_shape
+    """Node set ``index`` with what its provider knows filled in where the admin left it unset
+    (an EC2 type's CPUs, memory and GPUs from the shipped catalogue, providers/aws/catalog.py);
+    see :meth:`~slurm_spot.providers.base.ProviderPackage.node_shape`."""
+    from slurm_spot.providers import package_for
 
-        return resolve_node_set_shape(ns, where=f"node_sets.{index}", path=str(config.source_path))
-    return ns
+    return package_for(config, config.node_sets[index].provider).node_shape(config, index)
 
 
 def node_lines(config: SpotConfig) -> list[str]:

@@ -26,15 +26,12 @@ from dataclasses import dataclass, field
 
 from slurm_spot import events
 from slurm_spot.config import (
-    AwsProviderConfig,
-    GcpProviderConfig,
-    LocalProviderConfig,
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.jobs.requeue import requeue_ended
 from slurm_spot.jobs.signal_choice import JobSignaller
-from slurm_spot.notices.base import Notice, NoticeSource
+from slurm_spot.providers.notices import Notice, NoticeSource
 from slurm_spot.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
@@ -49,20 +46,10 @@ def source_for(config: SpotConfig, node: str) -> NoticeSource:
     node_set = config.node_set_of(node)
     if node_set is None:
         raise BadInputError(f"node {node!r} belongs to no node set of {config.source_path}")
+    from slurm_spot.providers import package_for
+
     settings = config.providers[node_set.provider]
-    if isinstance(settings, LocalProviderConfig):
-        from slurm_spot.notices.local import LocalNoticeSource
-
-        path = config.state_dir / "local" / "notices" / f"{node}.json"
-        return LocalNoticeSource(path, settings.notice_poll_s)
-    if isinstance(settings, AwsProviderConfig):
-        from slurm_spot.notices.aws import ImdsNoticeSource
-
-        return ImdsNoticeSource()
-    assert isinstance(settings, GcpProviderConfig)
-    from slurm_spot.notices.gcp import GceMetadataNoticeSource
-
-    return GceMetadataNoticeSource()
+    return package_for(config, node_set.provider).notice_source(config, node, settings)
 
 
 @dataclass
@@ -106,7 +93,7 @@ class Watcher:
         self.sleep = sleep
         self.signaller = JobSignaller(slurm, node, config.preemption.signal, self._event)
 
-    def _event(self, action: str, **fields: object) -> None:
+    def _event(self, action: events.Action, **fields: object) -> None:
         events.emit(self.config.log_dir,
                     events.Event(action, "watch", node=self.node, **fields))  # type: ignore[arg-type]
 
@@ -117,7 +104,7 @@ class Watcher:
         self._try(outcome, lambda: self.slurm.set_state([self.node], "DRAIN", reason))
         jobs = self._jobs_here(outcome)
         outcome.jobs = jobs
-        self._event("notice", reason=reason, job_ids=tuple(jobs),
+        self._event(events.Action.NOTICE, reason=reason, job_ids=tuple(jobs),
                     extra={"deadline": notice.deadline.isoformat(), "source": notice.source})
         outcome.errors += self.signaller.deliver(jobs)
         act_at = notice.deadline.timestamp() - self.margin_s
@@ -130,7 +117,8 @@ class Watcher:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)
         # "requeued" only when a job was: a notice on an idle node just powers it down.
-        self._event("requeued" if outcome.requeued else "powered_down", reason=reason,
+        self._event(events.Action.REQUEUED if outcome.requeued else events.Action.POWERED_DOWN,
+                    reason=reason,
                     job_ids=tuple(outcome.requeued))
         return outcome
 
@@ -166,7 +154,7 @@ class Watcher:
         except SlurmCommandError as exc:
             outcome.errors.append(str(exc))
             return False
-        self._event("requeue_ended" if decision.requeue else "not_requeued",
+        self._event(events.Action.REQUEUE_ENDED if decision.requeue else events.Action.NOT_REQUEUED,
                     job_ids=(job,), reason=decision.why)
         return decision.requeue
 
@@ -200,7 +188,7 @@ class Watcher:
     def _rebalance(self, notice: Notice) -> None:
         node_set = self.config.node_set_of(self.node)
         drain = bool(node_set and node_set.aws and node_set.aws.rebalance_drain)
-        self._event("rebalance_recommendation", reason=notice.reason,
+        self._event(events.Action.REBALANCE, reason=notice.reason,
                     extra={"drained": drain})
         if drain:
             reason = f"spot-interruption:rebalance@{notice.deadline:%Y-%m-%dT%H:%M:%SZ}"

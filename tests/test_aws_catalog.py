@@ -12,7 +12,7 @@ from moto import mock_aws
 
 from slurm_spot.config import NodeSetConfig, parse_config
 from slurm_spot.errors import ConfigError
-from slurm_spot.providers.aws_catalog import (
+from slurm_spot.providers.aws.catalog import (
     NodeShape,
     ShapeResolver,
     UnknownInstanceTypeError,
@@ -22,7 +22,7 @@ from slurm_spot.providers.aws_catalog import (
     resolve_node_set_shape,
     shape_from_api,
 )
-from slurm_spot.providers.aws_checks import check_aws_node_set
+from slurm_spot.providers.aws.checks import check_aws_node_set
 from tests.fakes.ec2 import AWS_ENV, REGION, count_requests
 
 

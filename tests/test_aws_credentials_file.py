@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.config import AwsProviderConfig
-from slurm_spot.providers.aws import boto_session
+from slurm_spot.providers.aws.provider import boto_session
 
 
 @pytest.fixture(autouse=True)

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from slurm_spot.config import load_config
-from slurm_spot.providers.aws import AwsProvider
-from slurm_spot.providers.aws_fleet import TAG_LAUNCH, decode_node
+from slurm_spot.providers.aws.fleet import TAG_LAUNCH, decode_node
+from slurm_spot.providers.aws.provider import AwsProvider
 from slurm_spot.providers.base import TAG_CLUSTER, TAG_MARKET, TAG_NODE_SET
 from tests.cloud_e2e import (
     INSTANCE_FIELDS,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from slurm_spot.providers.aws_errors import (
+from slurm_spot.providers.aws.errors import (
     ERROR_TABLE,
     PRECEDENCE,
     FleetError,

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from slurm_spot.providers.aws_fleet import (
+from slurm_spot.providers.aws.fleet import (
     MAX_FLEET_TARGET,
     TAG_LAUNCH,
     TAG_NODE_MAPPED,

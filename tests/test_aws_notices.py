@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from slurm_spot.config import parse_config
-from slurm_spot.notices.aws import (
+from slurm_spot.providers.aws.notices import (
     ACTION_PATH,
     ImdsClient,
     ImdsError,

@@ -22,8 +22,8 @@ from moto.ec2.models.instances import StateReason
 from slurm_spot.config import AwsProviderConfig
 from slurm_spot.errors import ProviderError
 from slurm_spot.providers import get_provider
-from slurm_spot.providers.aws import AwsProvider
-from slurm_spot.providers.aws_fleet import TAG_LAUNCH, TAG_NODE_MAPPED
+from slurm_spot.providers.aws.fleet import TAG_LAUNCH, TAG_NODE_MAPPED
+from slurm_spot.providers.aws.provider import AwsProvider
 from slurm_spot.providers.base import (
     TAG_CLUSTER,
     TAG_MARKET,
@@ -360,8 +360,8 @@ def test_endpoint_from_config_then_environment(aws, monkeypatch):
 
 
 def test_importing_the_provider_does_not_import_boto3():
-    code = ("import sys, slurm_spot.providers.aws, slurm_spot.providers.aws_checks, "
-            "slurm_spot.providers.aws_catalog, slurm_spot.notices.aws; "
+    code = ("import sys, slurm_spot.providers.aws.provider, slurm_spot.providers.aws.checks, "
+            "slurm_spot.providers.aws.catalog, slurm_spot.providers.aws.notices; "
             "print('boto3' in sys.modules, 'botocore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

@@ -18,14 +18,14 @@ import torch
 import yaml
 from torch import nn
 
-from slurm_spot.jobs import checkpoint_files
-from slurm_spot.jobs.checkpoint import (
+from slurm_spot.checkpoint import files as checkpoint_files
+from slurm_spot.checkpoint.checkpointer import (
     Checkpointer,
     CheckpointError,
     TrainState,
     find_latest_valid,
 )
-from slurm_spot.jobs.checkpoint_files import scan
+from slurm_spot.checkpoint.files import scan
 
 DATA = Path(__file__).parent / "data"
 
@@ -224,7 +224,7 @@ def test_crash_before_commit_keeps_the_last_good_one(
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("slurm_spot.jobs.checkpoint.write_manifest", disk_full)
+    monkeypatch.setattr("slurm_spot.checkpoint.checkpointer.write_manifest", disk_full)
     with pytest.raises(CheckpointError, match="No space left"):
         ckpt.save(_state(20))
     found = find_latest_valid(tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_spot.config import GcpProviderConfig, NodeSetConfig
-from slurm_spot.providers.gcp_checks import check_gcp_node_set
+from slurm_spot.providers.gcp.checks import check_gcp_node_set
 
 PROVIDER = GcpProviderConfig(project="p", region="us-central1")
 GOOD = {"name": "gpu", "provider": "gcp", "count": 8,

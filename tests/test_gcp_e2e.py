@@ -19,7 +19,7 @@ import pytest
 
 from slurm_spot.config import load_config
 from slurm_spot.providers.base import TAG_CLUSTER, TAG_MARKET, TAG_NODE_SET
-from slurm_spot.providers.gcp import GcpProvider
+from slurm_spot.providers.gcp.provider import GcpProvider
 from tests.cloud_e2e import (
     INSTANCE_FIELDS,
     cancel_all,

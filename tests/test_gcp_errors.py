@@ -10,13 +10,13 @@ import yaml
 
 from slurm_spot import power
 from slurm_spot.providers.base import ErrorClass, LaunchRequest
-from slurm_spot.providers.gcp import GcpProvider
-from slurm_spot.providers.gcp_errors import (
+from slurm_spot.providers.gcp.errors import (
     GceError,
     classify_gcp,
     errors_from_resource,
     most_specific,
 )
+from slurm_spot.providers.gcp.provider import GcpProvider
 from slurm_spot.slurm.client import CommandResult, SlurmClient
 from tests.fakes.gce_api import FakeCompute, gcp_config
 

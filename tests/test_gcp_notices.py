@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm_spot.notices.gcp import GceMetadataNoticeSource
+from slurm_spot.providers.gcp.notices import GceMetadataNoticeSource
 from tests.fakes.gce_metadata import FakeMetadata
 
 ROWS = yaml.safe_load(

@@ -13,7 +13,6 @@ import pytest
 from slurm_spot import power
 from slurm_spot.config import GcpProviderConfig, NodeSetConfig
 from slurm_spot.errors import ProviderError
-from slurm_spot.providers import gcp_api
 from slurm_spot.providers.base import (
     TAG_CLUSTER,
     TAG_MARKET,
@@ -23,8 +22,9 @@ from slurm_spot.providers.base import (
     InstanceState,
     LaunchRequest,
 )
-from slurm_spot.providers.gcp import GcpProvider
-from slurm_spot.providers.gcp_requests import (
+from slurm_spot.providers.gcp import api as gcp_api
+from slurm_spot.providers.gcp.provider import GcpProvider
+from slurm_spot.providers.gcp.requests import (
     Attempt,
     bulk_insert_body,
     instance_from_resource,

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from slurm_spot.jobs.preemption import (
+from slurm_spot.checkpoint.preemption import (
     PreemptionHandler,
     PreemptionSignalMismatch,
     ignore_signals_in_worker,

@@ -15,11 +15,11 @@ from slurm_spot.commands.common import AppContext
 from slurm_spot.config import load_config
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.events import EVENTS_FILE
-from slurm_spot.metrics import ReconcileMetrics
 from slurm_spot.providers.base import InstanceState
-from slurm_spot.reconcile_history import build_history, read_tail
-from slurm_spot.reconcile_loop import AlreadyRunning, ConfigSource, Loop, single_instance
-from slurm_spot.reconcile_rules import Settings
+from slurm_spot.reconcile.history import build_history, read_tail
+from slurm_spot.reconcile.loop import AlreadyRunning, ConfigSource, Loop, single_instance
+from slurm_spot.reconcile.metrics import ReconcileMetrics
+from slurm_spot.reconcile.rules import Settings
 from tests.fakes.fake_provider import FakeProvider
 from tests.fakes.fake_slurm import FakeSlurm
 from tests.test_reconcile_rules import NOW, World
@@ -143,7 +143,7 @@ def test_loop_survives_a_failing_pass_and_rebuilds_after_a_reload(tmp_path: Path
             if Flaky.calls == 2:
                 raise KeyError("a bug")
             write_config(tmp_path, reconcile={"interval_s": 0.02})
-            from slurm_spot.reconcile import PassResult
+            from slurm_spot.reconcile.reconciler import PassResult
 
             return PassResult(NOW)
 

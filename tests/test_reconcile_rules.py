@@ -13,9 +13,9 @@ import yaml
 from slurm_spot.config import SpotConfig
 from slurm_spot.events import Event, emit, read_events
 from slurm_spot.providers.base import InstanceState
-from slurm_spot.reasons import cooldown_reason, is_clearable, parse_cooldown, short_state
-from slurm_spot.reconcile import PassResult, Reconciler
-from slurm_spot.reconcile_rules import History, Settings, Verdict, classify_node
+from slurm_spot.reconcile.reasons import cooldown_reason, is_clearable, parse_cooldown, short_state
+from slurm_spot.reconcile.reconciler import PassResult, Reconciler
+from slurm_spot.reconcile.rules import History, Settings, Verdict, classify_node
 from slurm_spot.slurm.client import Node
 from slurm_spot.slurm.states import parse_node_state
 from tests.fakes.fake_provider import FakeProvider
@@ -462,3 +462,11 @@ def test_cooldown_reason_round_trips() -> None:
     assert reason == f"(Code:InsufficientInstanceCapacity)Temporarily disabled until {STAMP}"
     assert parse_cooldown(reason) == ("InsufficientInstanceCapacity", NOW)
     assert parse_cooldown("(Code:X)no capacity") is None
+
+
+def test_rule_settings_default_to_the_config_models_defaults() -> None:
+    """A default changed in spot.yaml's model reaches the rules with no second copy."""
+    from slurm_spot.config import default_local_config
+    from slurm_spot.reconcile.reconciler import settings_of
+
+    assert Settings() == settings_of(default_local_config())

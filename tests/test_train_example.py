@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from slurm_spot.jobs.checkpoint_files import find_latest_valid
+from slurm_spot.checkpoint.files import find_latest_valid
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
 STEPS = 60

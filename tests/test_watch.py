@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
 from slurm_spot.events import read_events
-from slurm_spot.notices.local import LocalNoticeSource
+from slurm_spot.providers.local.notices import LocalNoticeSource
 from slurm_spot.slurm.client import CommandResult, SlurmClient
 from slurm_spot.watch import Watcher, source_for
 

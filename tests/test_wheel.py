@@ -22,4 +22,4 @@ def test_wheel_ships_templates_hooks_and_the_demo_script(tmp_path: Path) -> None
     for hook in (ROOT / "resume_scripts").iterdir():
         assert any(n.endswith(f".data/scripts/{hook.name}") for n in names), hook.name
     assert "slurm_spot/examples/train_digits.py" in names
-    assert "slurm_spot/data/aws_instance_types.yaml" in names
+    assert "slurm_spot/providers/aws/instance_types.yaml" in names

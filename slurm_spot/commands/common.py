@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.console import Console
 
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.slurm.client import SlurmClient
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -90,5 +92,7 @@ def print_json(data: object) -> None:
 def console() -> Console:
     """A rich console for tables: the terminal's width on a terminal; piped or redirected
     (``slurm-spot status | grep gpu``), wide enough that no column is cut or wrapped."""
+    from rich.console import Console  # here: only table output needs rich
+
     terminal = Console()
     return terminal if terminal.is_terminal else Console(width=1000)

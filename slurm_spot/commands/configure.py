@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from slurm_spot.checks import check_config
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.errors import BadInputError, ConfigError
+from slurm_spot.providers import check_config
 from slurm_spot.render import render, slurm_version, write_rendered
 
 

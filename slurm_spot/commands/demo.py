@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from slurm_spot.commands.common import json_option, print_json
-from slurm_spot.demo import EXAMPLE, Demo, DemoSettings, summary_lines
 from slurm_spot.errors import BadInputError
+from slurm_spot.localcluster.demo import EXAMPLE, Demo, DemoSettings, summary_lines
 
 
 @click.command("demo")

@@ -1,4 +1,5 @@
-"""``slurm-spot prolog|task-prolog|epilog``: run by slurmd with the job's environment."""
+"""``slurm-spot prolog|task-prolog|epilog``: run by slurmd with the job's environment (the
+work is in :func:`slurm_spot.hooks.job_hook_lines`, shared with the light hook executables)."""
 
 from __future__ import annotations
 
@@ -7,23 +8,22 @@ import os
 import click
 
 from slurm_spot.commands.common import AppContext, pass_app
-from slurm_spot.errors import SlurmSpotError
-from slurm_spot.jobs import prolog as job_prolog
+from slurm_spot.hooks import job_hook_lines
 
 
 @click.command("prolog")
 @pass_app
 def prolog_command(app: AppContext) -> None:
     """Prolog: create the job's checkpoint directory (as root, no symlinks followed)."""
-    path = job_prolog.prepare_checkpoint_dir(app.config, os.environ)
-    click.echo(f"checkpoint directory {path}")
+    for line in job_hook_lines("prolog", app.config, os.environ):
+        click.echo(line)
 
 
 @click.command("task-prolog")
 @pass_app
 def task_prolog_command(app: AppContext) -> None:
     """TaskProlog: print the 'export NAME=value' lines slurmd adds to each task."""
-    for line in job_prolog.task_prolog_lines(app.config, os.environ):
+    for line in job_hook_lines("task-prolog", app.config, os.environ):
         click.echo(line)
 
 
@@ -32,10 +32,7 @@ def task_prolog_command(app: AppContext) -> None:
 def epilog_command(app: AppContext) -> None:
     """Epilog: record the job's end on this node (checkpoints are kept). Always exits 0: a
     failing Epilog drains the node."""
-    try:
-        job_prolog.epilog(app.config, os.environ)
-    except SlurmSpotError as exc:
-        click.echo(f"slurm-spot epilog: {exc}", err=True)
+    job_hook_lines("epilog", app.config, os.environ)
 
 
 COMMANDS = [prolog_command, task_prolog_command, epilog_command]

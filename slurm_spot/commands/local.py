@@ -8,12 +8,12 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from slurm_spot import localcluster
 from slurm_spot.commands.common import AppContext, console, json_option, pass_app, print_json
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError
+from slurm_spot.localcluster import cluster as localcluster
 from slurm_spot.providers.base import LaunchRequest
-from slurm_spot.providers.local import LocalProvider, provider_for_node
+from slurm_spot.providers.local.provider import LocalProvider, provider_for_node
 
 
 def _default_conf_dir() -> Path:

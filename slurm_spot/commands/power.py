@@ -9,51 +9,16 @@ process group at ResumeTimeout) and logs to ``<log_dir>/hooks.log``.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import sys
-import time
 from collections.abc import Callable
 
 import click
 
 from slurm_spot import power
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.config import SpotConfig
+from slurm_spot.hooks import run_detached
 from slurm_spot.hostlist import expand
 
 log = logging.getLogger("slurm_spot.hooks")
-
-
-def _detach(config: SpotConfig, name: str) -> bool:
-    """Fork a detached worker. True in the worker, False in the parent (which should exit)."""
-    config.log_dir.mkdir(parents=True, exist_ok=True)
-    if os.fork() > 0:
-        return False
-    os.setsid()
-    if os.fork() > 0:
-        os._exit(0)
-    log_fd = os.open(config.log_dir / "hooks.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    null_fd = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null_fd, 0)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    logging.basicConfig(level=logging.INFO, force=True, stream=sys.stderr,
-                        format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(message)s")
-    return True
-
-
-def _keep_resume_file(config: SpotConfig) -> None:
-    """Copy ``SLURM_RESUME_FILE`` (JSON of the jobs behind a resume) before it disappears."""
-    source = os.environ.get("SLURM_RESUME_FILE")
-    if not source:
-        return
-    target = config.log_dir / "resume-files" / f"resume-{time.time():.3f}-{os.getpid()}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        shutil.copyfile(source, target)
-    except OSError as exc:
-        log.warning("could not copy SLURM_RESUME_FILE %s: %s", source, exc)
 
 
 def _run_hook(
@@ -61,24 +26,15 @@ def _run_hook(
     action: Callable[[], power.PowerResult],
 ) -> None:
     config = app.config
-    power.group_by_node_set(config, hostlist)  # validate before detaching: exit 2 on bad input
     if detach:
-        if name == "resume":
-            _keep_resume_file(config)
-        if not _detach(config, name):
-            return
-        log.info("%s %s", name, hostlist)
+        run_detached(config, name, hostlist, action)
+        return
+    power.group_by_node_set(config, hostlist)  # validate first: exit 2 on bad input
     result = action()
     for failure in result.failed:
         log.warning("%s: %s", ",".join(failure.nodes), failure.reason)
     for error in result.errors:
         log.error("%s", error)
-    if detach:
-        log.info("%s %s done: %d launched, %d terminated, %d failed", name, hostlist,
-                 len(result.launched), len(result.terminated), len(result.failed))
-        logging.shutdown()  # os._exit skips flushing: without this hooks.log stays empty
-        sys.stderr.flush()
-        os._exit(0)
     if as_json:
         print_json(result.to_json())
     else:

@@ -12,13 +12,13 @@ import click
 from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.config import SpotConfig
-from slurm_spot.metrics import ReconcileMetrics
 from slurm_spot.providers import get_provider
-from slurm_spot.reconcile import PassResult, Reconciler
-from slurm_spot.reconcile_loop import ConfigSource, Loop, single_instance, summarize
+from slurm_spot.reconcile.loop import ConfigSource, Loop, single_instance, summarize
+from slurm_spot.reconcile.metrics import ReconcileMetrics
+from slurm_spot.reconcile.reconciler import PassResult, Reconciler
 from slurm_spot.slurm.client import SlurmClient
 
-log = logging.getLogger("slurm_spot.reconcile")
+log = logging.getLogger("slurm_spot.reconcile.reconciler")
 UNIT_TEMPLATE = "slurm-spot-reconcile.service.j2"
 
 

@@ -14,8 +14,8 @@ from slurm_spot.config import SpotConfig
 from slurm_spot.power import ProviderFactory
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
-from slurm_spot.reasons import short_state
-from slurm_spot.reconcile_rules import pick_kept
+from slurm_spot.reconcile.reasons import short_state
+from slurm_spot.reconcile.rules import pick_kept
 from slurm_spot.slurm.client import Node, SlurmClient
 
 COLUMNS = ("node", "state", "instance", "market", "type", "zone", "uptime", "job", "reason")

@@ -169,6 +169,6 @@ def epilog(config: SpotConfig, env: Mapping[str, str]) -> None:
     except BadInputError:
         restarts = env.get("SLURM_RESTART_COUNT", "")
     events.emit(config.log_dir, events.Event(
-        "job_end", "epilog", node=env.get("SLURMD_NODENAME"),
+        events.Action.JOB_END, "epilog", node=env.get("SLURMD_NODENAME"),
         job_ids=(int(job),) if job.isascii() and job.isdigit() else (),
         extra={"restarts": restarts}))

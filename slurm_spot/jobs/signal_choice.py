@@ -47,6 +47,7 @@ from pathlib import Path
 
 from slurm_spot.config import SIGNAL_NAMES
 from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.events import Action
 from slurm_spot.jobs.jobenv import JobEnvError, SignalSpec, parse_signal
 from slurm_spot.jobs.sbatch import option_values, read_directives
 from slurm_spot.slurm.client import SlurmClient
@@ -283,7 +284,7 @@ class JobSignaller:
         self.plans[job] = plan
         if not plan.delivers:
             if previous is None:
-                self.emit("signal_withheld", job_ids=(job,), reason=plan.why,
+                self.emit(Action.SIGNAL_WITHHELD, job_ids=(job,), reason=plan.why,
                           extra={"signal": plan.signal, "spared": list(plan.spared)})
             return
         assert plan.signal is not None
@@ -296,7 +297,7 @@ class JobSignaller:
                 self.kill(pid, number)
             except OSError as exc:
                 failed.append(f"pid {pid}: {exc.strerror}")
-        self.emit("signalled", job_ids=(job,), reason=plan.why,
+        self.emit(Action.SIGNALLED, job_ids=(job,), reason=plan.why,
                   extra={"signal": plan.signal, "steps": list(plan.steps),
                          "pids": list(plan.pids), "spared": list(plan.spared),
                          "kill_failed": failed})

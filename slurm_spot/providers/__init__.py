@@ -1,31 +1,87 @@
-"""Cloud providers. :func:`get_provider` builds one by name from the configuration, importing
-a cloud library only when a node set of that provider is involved (``import boto3`` costs
-~0.4 s, ``google.cloud.compute_v1`` ~1.7 s in a short-lived hook)."""
+"""Cloud providers, behind a registry keyed by the ``type`` of a ``providers:`` entry.
+
+Each type is a package (``providers/<type>/``) whose ``__init__`` implements
+:class:`~slurm_spot.providers.base.ProviderPackage`: it builds the provider, checks a node set,
+resolves a node set's shape, makes the interruption-notice source and lists the error codes
+that mean "no capacity". Those functions import the provider's modules (and its cloud
+library) only when called, so a hook or a check that involves only ``local`` node sets never
+imports boto3 (~0.4 s) or ``google.cloud.compute_v1`` (~1.7 s).
+
+Adding a provider type: a package under ``providers/``, one line in :data:`PROVIDER_TYPES`,
+and its config models in :mod:`slurm_spot.config`. An unknown type is a configuration error
+that names the field, never a fallback to another provider.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import cast
+
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import ConfigError
-from slurm_spot.providers.base import Provider
+from slurm_spot.providers.base import Provider, ProviderPackage
+
+#: provider type (``providers.<name>.type`` in spot.yaml) -> package implementing it.
+PROVIDER_TYPES: dict[str, str] = {
+    "local": "slurm_spot.providers.local",
+    "aws": "slurm_spot.providers.aws",
+    "gcp": "slurm_spot.providers.gcp",
+}
+
+
+def package_for_type(provider_type: str, where: str = "providers.<name>.type",
+                     path: str = "<config>") -> ProviderPackage:
+    """The package of provider type ``provider_type``.
+
+    Raises:
+        ConfigError: no such type; the message names ``where`` (the field) and the known types.
+    """
+    module = PROVIDER_TYPES.get(provider_type)
+    if module is None:
+        raise ConfigError(path, [f"{where}: unknown provider type {provider_type!r}; "
+                                 f"known types: {', '.join(sorted(PROVIDER_TYPES))}"])
+    return cast(ProviderPackage, importlib.import_module(module))
+
+
+def package_for(config: SpotConfig, name: str) -> ProviderPackage:
+    """The package of the provider called ``name`` under ``providers:`` in the config.
+
+    Raises:
+        ConfigError: no such provider, or a type with no package.
+    """
+    settings = config.providers.get(name)
+    path = str(config.source_path)
+    if settings is None:
+        raise ConfigError(path, [f"providers.{name}: not defined"])
+    return package_for_type(settings.type, f"providers.{name}.type", path)
 
 
 def get_provider(config: SpotConfig, name: str) -> Provider:
     """The provider called ``name`` under ``providers:`` in the config.
 
     Raises:
-        ConfigError: no such provider.
+        ConfigError: no such provider, or an unknown provider type.
     """
-    settings = config.providers.get(name)
-    if settings is None:
-        raise ConfigError("<config>", [f"providers.{name}: not defined"])
-    if settings.type == "local":
-        from slurm_spot.providers.local import LocalProvider
+    return package_for(config, name).make_provider(config, name, config.providers[name])
 
-        return LocalProvider(config, name, settings)
-    if settings.type == "aws":
-        from slurm_spot.providers.aws import AwsProvider
 
-        return AwsProvider(config, name, settings)
-    from slurm_spot.providers.gcp import GcpProvider
+def check_config(config: SpotConfig) -> list[str]:
+    """Problems the schema cannot see, from each node set's provider (empty list: fine).
+    Each problem is one line naming the field (``node_sets.0.aws.subnets``) and the reason.
 
-    return GcpProvider(config, name, settings)
+    Raises:
+        ConfigError: a node set's provider has an unknown type.
+    """
+    problems: list[str] = []
+    for index, ns in enumerate(config.node_sets):
+        problems.extend(package_for(config, ns.provider).check_node_set(config, index))
+    return problems
+
+
+def capacity_codes() -> frozenset[str]:
+    """Every registered provider's codes that mean "no capacity in this pool now",
+    normalized (:func:`~slurm_spot.providers.base.normalize_code`); from their error tables."""
+    codes: set[str] = set()
+    for provider_type in PROVIDER_TYPES:
+        codes.update(package_for_type(provider_type).capacity_codes())
+    return frozenset(codes)

@@ -12,9 +12,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
-from slurm_spot.config import NodeSetConfig
+from slurm_spot.config import NodeSetConfig, ProviderSettings, SpotConfig
+from slurm_spot.errors import ConfigError
+from slurm_spot.providers.notices import NoticeSource
 
 # Tag / label keys every provider writes on its instances (label-safe: lowercase, dashes).
 TAG_CLUSTER = "slurm-spot-cluster"
@@ -202,3 +204,55 @@ class Provider(Protocol):
         """Every instance of this cluster (by cluster tag), alive or recently ended, in one
         paginated listing."""
         ...
+
+
+class ProviderPackage(Protocol):
+    """What the package of one provider type (``providers/<type>/__init__.py``) offers the
+    rest of slurm-spot; the registry in :mod:`slurm_spot.providers` finds it by type. Each
+    function imports the provider's modules (and cloud library) only when called."""
+
+    def make_provider(self, config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
+        """The provider called ``name``, whose settings are ``settings``.
+
+        Raises:
+            ConfigError: ``settings`` are not of this type.
+        """
+        ...
+
+    def check_node_set(self, config: SpotConfig, index: int) -> list[str]:
+        """Problems of ``config.node_sets[index]`` the schema cannot see, each one line
+        naming its field (``node_sets.0.aws.subnets``); empty when fine."""
+        ...
+
+    def node_shape(self, config: SpotConfig, index: int) -> NodeSetConfig:
+        """``config.node_sets[index]`` with what the provider knows filled in (an EC2 type's
+        CPUs, memory and GPUs); the node set itself when there is nothing to add.
+
+        Raises:
+            ConfigError: the shape cannot be known (an instance type missing from the catalogue).
+        """
+        ...
+
+    def notice_source(self, config: SpotConfig, node: str, settings: ProviderSettings) -> NoticeSource:
+        """The interruption-notice source ``slurm-spot watch`` polls on ``node``."""
+        ...
+
+    def capacity_codes(self) -> frozenset[str]:
+        """This provider's error codes that mean "no capacity in this pool now", normalized
+        with :func:`normalize_code` (from its error table)."""
+        ...
+
+
+_S = TypeVar("_S")
+
+
+def expect_settings(settings: ProviderSettings, kind: type[_S], name: str = "<name>") -> _S:
+    """``settings`` as the settings class ``kind`` of a provider type.
+
+    Raises:
+        ConfigError: ``settings`` are of another provider type (``providers.<name>.type``).
+    """
+    if not isinstance(settings, kind):
+        raise ConfigError("<config>", [f"providers.{name}.type: {settings.type!r} is not the "
+                                       f"type of {kind.__name__}"])
+    return settings

@@ -13,8 +13,8 @@ import pytest
 from moto import mock_aws
 
 from slurm_spot.config import SpotConfig, parse_config
-from slurm_spot.providers.aws import AwsProvider
-from slurm_spot.providers.aws_fleet import decode_node
+from slurm_spot.providers.aws.fleet import decode_node
+from slurm_spot.providers.aws.provider import AwsProvider
 from slurm_spot.providers.base import LaunchRequest, LaunchResult
 from tests.fakes.ec2 import AWS_ENV, REGION, FleetMarket, World, count_requests, make_world
 

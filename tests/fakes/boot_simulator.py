@@ -11,7 +11,7 @@ request) and until the resume hook has recorded the instance's address in Slurm,
         -> slurmd -D -N <node> -f <slurm.conf>
 
 with the instance's hostname (what the resume hook recorded as NodeHostName), as
-``slurm_spot.providers.local_boot`` does for the local provider. When the instance is no
+``slurm_spot.providers.local.boot`` does for the local provider. When the instance is no
 longer alive (suspend, a reclaim), the slurmd and everything below it get SIGKILL, as a real
 instance vanishes.
 

@@ -30,7 +30,7 @@ import boto3
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 from botocore.parsers import create_parser
 
-from slurm_spot.providers.aws_catalog import catalogue
+from slurm_spot.providers.aws.catalog import catalogue
 
 REGION = "us-east-1"
 ZONES = ("us-east-1a", "us-east-1b")

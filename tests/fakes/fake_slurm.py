@@ -2,7 +2,7 @@
 
 It parses the argv the client builds (``scontrol -o show node``, ``scontrol update``,
 ``squeue --json`` ...) and keeps node and job state the way Slurm 22.05.8 was observed to
-(see slurm_spot/reconcile_rules.py for the transitions), so tests assert on the resulting
+(see slurm_spot/reconcile/rules.py for the transitions), so tests assert on the resulting
 states instead of on calls.
 """
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from slurm_spot.notices.base import Notice
+from slurm_spot.providers.notices import Notice
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class ImdsClient:
 
 
 class ImdsNoticeSource:
-    """:class:`~slurm_spot.notices.base.NoticeSource` for EC2 spot instances.
+    """:class:`~slurm_spot.providers.notices.NoticeSource` for EC2 spot instances.
 
     :meth:`poll` returns the interruption notice while one is published (every poll, until the
     instance goes; the watcher acts once), else a ``kind="rebalance"`` notice while a rebalance

@@ -1,6 +1,6 @@
 """The ``aws`` provider: EC2 spot (fallback on-demand) instances launched with EC2 Fleet.
 
-- Launch: :class:`~slurm_spot.providers.aws_launch.FleetLauncher` (one CreateFleet of type
+- Launch: :class:`~slurm_spot.providers.aws.launch.FleetLauncher` (one CreateFleet of type
   ``instant`` per node set and batch, error classes as data, node mapping by tags).
 - State of record: tags on the instances (cluster, node set, market, launch, node mapping);
   every listing is one paginated DescribeInstances filtered by the cluster tag.
@@ -29,9 +29,9 @@ from typing import Any
 
 from slurm_spot.config import AwsProviderConfig, SpotConfig
 from slurm_spot.errors import ProviderError
-from slurm_spot.providers.aws_errors import FleetError, error_kind, fleet_errors, from_client_error
-from slurm_spot.providers.aws_fleet import TAG_LAUNCH, fleet_instance_ids, instance_from_ec2
-from slurm_spot.providers.aws_launch import Attempt, FleetLauncher
+from slurm_spot.providers.aws.errors import FleetError, error_kind, fleet_errors, from_client_error
+from slurm_spot.providers.aws.fleet import TAG_LAUNCH, fleet_instance_ids, instance_from_ec2
+from slurm_spot.providers.aws.launch import Attempt, FleetLauncher
 from slurm_spot.providers.base import (
     TAG_CLUSTER,
     TAG_NODE_SET,
@@ -124,7 +124,7 @@ class AwsProvider:
     def launch(self, request: LaunchRequest) -> LaunchResult:
         """Start an instance for each node of ``request`` that has no alive one.
 
-        See :mod:`slurm_spot.providers.aws_launch` for the steps and the error handling.
+        See :mod:`slurm_spot.providers.aws.launch` for the steps and the error handling.
 
         Raises:
             ProviderError: the lookup before launching failed (endpoint, credentials), or

@@ -28,8 +28,8 @@ from urllib.parse import urlparse
 
 from slurm_spot.config import GcpProviderConfig
 from slurm_spot.errors import ProviderError
-from slurm_spot.providers.gcp_errors import GceError, errors_from_resource, most_specific
-from slurm_spot.providers.gcp_requests import parse_timestamp, short_name
+from slurm_spot.providers.gcp.errors import GceError, errors_from_resource, most_specific
+from slurm_spot.providers.gcp.requests import parse_timestamp, short_name
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")

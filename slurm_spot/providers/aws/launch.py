@@ -1,7 +1,7 @@
 """One launch of one node set on EC2: the CreateFleet rounds, error handling, node mapping.
 
 :class:`FleetLauncher` decides; an :class:`Ec2Ops` (implemented by
-:class:`~slurm_spot.providers.aws.AwsProvider`) does the I/O. The steps (EC2 API reference:
+:class:`~slurm_spot.providers.aws.provider.AwsProvider`) does the I/O. The steps (EC2 API reference:
 DescribeInstances, CreateFleet, CreateTags):
 
 1. one DescribeInstances by cluster + node-set tag: nodes that already have an alive instance
@@ -9,7 +9,7 @@ DescribeInstances, CreateFleet, CreateTags):
    unfinished launch whose token we are about to use are adopted instead of launching again;
 2. CreateFleet (instant) for all missing nodes at once (<= 1000 per call), over every
    instance type x subnet, in the node set's market. What comes back is handled by error class
-   (:mod:`slurm_spot.providers.aws_errors`):
+   (:mod:`slurm_spot.providers.aws.errors`):
 
    - capacity: the failed pools are dropped and the others tried again (at most ``max_rounds``
      calls per market), then the fallback market (``fallback: on-demand``);
@@ -22,7 +22,7 @@ DescribeInstances, CreateFleet, CreateTags):
 
 3. DescribeInstances by launch tag (private IP and DNS name for Slurm; one call for up to 1000
    instances, where a lookup by id would page), then the node-mapping tags
-   (:func:`~slurm_spot.providers.aws_fleet.node_mapping_calls`). Instances that cannot be
+   (:func:`~slurm_spot.providers.aws.fleet.node_mapping_calls`). Instances that cannot be
    mapped are terminated at once and their nodes fail.
 
 botocore retries nothing on CreateFleet (``total_max_attempts=1``): InsufficientInstanceCapacity
@@ -44,8 +44,8 @@ import tenacity
 
 from slurm_spot.config import AwsNodeSetOptions
 from slurm_spot.errors import ProviderError
-from slurm_spot.providers.aws_errors import FleetError, decisive, error_kind
-from slurm_spot.providers.aws_fleet import (
+from slurm_spot.providers.aws.errors import FleetError, decisive, error_kind
+from slurm_spot.providers.aws.fleet import (
     MAX_FLEET_TARGET,
     TAG_LAUNCH,
     FleetSpec,
@@ -76,7 +76,7 @@ Attempt = tuple[list[Launched], list[FleetError]]
 
 
 class Ec2Ops(Protocol):
-    """The I/O a launch needs; :class:`~slurm_spot.providers.aws.AwsProvider` implements it
+    """The I/O a launch needs; :class:`~slurm_spot.providers.aws.provider.AwsProvider` implements it
     (see its methods of the same names for what each does and raises)."""
 
     api_calls: int

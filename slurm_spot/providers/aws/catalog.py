@@ -75,7 +75,7 @@ def catalogue() -> Mapping[str, NodeShape]:
     Raises:
         ValueError: the data file is malformed (a packaging bug).
     """
-    text = resources.files("slurm_spot.data").joinpath("aws_instance_types.yaml").read_text()
+    text = resources.files("slurm_spot.providers.aws").joinpath("instance_types.yaml").read_text()
     data = yaml.safe_load(text) or {}
     shapes = {}
     for name, row in data.items():
@@ -159,7 +159,7 @@ class ShapeResolver:
 
     def _ec2(self) -> Any:
         if self._client is None and self._settings is not None:
-            from slurm_spot.providers.aws import boto_session
+            from slurm_spot.providers.aws.provider import boto_session
 
             session = boto_session(self._settings)
             self._client = session.client(

@@ -176,7 +176,7 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
 def _start_reconciler(config: SpotConfig, paths: LocalClusterPaths) -> int | None:
     """Run ``slurm-spot reconcile`` in the background, as the controller's unit would."""
     try:
-        import slurm_spot.reconcile  # noqa: F401 - present once the reconciler is installed
+        import slurm_spot.reconcile.reconciler  # noqa: F401 - present once the reconciler is installed
     except ImportError:
         return None
     log = open(config.log_dir / "reconcile.log", "ab")
@@ -227,7 +227,7 @@ def _stop(pid: object, timeout_s: float = 10) -> None:
 def down(config: SpotConfig) -> list[str]:
     """Stop every instance, the reconciler, slurmctld and (if ``up`` started it) munged.
     Returns what was stopped, one line each."""
-    from slurm_spot.providers.local import LocalProvider
+    from slurm_spot.providers.local.provider import LocalProvider
 
     stopped = []
     paths = LocalClusterPaths(Path("/nonexistent"), config.state_dir)
@@ -272,7 +272,7 @@ def _kill_leftovers(config: SpotConfig) -> None:
 
 def status(config: SpotConfig) -> dict[str, object]:
     """What runs: the record of ``up``, liveness of each daemon, and the instances."""
-    from slurm_spot.providers.local import LocalProvider
+    from slurm_spot.providers.local.provider import LocalProvider
 
     record = _read_record(LocalClusterPaths(Path("/nonexistent"), config.state_dir))
     instances = []

@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from slurm_spot.notices.base import Notice
+from slurm_spot.providers.notices import Notice
 
 
 class LocalNoticeSource:

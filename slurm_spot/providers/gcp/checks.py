@@ -17,7 +17,7 @@ Rules, each from the Compute Engine documentation:
 from __future__ import annotations
 
 from slurm_spot.config import GcpProviderConfig, NodeSetConfig
-from slurm_spot.providers.gcp_requests import (
+from slurm_spot.providers.gcp.requests import (
     MAX_NAME_LEN,
     instance_name,
     is_valid_instance_name,

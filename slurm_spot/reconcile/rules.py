@@ -4,7 +4,7 @@ instances tagged with its name in, one :class:`NodeDecision` out. No I/O, no clo
 Instances: an alive instance behind a powered-down node is an orphan once older than
 ``orphan_grace_s`` (younger ones may still be booting); behind a ``down~`` node it is a leftover
 and goes at once. Of several alive instances for one up node, :func:`pick_kept` keeps the one
-Slurm knows. The transitions that carry out each verdict are in :mod:`slurm_spot.reconcile`.
+Slurm knows. The transitions that carry out each verdict are in :mod:`slurm_spot.reconcile.reconciler`.
 
 Reasons: only reasons slurm-spot wrote (``spot-interruption:``, ``(Code:``, ``slurm-spot:``)
 and slurmctld's own power-saving reasons (``ResumeTimeout reached``, ``Not responding``) are
@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from slurm_spot.config import PowerConfig, ReconcileConfig
 from slurm_spot.providers.base import Instance, normalize_code
-from slurm_spot.reasons import (
+from slurm_spot.reconcile.reasons import (
     BREAKER_PREFIX,
     cooldown_reason,
     is_clearable,
@@ -50,20 +51,25 @@ class Verdict(str, enum.Enum):
     UNDRAIN = "undrain"  # powered down but still drained with one of our reasons
 
 
+_RECONCILE, _POWER = ReconcileConfig(), PowerConfig()
+
+
 @dataclass(frozen=True)
 class Settings:
-    """The knobs of the rules, in seconds (from ``reconcile:`` and ``power:`` of spot.yaml)."""
+    """The knobs of the rules, in seconds (from ``reconcile:`` and ``power:`` of spot.yaml;
+    :func:`~slurm_spot.reconcile.reconciler.settings_of`). The defaults are the config
+    model's, read from it, never written twice."""
 
-    orphan_grace_s: float = 90.0
-    cooldown_s: float = 600.0
-    max_resume_failures: int = 3
-    failure_window_s: float = 3600.0
-    resume_timeout_s: float = 600.0
+    orphan_grace_s: float = _RECONCILE.orphan_grace_s
+    cooldown_s: float = _RECONCILE.cooldown_s
+    max_resume_failures: int = _RECONCILE.max_resume_failures
+    failure_window_s: float = _RECONCILE.failure_window_s
+    resume_timeout_s: float = float(_POWER.resume_timeout_s)
 
 
 @dataclass(frozen=True)
 class History:
-    """Facts from slurm-spot's own events (:mod:`slurm_spot.reconcile_history`).
+    """Facts from slurm-spot's own events (:mod:`slurm_spot.reconcile.history`).
 
     Attributes:
         failures: node -> resume failures in the failure window since its last breaker trip.

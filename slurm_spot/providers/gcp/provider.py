@@ -10,7 +10,7 @@ Launch (one node set, one batch):
    ``perInstanceProperties``; Spot (``instanceTerminationAction`` DELETE by default) or
    standard VMs; a request id derived from the batch;
 3. wait on the zone/region operation, read ``error.errors[*].code``, list again: what exists
-   is launched; for the rest the most specific code decides (:mod:`gcp_errors`):
+   is launched; for the rest the most specific code decides (:mod:`.errors`):
    capacity -> the same request without the failed zone, then the next machine type, then
    the fallback market; quota -> the next machine type / market; throttle and unknown ->
    the same attempt again after a jittered back-off (bounded); config and auth -> stop.
@@ -20,11 +20,11 @@ Nodes left without an instance come back as :class:`LaunchFailure` (``(Code:X)..
 reasons); the resume hook sets them DOWN then POWER_DOWN, so none stays in plain DOWN.
 
 Instances are named ``<cluster>-<node>`` and labelled with cluster, node set and market
-(``perInstanceProperties`` cannot carry a per-node label; see :mod:`gcp_requests`).
+(``perInstanceProperties`` cannot carry a per-node label; see :mod:`.requests`).
 
-Modules: this facade; :mod:`gcp_launch` (the launch state machine); :mod:`gcp_requests` (pure
-request builders and response parsers); :mod:`gcp_errors` (the error table);
-:mod:`gcp_api` (the only code touching google-cloud-compute, imported on first use).
+Modules: this facade; :mod:`.launch` (the launch state machine); :mod:`.requests` (pure
+request builders and response parsers); :mod:`.errors` (the error table);
+:mod:`.api` (the only code touching google-cloud-compute, imported on first use).
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from slurm_spot.providers.base import (
     LaunchRequest,
     LaunchResult,
 )
-from slurm_spot.providers.gcp_api import ComputeApi, GceCallError, OperationStatus
-from slurm_spot.providers.gcp_errors import GceError
-from slurm_spot.providers.gcp_launch import LaunchRun
-from slurm_spot.providers.gcp_requests import (
+from slurm_spot.providers.gcp.api import ComputeApi, GceCallError, OperationStatus
+from slurm_spot.providers.gcp.errors import GceError
+from slurm_spot.providers.gcp.launch import LaunchRun
+from slurm_spot.providers.gcp.requests import (
     instance_from_resource,
     label_filter,
     label_value,

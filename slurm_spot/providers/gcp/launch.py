@@ -1,4 +1,4 @@
-"""One launch of the ``gcp`` provider as a small state machine (see :mod:`gcp` for the
+"""One launch of the ``gcp`` provider as a small state machine (see :mod:`.provider` for the
 flow): list, bulk insert per attempt, wait, list again, and decide by the most specific error
 code what to try next. Only :class:`GcpProvider` and :class:`ComputeApi` do I/O.
 """
@@ -20,9 +20,9 @@ from slurm_spot.providers.base import (
     LaunchRequest,
     LaunchResult,
 )
-from slurm_spot.providers.gcp_api import GceCallError, OperationStatus
-from slurm_spot.providers.gcp_errors import GceError, most_specific
-from slurm_spot.providers.gcp_requests import (
+from slurm_spot.providers.gcp.api import GceCallError, OperationStatus
+from slurm_spot.providers.gcp.errors import GceError, most_specific
+from slurm_spot.providers.gcp.requests import (
     Attempt,
     bulk_insert_body,
     instance_name,
@@ -31,9 +31,9 @@ from slurm_spot.providers.gcp_requests import (
 )
 
 if TYPE_CHECKING:
-    from slurm_spot.providers.gcp import GcpProvider
+    from slurm_spot.providers.gcp.provider import GcpProvider
 
-log = logging.getLogger("slurm_spot.providers.gcp")
+log = logging.getLogger("slurm_spot.providers.gcp.provider")
 STOP_CLASSES = (ErrorClass.CONFIG, ErrorClass.AUTH)
 RETRY_CLASSES = (ErrorClass.THROTTLE, ErrorClass.UNKNOWN)
 MAX_REPLAYS = 8

@@ -24,7 +24,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
 
 from slurm_spot.providers.base import Instance
-from slurm_spot.reasons import short_state
+from slurm_spot.reconcile.reasons import short_state
 from slurm_spot.slurm.client import Node
 
 PASS_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

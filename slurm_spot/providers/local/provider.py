@@ -208,7 +208,7 @@ class LocalProvider:
         instance_id = f"loc-{secrets.token_hex(6)}"
         log_dir = self.config.log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "slurm_spot.providers.local_boot", "--config",
+        argv = [sys.executable, "-m", "slurm_spot.providers.local.boot", "--config",
                 str(self.config.source_path), node, instance_id]
         with open(log_dir / f"instance-{node}.log", "ab") as log:
             proc = subprocess.Popen(  # noqa: S603 - argv list
@@ -298,7 +298,7 @@ class LocalProvider:
         tmp = self.notice_path(node).with_suffix(".tmp")
         tmp.write_text(json.dumps({"action": "terminate", "time": deadline.isoformat()}))
         os.replace(tmp, self.notice_path(node))
-        argv = [sys.executable, "-m", "slurm_spot.providers.local_boot", "--config",
+        argv = [sys.executable, "-m", "slurm_spot.providers.local.boot", "--config",
                 str(self.config.source_path), "--reclaim-after", str(notice_s), node,
                 alive[0]["instance_id"]]
         subprocess.Popen(  # noqa: S603 - argv list

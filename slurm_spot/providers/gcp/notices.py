@@ -24,7 +24,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from urllib.parse import urlencode
 
-from slurm_spot.notices.base import Notice
+from slurm_spot.providers.notices import Notice
 
 log = logging.getLogger(__name__)
 

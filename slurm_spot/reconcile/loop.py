@@ -3,7 +3,7 @@ config reloads that keep the last good config, and a clean stop on SIGTERM/SIGIN
 
 Safe to kill at any point (SIGKILL included): the lock is an ``flock`` that the kernel drops
 with the process, every action is idempotent, and the next pass re-reads Slurm and the
-providers (see :mod:`slurm_spot.reconcile`).
+providers (see :mod:`slurm_spot.reconcile.reconciler`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from types import FrameType
 
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.errors import SlurmSpotError
-from slurm_spot.reconcile import PassResult, Reconciler
+from slurm_spot.reconcile.reconciler import PassResult, Reconciler
 
 log = logging.getLogger(__name__)
 LOCK_NAME = "reconcile.lock"

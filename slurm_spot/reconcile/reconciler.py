@@ -1,5 +1,5 @@
 """The reconciler's pass (DESIGN.md flow 6): snapshot the providers and Slurm once, classify
-every node with the pure rules of :mod:`slurm_spot.reconcile_rules`, act per verdict through a
+every node with the pure rules of :mod:`slurm_spot.reconcile.rules`, act per verdict through a
 table, and isolate each action's failure. Every action is an event (source ``reconcile``) and
 a metric.
 
@@ -20,9 +20,9 @@ The Slurm transitions that carry out each verdict (verified on Slurm 22.05.8):
 - ``UNDRAIN``: ``state=RESUME`` on a powered-down node drained with one of our reasons.
 
 A pass holds no state of its own: Slurm and the providers are the record, and the few facts
-they do not keep come back from the events file (:mod:`slurm_spot.reconcile_history`), so a
+they do not keep come back from the events file (:mod:`slurm_spot.reconcile.history`), so a
 reconciler killed at any point and started again converges. The loop, the lock and config
-reloads are in :mod:`slurm_spot.reconcile_loop`.
+reloads are in :mod:`slurm_spot.reconcile.loop`.
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ from datetime import datetime, timezone
 from slurm_spot import events
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import SlurmCommandError
+from slurm_spot.events import Action
 from slurm_spot.jobs.requeue import requeue_ended_on
-from slurm_spot.metrics import ReconcileMetrics
 from slurm_spot.power import ProviderFactory
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
-from slurm_spot.reconcile_history import build_history, read_tail
-from slurm_spot.reconcile_rules import (
+from slurm_spot.reconcile.history import build_history, read_tail
+from slurm_spot.reconcile.metrics import ReconcileMetrics
+from slurm_spot.reconcile.rules import (
     History,
     NodeDecision,
     Plan,
@@ -248,7 +249,7 @@ class Reconciler:
             return []
         result.errors.extend(errors)
         for decision in decisions:
-            self._emit(result, "requeue_ended" if decision.requeue else "not_requeued",
+            self._emit(result, Action.REQUEUE_ENDED if decision.requeue else Action.NOT_REQUEUED,
                        node=d.node, job_ids=(decision.job_id,), reason=decision.why)
         return [x.job_id for x in decisions if x.requeue]
 
@@ -275,30 +276,30 @@ class Reconciler:
         reclaimed = d.reason.startswith("spot-interruption:")
         if reclaimed:
             self.metrics.interruptions.labels(self.node_set_of[d.node]).inc()
-        action = "reclaimed" if d.verdict is Verdict.RECLAIMED else "boot_lost"
+        action = Action.RECLAIMED if d.verdict is Verdict.RECLAIMED else Action.BOOT_LOST
         self._record(result, action, d, extra={"reclaimed": reclaimed, "instance_state": d.why})
 
     def _return_to_idle(self, d: NodeDecision, result: PassResult) -> None:
         """``state=IDLE`` turns down~ into idle~ and clears the reason; reset the address."""
         self.slurm.set_state([d.node], "IDLE")
         self.slurm.set_addresses({d.node: (d.node, d.node)})
-        action = "resume_failed" if d.verdict is Verdict.RESUME_FAILED else "cooldown_end"
+        action = Action.RESUME_FAILED if d.verdict is Verdict.RESUME_FAILED else Action.COOLDOWN_END
         self._record(result, action, d, reason=d.why)
 
     def _trip_breaker(self, d: NodeDecision, result: PassResult) -> None:
         self.slurm.set_state([d.node], "IDLE")
         self.slurm.set_addresses({d.node: (d.node, d.node)})
         self.slurm.set_state([d.node], "DRAIN", d.reason)
-        self._record(result, "breaker", d)
+        self._record(result, Action.BREAKER, d)
 
     def _cool(self, d: NodeDecision, result: PassResult) -> None:
         self.slurm.set_state([d.node], "DOWN", d.reason)
-        self._record(result, "cooldown", d, extra={"node_set": self.node_set_of[d.node],
+        self._record(result, Action.COOLDOWN, d, extra={"node_set": self.node_set_of[d.node],
                                                    "previous_reason": d.why})
 
     def _undrain(self, d: NodeDecision, result: PassResult) -> None:
         self.slurm.set_state([d.node], "RESUME")
-        self._record(result, "undrained", d, reason=d.why)
+        self._record(result, Action.UNDRAINED, d, reason=d.why)
 
     # -- instances ------------------------------------------------------------------------
     def _terminate(self, term: Termination, snap: Snapshot, result: PassResult) -> None:
@@ -309,7 +310,7 @@ class Reconciler:
         if term.why == "orphan":
             self.metrics.orphans.labels(provider).inc()
         self.metrics.action(f"terminate-{term.why}", ok=True)
-        self._emit(result, "terminated", node=inst.node, instance=inst.instance_id,
+        self._emit(result, Action.TERMINATED, node=inst.node, instance=inst.instance_id,
                    reason=term.why, extra={"provider": provider,
                                            "age_s": round(inst.age_s(snap.now), 1)})
 
@@ -340,7 +341,7 @@ class Reconciler:
                 return
             for job in jobs:
                 if job.state.is_pending:
-                    self._expedite_one(job.job_id, result, "requeued")
+                    self._expedite_one(job.job_id, result, Action.REQUEUED)
             waiting &= {j.job_id for j in jobs if not j.state.is_pending and j.state.is_active}
             if not waiting or time.monotonic() >= deadline:
                 return
@@ -355,16 +356,16 @@ class Reconciler:
             self.metrics.action("expedite", ok=False)
             return
         self.metrics.action("expedite", ok=True)
-        self._emit(result, "expedited", job_ids=(job,), reason=why)
+        self._emit(result, Action.EXPEDITED, job_ids=(job,), reason=why)
 
     # -- events and metrics ---------------------------------------------------------------
-    def _record(self, result: PassResult, action: str, d: NodeDecision, reason: str | None = None,
+    def _record(self, result: PassResult, action: Action, d: NodeDecision, reason: str | None = None,
                 extra: dict[str, object] | None = None) -> None:
         self._emit(result, action, node=d.node, instance=d.instance,
                    reason=d.reason if reason is None else reason, job_ids=d.jobs,
                    extra=extra or {})
 
-    def _emit(self, result: PassResult, action: str, **fields: object) -> None:
+    def _emit(self, result: PassResult, action: Action, **fields: object) -> None:
         event = events.Event(action, "reconcile", time=self.clock().isoformat(),
                              **fields)  # type: ignore[arg-type]
         events.emit(self.config.log_dir, event)
@@ -381,7 +382,7 @@ class Reconciler:
             ((snap.provider_of[i.instance_id], i) for i in snap.instances))
         for event in snap.events:
             extra = event.get("extra")
-            if event.get("action") != "launch_failed" or not isinstance(extra, dict):
+            if event.get("action") != Action.LAUNCH_FAILED or not isinstance(extra, dict):
                 continue
             try:
                 when = datetime.fromisoformat(str(event.get("time")))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from slurm_spot.config import NodeSetConfig
-from slurm_spot.providers.aws_catalog import catalogue
+from slurm_spot.providers.aws.catalog import catalogue
 
 #: Above this a max price is a typo (the dearest GPU instances cost under USD 100/h on demand).
 ABSURD_PRICE_USD_PER_HOUR = 1000.0

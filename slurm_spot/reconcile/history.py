@@ -16,20 +16,18 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from slurm_spot.events import EVENTS_FILE
+from slurm_spot.events import EVENTS_FILE, Action
+from slurm_spot.providers import capacity_codes
 from slurm_spot.providers.base import normalize_code
-from slurm_spot.reconcile_rules import History, Settings
+from slurm_spot.reconcile.rules import History, Settings
 
 TAIL_BYTES = 8 * 1024 * 1024
 INTERRUPTION_MEMORY_S = 900.0  # a requeued job waits ~121 s; keep its id well beyond that
-# Codes that mean "no capacity" even before any event says so (EC2, GCE, the local market).
-KNOWN_CAPACITY_CODES = frozenset(normalize_code(c) for c in (
-    "InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
-    "UnfulfillableCapacity", "SpotMaxPriceTooLow", "ZONE_RESOURCE_POOL_EXHAUSTED",
-    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "STOCKOUT", "VM_MIN_COUNT_NOT_REACHED",
-))
-FAILURE_ACTIONS = ("resume_failed", "boot_lost")
-INTERRUPTION_ACTIONS = ("reclaimed", "boot_lost", "requeued", "notice")
+# Codes that mean "no capacity" even before any event says so: the CAPACITY rows of every
+# provider's error table (providers/<type>/errors.py), so the two never disagree.
+KNOWN_CAPACITY_CODES = capacity_codes()
+FAILURE_ACTIONS = (Action.RESUME_FAILED, Action.BOOT_LOST)
+INTERRUPTION_ACTIONS = (Action.RECLAIMED, Action.BOOT_LOST, Action.REQUEUED, Action.NOTICE)
 
 
 def read_tail(log_dir: Path, max_bytes: int = TAIL_BYTES) -> list[dict[str, object]]:
@@ -94,15 +92,15 @@ class _Facts:
         if event.get("source") == "reconcile":
             if action in FAILURE_ACTIONS and not extra.get("reclaimed"):
                 self.failures.setdefault(node, []).append(when)
-            elif action == "breaker":
+            elif action == Action.BREAKER:
                 self.last_breaker[node] = when
-            elif action == "cooldown" and extra.get("node_set"):
+            elif action == Action.COOLDOWN and extra.get("node_set"):
                 self.last_cooldown[str(extra["node_set"])] = when
-        if action == "launch_failed" and extra.get("class") == "capacity":
+        if action == Action.LAUNCH_FAILED and extra.get("class") == "capacity":
             self._capacity(node, str(extra.get("code") or ""), when)
-        elif action == "launch_failed" and event.get("source") == "resume":
+        elif action == Action.LAUNCH_FAILED and event.get("source") == "resume":
             self.failures.setdefault(node, []).append(when)
-        if action in ("reclaimed", "boot_lost") and event.get("instance"):
+        if action in (Action.RECLAIMED, Action.BOOT_LOST) and event.get("instance"):
             self.handled.add(str(event["instance"]))
         job_ids = event.get("job_ids")
         if action in INTERRUPTION_ACTIONS and when > self.jobs_start and isinstance(job_ids, list):
@@ -142,7 +140,7 @@ def build_history(
     now: datetime,
     settings: Settings,
 ) -> History:
-    """Facts for :func:`~slurm_spot.reconcile_rules.plan_pass` from events, oldest first (pure).
+    """Facts for :func:`~slurm_spot.reconcile.rules.plan_pass` from events, oldest first (pure).
 
     - failures: per node within ``failure_window_s`` and after its last ``breaker`` event: the
       reconciler's ``resume_failed`` and ``boot_lost`` (not reclaimed) events, and resume's

@@ -1,6 +1,6 @@
 """Boot and reclaim helpers of the ``local`` provider, run as detached processes.
 
-``python -m slurm_spot.providers.local_boot --config F NODE ID`` boots instance ID of NODE:
+``python -m slurm_spot.providers.local.boot --config F NODE ID`` boots instance ID of NODE:
 it waits the boot delay (slurmctld accepts a node only if its boot time is later than the
 resume request), then re-executes itself inside fresh UTS and time namespaces
 (``unshare --uts --time --boottime -<uptime>``: the instance's uptime starts at zero), sets
@@ -26,7 +26,7 @@ from slurm_spot.config import LocalProviderConfig, SpotConfig, load_config
 
 def _local_settings(config: SpotConfig, node: str) -> LocalProviderConfig:
     from slurm_spot.errors import BadInputError
-    from slurm_spot.providers.local import provider_for_node
+    from slurm_spot.providers.local.provider import provider_for_node
 
     try:
         return provider_for_node(config, node).settings
@@ -53,7 +53,7 @@ def boot(config_path: str, node: str, instance_id: str) -> None:
     uptime_s = int(float(Path("/proc/uptime").read_text().split()[0]))
     argv = [
         "unshare", "--uts", "--time", f"--boottime=-{uptime_s}", "--",
-        sys.executable, "-m", "slurm_spot.providers.local_boot", "--config", config_path,
+        sys.executable, "-m", "slurm_spot.providers.local.boot", "--config", config_path,
         "--inside", node, instance_id,
     ]
     os.execvp(argv[0], argv)
@@ -77,7 +77,7 @@ def inside(config_path: str, node: str, instance_id: str) -> None:
 
 def reclaim_after(config_path: str, seconds: float, node: str, instance_id: str) -> None:
     """Sleep ``seconds``, then reclaim instance ``instance_id`` of ``node``."""
-    from slurm_spot.providers.local import LocalProvider
+    from slurm_spot.providers.local.provider import LocalProvider
 
     time.sleep(seconds)
     config = load_config(config_path)
@@ -89,7 +89,7 @@ def reclaim_after(config_path: str, seconds: float, node: str, instance_id: str)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="slurm_spot.providers.local_boot")
+    parser = argparse.ArgumentParser(prog="slurm_spot.providers.local.boot")
     parser.add_argument("--config", required=True)
     parser.add_argument("--inside", action="store_true")
     parser.add_argument("--reclaim-after", type=float)

@@ -24,7 +24,7 @@ and resumed ends with the same weights, bit for bit, as one that was not, provid
 - the DataLoader has its own ``generator=``: creating its iterator otherwise draws from
   torch's global RNG, which a resumed run would draw once more than an uninterrupted one.
 
-Two storage paths, one directory scheme (:mod:`slurm_spot.jobs.checkpoint_files`):
+Two storage paths, one directory scheme (:mod:`slurm_spot.checkpoint.files`):
 
 - non-sharded (plain or DDP models): rank 0 alone writes ``state.pt`` with ``torch.save``,
   the other ranks wait for the commit; RNG states of all ranks are gathered to rank 0 first;
@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from slurm_spot.jobs.checkpoint_files import (
+from slurm_spot.checkpoint.files import (
     FORMAT,
     Candidate,
     Checkpoint,

@@ -1,0 +1,56 @@
+"""The ``aws`` provider: EC2 spot instances through ``create_fleet`` (type ``instant``).
+
+Modules: :mod:`.provider` (the :class:`~slurm_spot.providers.base.Provider`), :mod:`.launch`
+and :mod:`.fleet` (the launch plan and its I/O seam), :mod:`.errors` (the error-code table),
+:mod:`.catalog` (instance shapes, ``instance_types.yaml``), :mod:`.checks` (config checks),
+:mod:`.notices` (the IMDSv2 interruption notice). Importing this package imports no boto3.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from slurm_spot.config import AwsProviderConfig, NodeSetConfig, ProviderSettings, SpotConfig
+from slurm_spot.providers.base import ErrorClass, expect_settings, normalize_code
+
+if TYPE_CHECKING:
+    from slurm_spot.providers.base import Provider
+    from slurm_spot.providers.notices import NoticeSource
+
+
+def make_provider(config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
+    """An :class:`~.provider.AwsProvider` (imports boto3)."""
+    from slurm_spot.providers.aws.provider import AwsProvider
+
+    return AwsProvider(config, name, expect_settings(settings, AwsProviderConfig, name))
+
+
+def check_node_set(config: SpotConfig, index: int) -> list[str]:
+    """Subnets, zones, instance types and the catalogue (:mod:`.checks`)."""
+    from slurm_spot.providers.aws.checks import check_aws_node_set
+
+    return check_aws_node_set(config.node_sets[index], f"node_sets.{index}")
+
+
+def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
+    """CPUs, memory and GPUs filled from the node set's EC2 instance types where the admin
+    left them unset (:mod:`.catalog`)."""
+    from slurm_spot.providers.aws.catalog import resolve_node_set_shape
+
+    return resolve_node_set_shape(config.node_sets[index], where=f"node_sets.{index}",
+                                  path=str(config.source_path))
+
+
+def notice_source(config: SpotConfig, node: str, settings: ProviderSettings) -> NoticeSource:
+    """IMDSv2 ``spot/instance-action`` (:mod:`.notices`)."""
+    from slurm_spot.providers.aws.notices import ImdsNoticeSource
+
+    return ImdsNoticeSource()
+
+
+def capacity_codes() -> frozenset[str]:
+    """The CAPACITY rows of :data:`.errors.ERROR_TABLE`."""
+    from slurm_spot.providers.aws.errors import ERROR_TABLE
+
+    return frozenset(normalize_code(code) for code, kind in ERROR_TABLE.items()
+                     if kind.error_class is ErrorClass.CAPACITY)

@@ -1,0 +1,56 @@
+"""The ``gcp`` provider: Compute Engine SPOT VMs through ``bulk_insert``.
+
+Modules: :mod:`.provider` (the :class:`~slurm_spot.providers.base.Provider`), :mod:`.launch`
+(the launch state machine), :mod:`.requests` (pure request builders and parsers), :mod:`.api`
+(the only code touching google-cloud-compute), :mod:`.errors` (the error-code table),
+:mod:`.checks` (config checks), :mod:`.notices` (the metadata-server preemption notice).
+Importing this package imports no Google library: the functions below, the provider type's
+entry points (:class:`~slurm_spot.providers.base.ProviderPackage`), import on call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from slurm_spot.config import GcpProviderConfig, NodeSetConfig, ProviderSettings, SpotConfig
+from slurm_spot.providers.base import ErrorClass, expect_settings, normalize_code
+
+if TYPE_CHECKING:
+    from slurm_spot.providers.base import Provider
+    from slurm_spot.providers.notices import NoticeSource
+
+
+def make_provider(config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
+    """A :class:`~.provider.GcpProvider` (google-cloud-compute is imported on first use)."""
+    from slurm_spot.providers.gcp.provider import GcpProvider
+
+    return GcpProvider(config, name, expect_settings(settings, GcpProviderConfig, name))
+
+
+def check_node_set(config: SpotConfig, index: int) -> list[str]:
+    """Zones, machine type or template, instance-name length (:mod:`.checks`)."""
+    from slurm_spot.providers.gcp.checks import check_gcp_node_set
+
+    ns = config.node_sets[index]
+    settings = expect_settings(config.providers[ns.provider], GcpProviderConfig, ns.provider)
+    return check_gcp_node_set(ns, settings, f"node_sets.{index}", cluster=config.cluster)
+
+
+def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
+    """The node set as written (no machine-type catalogue yet)."""
+    return config.node_sets[index]
+
+
+def notice_source(config: SpotConfig, node: str, settings: ProviderSettings) -> NoticeSource:
+    """The metadata server's ``instance/preempted`` (:mod:`.notices`)."""
+    from slurm_spot.providers.gcp.notices import GceMetadataNoticeSource
+
+    return GceMetadataNoticeSource()
+
+
+def capacity_codes() -> frozenset[str]:
+    """The CAPACITY rows of :data:`.errors.GCP_ERROR_CLASSES`."""
+    from slurm_spot.providers.gcp.errors import GCP_ERROR_CLASSES
+
+    return frozenset(normalize_code(code) for code, error_class in GCP_ERROR_CLASSES.items()
+                     if error_class is ErrorClass.CAPACITY)

@@ -1,0 +1,49 @@
+"""The ``local`` provider: ``slurmd`` processes on this machine with a simulated spot market.
+
+Modules: :mod:`.provider` (the :class:`~slurm_spot.providers.base.Provider`), :mod:`.boot`
+(the detached boot of one instance), :mod:`.notices` (the notice-file source).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from slurm_spot.config import LocalProviderConfig, NodeSetConfig, ProviderSettings, SpotConfig
+from slurm_spot.providers.base import expect_settings, normalize_code
+
+if TYPE_CHECKING:
+    from slurm_spot.providers.base import Provider
+    from slurm_spot.providers.notices import NoticeSource
+
+
+def make_provider(config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
+    """A :class:`~.provider.LocalProvider`."""
+    from slurm_spot.providers.local.provider import LocalProvider
+
+    return LocalProvider(config, name, expect_settings(settings, LocalProviderConfig, name))
+
+
+def check_node_set(config: SpotConfig, index: int) -> list[str]:
+    """Nothing beyond the schema."""
+    return []
+
+
+def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
+    """The node set as written."""
+    return config.node_sets[index]
+
+
+def notice_source(config: SpotConfig, node: str, settings: ProviderSettings) -> NoticeSource:
+    """The notice file ``<state_dir>/local/notices/<node>.json`` (:mod:`.notices`)."""
+    from slurm_spot.providers.local.notices import LocalNoticeSource
+
+    local = expect_settings(settings, LocalProviderConfig)
+    return LocalNoticeSource(config.state_dir / "local" / "notices" / f"{node}.json",
+                             local.notice_poll_s)
+
+
+def capacity_codes() -> frozenset[str]:
+    """The one code of the simulated market (EC2's, so the same rules apply)."""
+    from slurm_spot.providers.local.provider import CAPACITY_CODE
+
+    return frozenset({normalize_code(CAPACITY_CODE)})
