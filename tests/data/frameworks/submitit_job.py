@@ -40,7 +40,7 @@ def submit(folder: str, workdir: str, steps: int) -> None:
     """Submit one Count job to partition spot; print its job id."""
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
     executor.update_parameters(slurm_partition="spot", nodes=1, tasks_per_node=1,
-                               cpus_per_task=1, timeout_min=30, mem_gb=None)
+                               cpus_per_task=1, timeout_min=30)
     job = executor.submit(Count(workdir, steps))
     print(job.job_id)
 
