@@ -75,12 +75,14 @@ def test_spot_yaml_signal_is_preferred_when_several_are_caught() -> None:
     assert plan_signal(5, None, [BASH, SRUN], "USR2").delivers is False
 
 
-def test_a_step_with_a_process_that_would_die_is_spared() -> None:
+def test_a_process_that_would_die_is_spared_and_its_step_signalled_per_process() -> None:
+    # Step 1's trainer (30) catches USR1, its DataLoader worker (31) would die of it: Slurm
+    # signals every process of a step, so the trainer alone gets it, by kill(2).
     procs = [proc(20, "0", "python", {USR1}), proc(30, "1", "python", {USR1}),
-             proc(31, "1", "sleep")]
+             proc(31, "1", "pt_data_worker")]
     plan = plan_signal(5, SCRIPT_USR1, procs, "USR2")
-    assert plan.steps == ("0",)
-    assert plan.spared == ("1: pid 31 (sleep)",)
+    assert (plan.steps, plan.pids) == (("0",), (30,))
+    assert plan.spared == ("1: pid 31 (pt_data_worker)",)
     # A torchrun agent that ignores the signal (trap '' USR2) does not stop its step.
     agent = [proc(40, "0", "torchrun", ignored={USR2}), proc(41, "0", "python", {USR2})]
     assert plan_signal(6, None, agent, "USR2").steps == ("0",)

@@ -21,10 +21,11 @@ action of SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 ends the process
 from ``scontrol listpids <job> <node>`` (pid and step), else from ``/proc/*/environ``
 (``SLURM_JOB_ID`` and ``SLURMD_NODENAME``, ``SLURM_STEP_ID`` for the step). Then:
 
-- a job step (``srun``) is signalled with ``scancel -s SIG <job>.<step>``, which reaches the
-  step's tasks on every node of the job, only if none of its processes here would die of the
-  signal and at least one catches it; otherwise the step is spared and the event says which
-  process would have died;
+- a job step (``srun``) is signalled with ``scancel -s SIG <job>.<step>``, which reaches every
+  process of the step on every node of the job, if none of its processes here would die of
+  the signal and at least one catches it. If one would (a DataLoader worker, a helper tool:
+  Slurm signals every process of a step), only the step's processes here that catch it get it,
+  by ``kill(2)``, and the event names the ones spared;
 - in the batch step (the script and what it runs directly, without ``srun``) exactly the
   processes that catch the signal get it, by ``kill(2)``: ``scancel --full`` would also reach a
   shell that does not trap it, whose death ends the job;
@@ -104,8 +105,10 @@ class SignalPlan:
         signal: Slurm's name without ``SIG`` (``USR1``), or None when nothing is sent.
         why: where the signal came from, in words (for the event log).
         steps: step ids to signal with ``scancel -s SIG <job>.<step>``.
-        pids: batch-step processes to signal with kill(2).
-        spared: steps not signalled because a process would die of it (``"0: pid 12 (python)"``).
+        pids: processes to signal with kill(2): the batch step's that catch it, and those of a
+            step that also has processes that would die of it.
+        spared: processes not signalled because they would die of it, per step
+            (``"0: pid 12 (python)"``); their step's catchers on this node got it by kill(2).
     """
 
     job_id: int
@@ -174,17 +177,19 @@ def plan_delivery(job_id: int, name: str, why: str, procs: Sequence[ProcInfo]) -
     by_step: dict[str, list[ProcInfo]] = {}
     for proc in procs:
         by_step.setdefault(proc.step, []).append(proc)
-    pids = tuple(p.pid for p in by_step.pop("batch", []) if not p.forwards and p.catches(number))
+    pids = [p.pid for p in by_step.pop("batch", []) if not p.forwards and p.catches(number)]
     by_step.pop("extern", None)  # Slurm's own placeholder step (PrologFlags=contain)
     for step, members in sorted(by_step.items()):
-        dying = [p for p in members if not p.forwards and not p.survives(number)]
+        own = [p for p in members if not p.forwards]
+        dying = [p for p in own if not p.survives(number)]
         if dying:
             spared.append(f"{step}: " + ", ".join(f"pid {p.pid} ({p.name})" for p in dying[:3]))
-        elif any(p.catches(number) for p in members if not p.forwards):
+            pids += [p.pid for p in own if p.catches(number)]
+        elif any(p.catches(number) for p in own):
             steps.append(step)
     if not steps and not pids:
         why = f"{why}; no process of the job on this node catches SIG{name} (yet)"
-    return SignalPlan(job_id, name, why, tuple(steps), pids, tuple(spared))
+    return SignalPlan(job_id, name, why, tuple(steps), tuple(pids), tuple(spared))
 
 
 def plan_signal(job_id: int, script: str | None, procs: Sequence[ProcInfo],
