@@ -48,12 +48,16 @@ def main(name: str, argv: list[str] | None = None) -> int:
         return _full_cli(name, args)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # pydantic looks up plugins through every installed distribution's entry points on its
+    # first model (~20 ms); a hook uses none.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         from slurm_spot.config import load_config
 
         config = load_config(None)
         if name in POWER_HOOKS:
-            run_detached(config, name, args[0], power_action(config, name, args[0]))
+            hostlist = args[0]
+            run_detached(config, name, hostlist, lambda: power_action(config, name, hostlist)())
         else:
             for line in job_hook_lines(name, config, os.environ):
                 print(line)
@@ -119,9 +123,9 @@ def run_detached(config: SpotConfig, name: str, hostlist: str,
     ``SLURM_RESUME_FILE`` for a resume, then return in this process while a detached worker
     runs ``action`` and logs its outcome to ``<log_dir>/hooks.log``. Never returns in the
     worker."""
-    from slurm_spot import power
+    from slurm_spot.hostlist import group_by_node_set
 
-    power.group_by_node_set(config, hostlist)
+    group_by_node_set(config, hostlist)  # imports no provider: the worker does
     if name == "resume":
         keep_resume_file(config)
     if not detach(config, name):

@@ -8,11 +8,16 @@ errors that name the bad part.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import hostlist as _hostlist
 
-from slurm_spot.errors import HostlistError
+from slurm_spot.errors import HostlistError, UnknownNodeError
+
+if TYPE_CHECKING:
+    from slurm_spot.config import SpotConfig
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 
@@ -70,3 +75,26 @@ def expand(expr: str) -> list[str]:
 def compress(names: Iterable[str]) -> str:
     """Compress node names into one hostlist expression (``["n1", "n2"]`` -> ``"n[1-2]"``)."""
     return str(_hostlist.collect_hostlist(list(names)))
+
+
+def group_by_node_set(config: SpotConfig, hostlist: str) -> dict[str, list[str]]:
+    """``{node set name: [nodes]}`` for a hostlist, in hostlist order.
+
+    Raises:
+        HostlistError: the expression is malformed.
+        UnknownNodeError: a node belongs to no node set (nothing is changed then).
+    """
+    groups: dict[str, list[str]] = defaultdict(list)
+    unknown = []
+    for node in expand(hostlist):
+        ns = config.node_set_of(node)
+        if ns is None:
+            unknown.append(node)
+        else:
+            groups[ns.name].append(node)
+    if unknown:
+        known = ", ".join(ns.hostlist for ns in config.node_sets)
+        raise UnknownNodeError(
+            f"node(s) {', '.join(unknown)} belong to no node set (configured: {known})"
+        )
+    return dict(groups)

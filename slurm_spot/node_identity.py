@@ -23,13 +23,12 @@ import logging
 import math
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.slurm.client import Node, SlurmClient
+from slurm_spot.slurm.client import Node, SlurmClient, run_command
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +41,8 @@ def host_addresses() -> set[str]:
     """
     found: set[str] = set()
     try:
-        out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True,
-                             timeout=5, check=False, stdin=subprocess.DEVNULL).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        out = run_command(["ip", "-o", "addr", "show"], 5).stdout
+    except SlurmCommandError:
         out = ""
     for line in out.splitlines():
         words = line.split()

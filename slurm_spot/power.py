@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from slurm_spot import events
 from slurm_spot.config import NodeSetConfig, SpotConfig
-from slurm_spot.errors import ProviderError, SlurmCommandError, UnknownNodeError
-from slurm_spot.hostlist import expand
+from slurm_spot.errors import ProviderError, SlurmCommandError
+from slurm_spot.hostlist import group_by_node_set
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import (
     ErrorClass,
@@ -58,29 +58,6 @@ class PowerResult:
             ],
             "errors": self.errors,
         }
-
-
-def group_by_node_set(config: SpotConfig, hostlist: str) -> dict[str, list[str]]:
-    """``{node set name: [nodes]}`` for a hostlist, in hostlist order.
-
-    Raises:
-        HostlistError: the expression is malformed.
-        UnknownNodeError: a node belongs to no node set (nothing is changed then).
-    """
-    groups: dict[str, list[str]] = defaultdict(list)
-    unknown = []
-    for node in expand(hostlist):
-        ns = config.node_set_of(node)
-        if ns is None:
-            unknown.append(node)
-        else:
-            groups[ns.name].append(node)
-    if unknown:
-        known = ", ".join(ns.hostlist for ns in config.node_sets)
-        raise UnknownNodeError(
-            f"node(s) {', '.join(unknown)} belong to no node set (configured: {known})"
-        )
-    return dict(groups)
 
 
 def client_token(cluster: str, nodes: list[str]) -> str:

@@ -7,10 +7,8 @@ templates under ``templates/``. Keys and their meaning: slurm.conf(5) and gres.c
 from __future__ import annotations
 
 import re
-import subprocess
 import sysconfig
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import jinja2
@@ -22,8 +20,10 @@ from slurm_spot.config import (
     PartitionConfig,
     SpotConfig,
 )
-from slurm_spot.errors import BadInputError
+from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.hostlist import compress
+from slurm_spot.resources import templates
+from slurm_spot.slurm.client import run_command
 
 HOOK_NAMES = ("resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog")
 FRAGMENT_NAME = "slurm-spot.conf"
@@ -31,14 +31,47 @@ GRES_NAME = "gres.conf"
 
 
 def template_env() -> jinja2.Environment:
-    """The jinja2 environment over the packaged templates (found in an installed wheel too)."""
-    folder = resources.files("slurm_spot.templates")
-    return jinja2.Environment(
+    """The jinja2 environment over the shipped templates (:func:`slurm_spot.resources.templates`).
+    Undefined variables are errors; ``comment`` prefixes each line with ``# `` (the name and
+    meaning of Ansible's filter, so the systemd unit templates render in both)."""
+    folder = templates()
+    env = jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: folder.joinpath(name).read_text()),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["comment"] = lambda text: "\n".join(
+        f"# {line}".rstrip() for line in str(text).splitlines())
+    env.filters["dirname"] = lambda path: str(Path(str(path)).parent)
+    return env
+
+
+def render_template(name: str, **context: object) -> str:
+    """Render template ``name`` (``templates/<name>``) with ``context``: every file slurm-spot
+    generates from a template goes through here.
+
+    Raises:
+        jinja2.UndefinedError: the template uses a variable ``context`` lacks (a bug).
+    """
+    return template_env().get_template(name).render(**context)
+
+
+def systemd_unit(name: str, header: str, exec_start: str, user: str,
+                 environment: dict[str, str] | None = None) -> str:
+    """A slurm-spot systemd unit from ``templates/<name>.service.j2``, the copy the Ansible role
+    renders too (same variables; the role passes its ``ansible_managed`` header).
+
+    Args:
+        name: ``slurm-spot-reconcile`` or ``slurm-spot-watch``.
+        header: comment text for the top (lines get ``# ``).
+        exec_start: the ``ExecStart=`` command line.
+        user: the ``User=`` of the service.
+        environment: ``Environment=`` variables (``SLURM_CONF``).
+    """
+    return render_template(f"{name}.service.j2", __slurm_spot_unit_header=header,
+                           __slurm_spot_unit_exec_start=exec_start, __slurm_spot_unit_user=user,
+                           __slurm_spot_unit_environment=environment or {})
 
 
 def hook_paths(hooks_dir: Path | None = None) -> dict[str, str]:
@@ -61,10 +94,8 @@ def slurm_version(candidates: tuple[list[str], ...] = (
     """
     for argv in candidates:
         try:
-            out = subprocess.run(  # noqa: S603 - argv list
-                argv, capture_output=True, text=True, timeout=10, check=False
-            ).stdout
-        except (OSError, subprocess.TimeoutExpired):
+            out = run_command(argv, 10).stdout
+        except SlurmCommandError:
             continue
         match = re.search(r"(\d+)\.(\d+)", out)
         if match:
@@ -184,7 +215,6 @@ def render(
     Raises:
         BadInputError: see :func:`partition_lines`.
     """
-    env = template_env()
     gres = gres_lines(config)
     context = {
         "version": __version__,
@@ -199,8 +229,8 @@ def render(
     }
     return Rendered(
         {
-            FRAGMENT_NAME: env.get_template("slurm-spot.conf.j2").render(context),
-            GRES_NAME: env.get_template("gres.conf.j2").render(context),
+            FRAGMENT_NAME: render_template("slurm-spot.conf.j2", **context),
+            GRES_NAME: render_template("gres.conf.j2", **context),
         }
     )
 

@@ -1,4 +1,4 @@
-"""``slurm-spot watch``: the node-side interruption watcher (DESIGN.md flow 3).
+"""``slurm-spot watch``: the node-side interruption watcher (docs/DESIGN.md flow 3).
 
 On an interruption notice for its node it:
 

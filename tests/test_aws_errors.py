@@ -1,4 +1,4 @@
-"""Every AWS row of cases/cloud-errors.yaml (tests/data/cloud-errors.yaml): the class in the
+"""Every AWS row of tests/data/cloud-errors.yaml: the class in the
 table, and what a user sees when EC2 answers with that code (real EC2 XML, through botocore's
 parser, on moto): instances in EC2, nodes launched, failures with code, class and reason."""
 

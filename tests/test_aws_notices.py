@@ -1,5 +1,5 @@
 """IMDSv2 interruption notices against a fake metadata service (tests/fakes/imds.py): every
-``aws_imdsv2`` row of cases/notices.yaml (tests/data/notices.yaml), token handling, and the
+``aws_imdsv2`` row of tests/data/notices.yaml, token handling, and the
 watcher draining its node and requeueing its job on a notice."""
 
 from __future__ import annotations

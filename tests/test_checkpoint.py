@@ -224,7 +224,7 @@ def test_crash_before_commit_keeps_the_last_good_one(
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("slurm_spot.checkpoint.checkpointer.write_manifest", disk_full)
+    monkeypatch.setattr("slurm_spot.checkpoint.store.write_manifest", disk_full)
     with pytest.raises(CheckpointError, match="No space left"):
         ckpt.save(_state(20))
     found = find_latest_valid(tmp_path)

@@ -1,4 +1,4 @@
-"""Every row of the gcp part of cases/cloud-errors.yaml (copied to tests/data/), through the
+"""Every row of the gcp part of the field cases (tests/data/gcp_cloud_errors.yaml), through the
 pure error table and through a launch against the fake Compute API with the real client."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The GCE metadata notice source against a fake metadata server with wait_for_change; every
-row of the gce_metadata part of cases/notices.yaml (copied to tests/data/)."""
+row of the gce_metadata part of the field cases (tests/data/gce_metadata_notices.yaml)."""
 
 from __future__ import annotations
 

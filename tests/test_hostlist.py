@@ -1,4 +1,4 @@
-"""Hostlist expansion: every case of cases/hostlists.yaml (reference: scontrol show hostnames)."""
+"""Hostlist expansion: every case of tests/data/hostlists.yaml (reference: scontrol show hostnames)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""slurm-spot sbatch: directives read as sbatch reads them (cases/sbatch-directives.sh)."""
+"""slurm-spot sbatch: directives read as sbatch reads them (tests/data/sbatch-directives.sh)."""
 
 from __future__ import annotations
 

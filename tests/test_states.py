@@ -1,4 +1,4 @@
-"""Node and job state parsing: every case of cases/node-states.yaml."""
+"""Node and job state parsing: every case of tests/data/node-states.yaml."""
 
 from __future__ import annotations
 

@@ -24,13 +24,15 @@ and resumed ends with the same weights, bit for bit, as one that was not, provid
 - the DataLoader has its own ``generator=``: creating its iterator otherwise draws from
   torch's global RNG, which a resumed run would draw once more than an uninterrupted one.
 
-Two storage paths, one directory scheme (:mod:`slurm_spot.checkpoint.files`):
+Where the checkpoints live is a :class:`~slurm_spot.checkpoint.store.CheckpointStore`: a
+directory gives the local POSIX store (:class:`~slurm_spot.checkpoint.store.LocalStore`, layout
+in :mod:`slurm_spot.checkpoint.files`). Two ways to write, one staging directory:
 
 - non-sharded (plain or DDP models): rank 0 alone writes ``state.pt`` with ``torch.save``,
   the other ranks wait for the commit; RNG states of all ranks are gathered to rank 0 first;
 - sharded (FSDP / DTensor parameters, or ``sharded=True``): every rank writes its shards with
   ``torch.distributed.checkpoint`` (DCP) into the same temporary directory; rank 0 adds
-  ``meta.pt`` (step, scheduler, RNG, ...) and commits. The checkpoint directory must be on a
+  ``meta.pt`` (step, scheduler, RNG, ...) and commits. The staging directory must be on a
   file system all ranks share.
 
 Loading uses ``torch.load(weights_only=True)``, so ``extra`` must hold plain Python values and
@@ -53,17 +55,11 @@ from torch.utils.data import Sampler
 
 from slurm_spot.checkpoint.files import (
     FORMAT,
-    Candidate,
     Checkpoint,
     CheckpointError,
-    commit,
     find_latest_valid,
-    new_temp_dir,
-    prune,
-    step_dir_name,
-    validate,
-    write_manifest,
 )
+from slurm_spot.checkpoint.store import CheckpointStore, LocalStore, StagePlan
 
 __all__ = [
     "Checkpoint", "CheckpointError", "Checkpointer", "SkipSampler", "TrainState",
@@ -186,23 +182,29 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 class Checkpointer:
-    """Saves and restores :class:`TrainState` in one job's checkpoint directory.
+    """Saves and restores :class:`TrainState` in one job's checkpoint store.
 
     Every method must be called by all ranks together when torch.distributed is initialised.
 
     Args:
-        directory: the job's checkpoint directory (created on the first save).
+        directory: the job's checkpoint directory (created on the first save), or a
+            :class:`~slurm_spot.checkpoint.store.CheckpointStore`.
         keep: how many valid checkpoints to keep (>= 1); older ones are deleted after a new
             one is committed.
         process_group: the group to coordinate over (default: the world).
         verify_checksums: hash files when resolving the newest checkpoint (slower, safer).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], keep: int = 2, *,
+    def __init__(self, directory: str | os.PathLike[str] | CheckpointStore, keep: int = 2, *,
                  process_group: Any = None, verify_checksums: bool = True) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        self.directory = Path(directory)
+        if isinstance(directory, (str, os.PathLike)):
+            self.store: CheckpointStore = LocalStore(directory)
+            self.directory = Path(directory)
+        else:
+            self.store = directory
+            self.directory = Path(directory.location)
         self.keep = keep
         self.group = process_group
         self.verify_checksums = verify_checksums
@@ -237,7 +239,7 @@ class Checkpointer:
         nothing."""
         found = None
         if self._rank_world()[0] == 0:
-            found = find_latest_valid(self.directory, self.verify_checksums)
+            found = self.store.latest(self.verify_checksums)
         return self._from_rank0(found)
 
     # -- saving -------------------------------------------------------------------------------
@@ -270,38 +272,26 @@ class Checkpointer:
             import torch.distributed.checkpoint as dcp
 
             dcp.save(_dcp_state(state), checkpoint_id=temp, process_group=self.group)
-        error = ""
-        final = temp.parent / step_dir_name(state.step)
+        error, final = "", ""
         if rank == 0:
             try:
-                self._write_rank0(state, temp, per_rank, world, "dcp" if use_dcp else "torch")
+                final = self._write_rank0(state, temp, per_rank, world,
+                                          "dcp" if use_dcp else "torch")
             except (OSError, RuntimeError, CheckpointError) as exc:
                 error = f"saving step {state.step} into {temp} failed: {exc}"
                 log.error("%s", error)
-        error = self._from_rank0(error)
+        error, final = self._from_rank0((error, final))
         if error:
             raise CheckpointError(error)
-        return final
+        return Path(final)
 
-    def _plan(self, step: int) -> tuple[str, str, str]:
-        """Rank 0: ``(action, path, message)``, action ``write`` (into a new temp dir),
-        ``skip`` (a valid checkpoint of ``step`` exists) or ``error``."""
-        final = self.directory / step_dir_name(step)
-        try:
-            if os.path.lexists(final):
-                problem = validate(Candidate(final, step, "dir"), verify_checksums=False)
-                if not problem:
-                    return ("skip", str(final),
-                            f"checkpoint {final} already exists; not overwriting it (skipped)")
-                aside = final.with_name(f"{final.name}.corrupt-{os.getpid()}")
-                os.rename(final, aside)
-                log.warning("moved invalid %s aside to %s (%s)", final, aside.name, problem)
-            return ("write", str(new_temp_dir(self.directory, step)), "")
-        except OSError as exc:
-            return ("error", str(final), f"cannot prepare checkpoint {final}: {exc}")
+    def _plan(self, step: int) -> StagePlan:
+        """Rank 0: the store's plan for ``step`` (``write`` into a new staging directory,
+        ``skip`` or ``error``)."""
+        return self.store.stage(step)
 
     def _write_rank0(self, state: TrainState, temp: Path, per_rank: list[Any], world: int,
-                     kind: Literal["torch", "dcp"]) -> None:
+                     kind: Literal["torch", "dcp"]) -> str:
         payload: dict[str, Any] = {
             "format": FORMAT, "step": state.step, "epoch": state.epoch,
             "batch_in_epoch": state.batch_in_epoch, "extra": state.extra,
@@ -318,11 +308,11 @@ class Checkpointer:
         meta = {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", "")}
-        write_manifest(temp, state.step, kind, world, meta)
-        final = commit(temp, state.step)
-        removed = prune(self.directory, self.keep, final)
+        final = self.store.commit(temp, state.step, kind, world, meta)
+        removed = self.store.prune(self.keep, final)
         if removed:
-            log.info("pruned %s", ", ".join(p.name for p in removed))
+            log.info("pruned %s", ", ".join(Path(p).name for p in removed))
+        return final
 
     # -- restoring ----------------------------------------------------------------------------
     def restore(self, state: TrainState, *, checkpoint: Checkpoint | None = None,

@@ -9,7 +9,7 @@ import click
 
 from slurm_spot.commands.common import json_option, print_json
 from slurm_spot.errors import BadInputError
-from slurm_spot.localcluster.demo import EXAMPLE, Demo, DemoSettings, summary_lines
+from slurm_spot.localcluster.demo import Demo, DemoSettings, example_script, summary_lines
 
 
 @click.command("demo")
@@ -22,8 +22,9 @@ from slurm_spot.localcluster.demo import EXAMPLE, Demo, DemoSettings, summary_li
 @json_option
 def demo_command(workdir: Path, steps: int, keep_cluster: bool, as_json: bool) -> None:
     """Run a 2-node torchrun job on local spot nodes, preempt it twice, watch it finish."""
-    if not EXAMPLE.exists():
-        raise BadInputError(f"the demo's training script is missing: {EXAMPLE} (reinstall "
+    script = example_script()
+    if not script.exists():
+        raise BadInputError(f"the demo's training script is missing: {script} (reinstall "
                             "slurm-spot, or run 'make demo' in a source checkout)")
     settings = DemoSettings(workdir=workdir, steps=steps, keep_cluster=keep_cluster)
 

@@ -1,4 +1,4 @@
-"""``slurm-spot reconcile [--once] [--json]``: the controller loop (DESIGN.md flow 6)."""
+"""``slurm-spot reconcile [--once] [--json]``: the controller loop (docs/DESIGN.md flow 6)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from slurm_spot.reconcile.reconciler import PassResult, Reconciler
 from slurm_spot.slurm.client import SlurmClient
 
 log = logging.getLogger("slurm_spot.reconcile.reconciler")
-UNIT_TEMPLATE = "slurm-spot-reconcile.service.j2"
+UNIT_NAME = "slurm-spot-reconcile"
 
 
 def render_unit(
@@ -34,16 +34,22 @@ def render_unit(
     ``slurm_conf`` defaults to ``$SLURM_CONF``, else ``slurm.conf`` beside spot.yaml if that
     is not the default ``/etc/slurm/slurm.conf``.
     """
-    from slurm_spot.render import template_env
+    from slurm_spot.render import systemd_unit
 
     if slurm_conf is None:
         beside = config.source_path.parent / "slurm.conf"
         slurm_conf = os.environ.get("SLURM_CONF") or (
             str(beside) if beside.exists() and str(beside) != "/etc/slurm/slurm.conf" else "")
     folder = scripts_dir or Path(sysconfig.get_path("scripts"))
-    return template_env().get_template(UNIT_TEMPLATE).render(
-        version=__version__, config_path=config.source_path, slurm_conf=slurm_conf,
-        executable=folder / "slurm-spot", metrics_port=metrics_port, user=user)
+    port = f" --metrics-port {metrics_port}" if metrics_port else ""
+    return systemd_unit(
+        UNIT_NAME,
+        header=f"Managed by slurm-spot ({__version__}): `slurm-spot reconcile --systemd-unit` "
+               f"for {config.source_path}.\nInstall as /etc/systemd/system/{UNIT_NAME}.service "
+               f"on the Slurm controller, then\n  systemctl daemon-reload && systemctl enable "
+               f"--now {UNIT_NAME}",
+        exec_start=f"{folder / 'slurm-spot'} --config {config.source_path} reconcile{port}",
+        user=user, environment={"SLURM_CONF": slurm_conf} if slurm_conf else {})
 
 
 def _print_pass(result: PassResult, as_json: bool) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -16,14 +15,15 @@ from slurm_spot.commands.common import AppContext, pass_app, print_json
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.jobs.sbatch import Submission, plan_submission, split_command_line
-from slurm_spot.render import template_env
+from slurm_spot.render import render_template
+from slurm_spot.slurm.client import run_command
 
 
 def torchrun_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
                     python: str, env: list[tuple[str, str]]) -> str:
     """The batch script that starts one torchrun agent per node for ``script`` (pure)."""
     command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
-    return template_env().get_template("torchrun-batch.sh.j2").render(
+    return render_template("torchrun-batch.sh.j2",
         version=__version__, python=shlex.quote(python),
         nproc_per_node=nproc_per_node, command=command,
         requeue_exit_code=config.preemption.requeue_exit_code,
@@ -124,8 +124,7 @@ def _submit(app: AppContext, plan: Submission, dry_run: bool, as_json: bool) -> 
         script_path = Path(folder) / "batch.sh"
         script_path.write_text(plan.script)
         argv = plan.argv(str(script_path), sbatch)
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,  # noqa: S603
-                              check=False, stdin=subprocess.DEVNULL)
+        proc = run_command(argv, 60)
     if proc.returncode != 0:
         raise SlurmCommandError(argv, proc.returncode, proc.stderr or proc.stdout)
     if as_json:

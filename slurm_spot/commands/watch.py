@@ -63,15 +63,22 @@ def watch_command(app: AppContext, node: str | None, wait_s: float, instance_id:
 
 
 def render_unit(config_path: Path, node: str | None = None, user: str = "root") -> str:
-    """The systemd unit for the watcher (templates/slurm-spot-watch.service.j2; pure).
-    Without ``node`` the watcher uses the host name, as on a cloud node named after its
-    Slurm node."""
-    from slurm_spot.render import template_env
+    """The systemd unit for the watcher (templates/slurm-spot-watch.service.j2, which the
+    Ansible role renders too; pure). Without ``node`` the watcher uses the host name, as on a
+    cloud node named after its Slurm node."""
+    from slurm_spot.render import systemd_unit
 
-    return template_env().get_template("slurm-spot-watch.service.j2").render(
-        version=__version__, config_path=config_path, node=node, user=user,
-        slurm_conf=os.environ.get("SLURM_CONF", ""),
-        executable=Path(sysconfig.get_path("scripts")) / "slurm-spot")
+    slurm_conf = os.environ.get("SLURM_CONF", "")
+    executable = Path(sysconfig.get_path("scripts")) / "slurm-spot"
+    return systemd_unit(
+        "slurm-spot-watch",
+        header=f"Managed by slurm-spot ({__version__}): the node-side watcher for {config_path}.\n"
+               "Install as /etc/systemd/system/slurm-spot-watch.service on every compute node "
+               "(or in its image),\nthen  systemctl daemon-reload && systemctl enable --now "
+               "slurm-spot-watch\nThe Ansible role (ansible/roles/slurm_spot) writes this unit "
+               "for the compute group.",
+        exec_start=f"{executable} --config {config_path} watch" + (f" --node {node}" if node else ""),
+        user=user, environment={"SLURM_CONF": slurm_conf} if slurm_conf else {})
 
 
 COMMANDS = [watch_command]

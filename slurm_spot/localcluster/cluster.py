@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,9 +23,9 @@ from pathlib import Path
 import yaml
 
 from slurm_spot.config import LocalProviderConfig, SpotConfig, load_config
-from slurm_spot.errors import BadInputError, ConfigError, SlurmSpotError
-from slurm_spot.render import render, slurm_version, template_env, write_rendered
-from slurm_spot.slurm.client import SlurmClient
+from slurm_spot.errors import BadInputError, ConfigError, SlurmCommandError, SlurmSpotError
+from slurm_spot.render import render, render_template, slurm_version, write_rendered
+from slurm_spot.slurm.client import CommandResult, SlurmClient, run_command
 
 MANAGED_MARK = "Managed by slurm-spot"
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
@@ -51,16 +52,15 @@ class LocalClusterPaths:
         return self.state_dir / "local" / "cluster.json"
 
 
-def _run(argv: list[str], timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], timeout_s: float = 30) -> CommandResult:
     try:
-        return subprocess.run(  # noqa: S603 - argv list
-            argv, capture_output=True, text=True, timeout=timeout_s, check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except FileNotFoundError:
-        raise SlurmSpotError(
-            f"{argv[0]} is not installed: apt-get install slurm-wlm munge (see README)"
-        ) from None
+        return run_command(argv, timeout_s)
+    except SlurmCommandError:
+        if shutil.which(argv[0]) is None:
+            raise SlurmSpotError(
+                f"{argv[0]} is not installed: apt-get install slurm-wlm munge (see README)"
+            ) from None
+        raise
 
 
 def _munge_running() -> bool:
@@ -109,7 +109,7 @@ def write_cluster_files(config: SpotConfig, paths: LocalClusterPaths) -> None:
     for folder in (config.state_dir / "slurmctld", config.state_dir / "slurmd", config.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
     write_rendered(render(config, version=slurm_version()), paths.conf_dir)
-    text = template_env().get_template("slurm.conf.j2").render(
+    text = render_template("slurm.conf.j2",
         version=_version(), cluster=config.cluster, slurmctld_port=6817,
         state_dir=config.state_dir, log_dir=config.log_dir,
         kill_wait_s=local.kill_wait_s, slurmd_timeout_s=local.slurmd_timeout_s,
@@ -149,8 +149,7 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
     argv = ["/usr/sbin/slurmctld", "-f", str(paths.slurm_conf)]
     if not keep_state:
         argv.append("-c")
-    started = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30,  # noqa: S603
-                             check=False, stdin=subprocess.DEVNULL)
+    started = run_command(argv, 30, env=env)
     if started.returncode != 0:
         raise SlurmSpotError(f"slurmctld did not start: {started.stderr.strip()} "
                              f"(see {config.log_dir / 'slurmctld.log'})")

@@ -18,22 +18,23 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from slurm_spot.errors import SlurmSpotError
-from slurm_spot.slurm.client import SlurmClient
+from slurm_spot.resources import example
+from slurm_spot.slurm.client import SlurmClient, run_command
 
-#: The demo's training script: ``examples/train_digits.py`` of the source tree, shipped in the
-#: wheel as ``slurm_spot/examples/train_digits.py`` (pyproject's package-dir mapping).
-EXAMPLE = Path(str(resources.files("slurm_spot.examples") / "train_digits.py"))
+
+def example_script() -> Path:
+    """The demo's training script, ``examples/train_digits.py`` of the repository
+    (:func:`slurm_spot.resources.example`: the same lookup in a wheel and a checkout)."""
+    return example("train_digits.py")
 
 
 @dataclass
@@ -138,8 +139,7 @@ class Demo:
     def spot(self, *args: str) -> str:
         argv = [sys.executable, "-m", "slurm_spot", "--config", str(self.conf_dir / "spot.yaml"),
                 *args]
-        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True,  # noqa: S603
-                              timeout=120, check=False)
+        proc = run_command(argv, 120, env=self.env)
         if proc.returncode != 0:
             raise SlurmSpotError(f"{' '.join(args)}: {proc.stderr.strip() or proc.stdout}")
         return proc.stdout
@@ -172,11 +172,10 @@ class Demo:
     def reference(self) -> dict:
         """Train uninterrupted on this machine (2 ranks, same seed) for the reference."""
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node=2", str(EXAMPLE), "--reference", "--steps", str(self.s.steps)]
+                "--nproc-per-node=2", str(example_script()), "--reference", "--steps", str(self.s.steps)]
         errors = ""
         for attempt in range(3):  # deterministic, so a retry changes nothing but luck with gloo
-            proc = subprocess.run(argv, env=self.env, capture_output=True,  # noqa: S603
-                                  text=True, timeout=600, check=False)
+            proc = run_command(argv, 600, env=self.env)
             done = [json.loads(line) for line in proc.stdout.splitlines()
                     if line.startswith("{") and '"done"' in line]
             if proc.returncode == 0 and done:
@@ -201,8 +200,7 @@ class Demo:
 
     def spot_with_config(self, config: Path, *args: str) -> None:
         argv = [sys.executable, "-m", "slurm_spot", "--config", str(config), *args]
-        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True,  # noqa: S603
-                              timeout=120, check=False)
+        proc = run_command(argv, 120, env=self.env)
         if proc.returncode != 0:
             raise SlurmSpotError(proc.stderr.strip() or proc.stdout)
 
@@ -212,7 +210,7 @@ class Demo:
         out = self.s.workdir / "train-%j.out"
         submitted = json.loads(self.spot(
             "sbatch", "--torchrun", "--json", "-p", "spot", "-N", "2", "-o", str(out),
-            str(EXAMPLE), "--steps", str(self.s.steps), "--step-sleep", str(self.s.step_sleep_s),
+            str(example_script()), "--steps", str(self.s.steps), "--step-sleep", str(self.s.step_sleep_s),
             "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1"))
         job = int(submitted["job_id"])
         log = TrainingLog(Path(str(out).replace("%j", str(job))))

@@ -26,7 +26,7 @@ TAG_MARKET = "slurm-spot-market"
 
 
 class ErrorClass(str, enum.Enum):
-    """What a launch error means for the next step (see cases/cloud-errors.yaml).
+    """What a launch error means for the next step (see tests/data/cloud-errors.yaml).
 
     - CAPACITY: this pool (instance type x zone x market) has none now; try the next pool,
       cool this one down, power the nodes down with a ``(Code:X)`` reason; never fail the job.

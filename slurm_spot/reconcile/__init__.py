@@ -1,4 +1,4 @@
-"""The reconciler (DESIGN.md flow 6).
+"""The reconciler (docs/DESIGN.md flow 6).
 
 Modules: :mod:`.rules` (pure classification of each node), :mod:`.reconciler` (one pass:
 snapshot, classify, act), :mod:`.history` (facts read back from the events file),

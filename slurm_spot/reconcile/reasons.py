@@ -1,7 +1,7 @@
 """Node reasons slurm-spot writes and reads back, and the small time helpers they need.
 
 Every reason slurm-spot writes starts with a fixed tag, so the reconciler can tell its own
-reasons from an admin's (DESIGN.md, "Contract"): ``spot-interruption:<action>@<time>`` (watcher,
+reasons from an admin's (docs/DESIGN.md, "Contract"): ``spot-interruption:<action>@<time>`` (watcher,
 reconciler), ``(Code:<provider code>)<message>`` (resume, cooldowns) and ``slurm-spot:...``.
 Times in reasons are UTC, ``2026-03-01T08:00:00Z``.
 """

@@ -1,4 +1,4 @@
-"""The reconciler's pass (DESIGN.md flow 6): snapshot the providers and Slurm once, classify
+"""The reconciler's pass (docs/DESIGN.md flow 6): snapshot the providers and Slurm once, classify
 every node with the pure rules of :mod:`slurm_spot.reconcile.rules`, act per verdict through a
 table, and isolate each action's failure. Every action is an event (source ``reconcile``) and
 a metric.

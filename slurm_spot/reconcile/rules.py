@@ -1,4 +1,4 @@
-"""Pure decisions of the reconciler (DESIGN.md flow 6): one Slurm node and the provider's
+"""Pure decisions of the reconciler (docs/DESIGN.md flow 6): one Slurm node and the provider's
 instances tagged with its name in, one :class:`NodeDecision` out. No I/O, no clock, no logging.
 
 Instances: an alive instance behind a powered-down node is an orphan once older than

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -46,12 +46,22 @@ class CommandRunner(Protocol):
     def __call__(self, argv: list[str], timeout_s: float) -> CommandResult: ...
 
 
-def run_command(argv: list[str], timeout_s: float) -> CommandResult:
-    """Run ``argv`` (no shell), capture its output; a timeout raises SlurmCommandError."""
+def run_command(argv: list[str], timeout_s: float,
+                env: Mapping[str, str] | None = None) -> CommandResult:
+    """Run ``argv`` (no shell, stdin closed), capture its output: the one runner of every
+    command slurm-spot runs to completion (Slurm's, ``sbatch``, ``slurmctld -V``, ``ip``, the
+    demo's own CLI calls). ``env`` replaces the environment when given. (Daemons that outlive
+    the call, the local provider's instances and the local slurmctld's reconciler, are started
+    detached with ``subprocess.Popen`` where they are managed.)
+
+    Raises:
+        SlurmCommandError: no answer within ``timeout_s`` seconds, or the program cannot run
+            (missing, not executable). A non-zero exit is returned, not raised.
+    """
     try:
         proc = subprocess.run(  # noqa: S603 - argv list, no shell
             argv, capture_output=True, text=True, timeout=timeout_s, check=False,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, env=None if env is None else dict(env),
         )
     except subprocess.TimeoutExpired as exc:
         raise SlurmCommandError(argv, None, f"no answer within {timeout_s:g} s") from exc

@@ -1,4 +1,5 @@
-"""EC2 error codes and what slurm-spot does about each (``aws`` in cases/cloud-errors.yaml).
+"""EC2 error codes and what slurm-spot does about each (the ``aws`` field cases,
+tests/data/cloud-errors.yaml).
 
 The table is data: code -> (:class:`~slurm_spot.providers.base.ErrorClass`, :class:`Scope`).
 Codes are compared with :func:`~slurm_spot.providers.base.normalize_code` (case and separators
@@ -51,7 +52,7 @@ _C, _Q, _F, _T, _A = (
 #: EC2 error code -> kind. The first six rows are the cases file; the rest are documented EC2
 #: codes that reach a launch in practice.
 ERROR_TABLE: Mapping[str, ErrorKind] = {
-    # cases/cloud-errors.yaml (aws)
+    # tests/data/cloud-errors.yaml (aws)
     "InsufficientInstanceCapacity": ErrorKind(_C, Scope.POOL),
     "InsufficientHostCapacity": ErrorKind(_C, Scope.POOL),
     "SpotMaxPriceTooLow": ErrorKind(_F, Scope.REQUEST),

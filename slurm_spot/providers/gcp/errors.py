@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from slurm_spot.providers.base import ErrorClass, classify, normalize_code
 
-#: Code -> class. Unlisted codes are ErrorClass.UNKNOWN (cases/cloud-errors.yaml, part gcp).
+#: Code -> class. Unlisted codes are ErrorClass.UNKNOWN (tests/data/cloud-errors.yaml, part gcp).
 GCP_ERROR_CLASSES: Mapping[str, ErrorClass] = {
     # capacity: this (machine type, zone, market) has none now -> next zone / type / market
     "ZONE_RESOURCE_POOL_EXHAUSTED": ErrorClass.CAPACITY,

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from slurm_spot.config import NodeSetConfig
+from slurm_spot.config import GcpProviderConfig, NodeSetConfig
 from slurm_spot.errors import ProviderError
 from slurm_spot.providers.base import (
     ErrorClass,
@@ -20,7 +21,7 @@ from slurm_spot.providers.base import (
     LaunchRequest,
     LaunchResult,
 )
-from slurm_spot.providers.gcp.api import GceCallError, OperationStatus
+from slurm_spot.providers.gcp.api import ComputeApi, GceCallError, OperationStatus
 from slurm_spot.providers.gcp.errors import GceError, most_specific
 from slurm_spot.providers.gcp.requests import (
     Attempt,
@@ -30,13 +31,31 @@ from slurm_spot.providers.gcp.requests import (
     request_id,
 )
 
-if TYPE_CHECKING:
-    from slurm_spot.providers.gcp.provider import GcpProvider
-
 log = logging.getLogger("slurm_spot.providers.gcp.provider")
 STOP_CLASSES = (ErrorClass.CONFIG, ErrorClass.AUTH)
 RETRY_CLASSES = (ErrorClass.THROTTLE, ErrorClass.UNKNOWN)
 MAX_REPLAYS = 8
+
+
+class GceOps(Protocol):
+    """The I/O a launch needs, the same seam style as AWS's ``Ec2Ops``;
+    :class:`~slurm_spot.providers.gcp.provider.GcpProvider` implements it (see its members of
+    the same names for what each does and raises)."""
+
+    settings: GcpProviderConfig
+    max_attempts: int
+    replay_window_s: float
+
+    @property
+    def api(self) -> ComputeApi: ...
+
+    def backoff(self, attempt: int) -> None: ...
+
+    def delete(self, instances: Sequence[Instance], wait: bool = False) -> list[Instance]: ...
+
+    def node_set_instances(self, node_set: NodeSetConfig) -> dict[str, list[Instance]]: ...
+
+    def wait(self, op: OperationStatus) -> OperationStatus: ...
 
 
 @dataclass
@@ -44,7 +63,7 @@ class LaunchRun:
     """The state of one :meth:`GcpProvider.launch`: nodes still pending, those launched or
     failed, failed pools, the latest error, and the request-id salt."""
 
-    provider: GcpProvider
+    provider: GceOps
     request: LaunchRequest
     started: datetime
     pending: list[str] = field(default_factory=list)
