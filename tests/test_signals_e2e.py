@@ -63,6 +63,11 @@ def watch_events(cluster: Cluster, action: str, job: int) -> list[dict]:
             if e["source"] == "watch" and e["action"] == action and job in e["job_ids"]]
 
 
+def completed(cluster: Cluster, jobs: object) -> bool:
+    """True once every job is COMPLETED (the done line comes before the epilog ends)."""
+    return all(cluster.job(job).get("JobState") == "COMPLETED" for job in jobs)  # type: ignore[attr-defined]
+
+
 def preempt(cluster: Cluster, node: str, notice_s: int) -> None:
     cluster.spot("local", "preempt", node, "--notice", str(notice_s),
                  "--conf-dir", str(cluster.conf_dir))
@@ -111,6 +116,7 @@ def test_each_job_gets_the_signal_it_handles_and_none_ends_failed(cluster: Clust
 
     wait_for(lambda: all(last(w, "done") for w in work.values()), timeout=300,
              what="all four jobs done after the interruption")
+    wait_for(lambda: completed(cluster, jobs.values()), timeout=60, what="all four COMPLETED")
     for name, job in jobs.items():
         record = cluster.job(job)
         assert record["JobState"] == "COMPLETED", (name, record)
@@ -174,6 +180,7 @@ def test_notice_during_the_prolog_then_a_second_notice(cluster: Cluster) -> None
              timeout=60, what="the job stepping again")
     preempt(cluster, second, 20)
     wait_for(lambda: last(work, "done"), timeout=240, what="the job done after two notices")
+    wait_for(lambda: completed(cluster, [job]), timeout=60, what="the job COMPLETED")
     record = cluster.job(job)
     assert record["JobState"] == "COMPLETED" and int(record["Restarts"]) >= 2, record
     events = job_events(work)
@@ -217,6 +224,7 @@ def test_submitit_and_lightning_jobs_finish_after_an_interruption(cluster: Clust
         preempt(cluster, node, 20)
     wait_for(lambda: all(last(w, "done") for w in works.values()), timeout=300,
              what="both jobs done after the interruption")
+    wait_for(lambda: completed(cluster, works), timeout=60, what="both COMPLETED")
     for job, work in works.items():
         record = cluster.job(job)
         assert record["JobState"] == "COMPLETED" and int(record["Restarts"]) >= 1, record
