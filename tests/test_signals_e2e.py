@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -63,9 +63,9 @@ def watch_events(cluster: Cluster, action: str, job: int) -> list[dict]:
             if e["source"] == "watch" and e["action"] == action and job in e["job_ids"]]
 
 
-def completed(cluster: Cluster, jobs: object) -> bool:
+def completed(cluster: Cluster, jobs: Iterable[int]) -> bool:
     """True once every job is COMPLETED (the done line comes before the epilog ends)."""
-    return all(cluster.job(job).get("JobState") == "COMPLETED" for job in jobs)  # type: ignore[attr-defined]
+    return all(cluster.job(job).get("JobState") == "COMPLETED" for job in jobs)
 
 
 def preempt(cluster: Cluster, node: str, notice_s: int) -> None:
