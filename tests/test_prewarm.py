@@ -143,6 +143,8 @@ class ScriptedCluster:
             self.signalled_at = self.now[0]
             self.job_state, self.job_nodes = "PENDING", []  # checkpoints, exits 85, requeued
             self.state["spot-1"], self.state["spot-2"] = "IDLE+CLOUD+DRAIN", "IDLE+CLOUD"
+        elif tool == "scontrol" and args[:1] == ["listpids"]:  # step 0's task, pid 4242
+            out = "PID      JOBID    STEPID   LOCALID GLOBALID\n4242     7        0        0  0\n"
         elif tool == "squeue" and "--json" in args:
             out = json.dumps({"jobs": [{"job_id": 7, "job_state": self.job_state,
                                         "user_name": "alice", "nodes": ",".join(self.job_nodes)}]})
@@ -194,6 +196,11 @@ def _watch(tmp_path: Path, cluster: ScriptedCluster, notice_s: float, **preempti
     watcher = Watcher(config, "spot-1", SlurmClient("/usr/bin", runner=cluster),
                       source_for(config, "spot-1"), clock=lambda: cluster.now[0],
                       sleep=lambda s: cluster.now.__setitem__(0, cluster.now[0] + s))
+    # The task's /proc/<pid>/status: it catches SIGUSR2 (bit 12) and SIGINT (bit 2).
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "status").write_text(
+        "Name:\tpython\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000802\n")
+    watcher.signaller.proc_root = tmp_path / "proc"
     return config, deadline, watcher.run(once=True)
 
 
@@ -205,7 +212,7 @@ def test_prewarm_powers_up_first_signals_when_up_and_the_job_lands_there(tmp_pat
         "update nodename=spot-1 state=DRAIN reason=" + outcome.notice.reason,
         "update nodename=spot-3 weight=0",
         "update nodename=spot-3 state=POWER_UP",
-        "scancel -s USR2 7",  # only once spot-3 was up
+        "scancel -s USR2 7.0",  # only once spot-3 was up; the step that catches it
         "update jobid=7 StartTime=now",
         "update nodename=spot-3 weight=1",  # its job landed: back to the configured weight
         "update nodename=spot-1 state=POWER_DOWN_FORCE reason=" + outcome.notice.reason,
@@ -215,7 +222,13 @@ def test_prewarm_powers_up_first_signals_when_up_and_the_job_lands_there(tmp_pat
     assert cluster.signalled_at is not None
     assert cluster.signalled_at < deadline.timestamp() - 60
     signalled = [e for e in read_events(config.log_dir) if e["action"] == "signalled"]
-    assert signalled[0]["reason"] == "replacement up" and signalled[0]["extra"]["prewarmed"]
+    # One event says when (the replacement was up) and which signal and why (its task's handler).
+    assert len(signalled) == 1
+    sent = signalled[0]
+    assert sent["extra"]["when"] == "replacement up" and sent["extra"]["prewarmed"]
+    assert sent["extra"]["replacements"] == ["spot-3"]
+    assert sent["extra"]["signal"] == "USR2" and sent["extra"]["steps"] == ["0"]
+    assert "catch SIGUSR2" in sent["reason"]
 
 
 def test_prewarm_signals_at_the_checkpoint_deadline_when_the_boot_is_slow(tmp_path: Path) -> None:
@@ -231,7 +244,7 @@ def test_prewarm_signals_at_the_checkpoint_deadline_when_the_boot_is_slow(tmp_pa
     assert expected - 1.5 <= cluster.signalled_at <= expected + 0.1
     assert expected > deadline.timestamp() - 60 + 30  # it trained on for most of the notice
     signalled = [e for e in read_events(config.log_dir) if e["action"] == "signalled"]
-    assert signalled[0]["reason"] == "checkpoint deadline"
+    assert signalled[0]["extra"]["when"] == "checkpoint deadline"
 
 
 def test_prewarm_off_signals_at_once_and_powers_nothing_up(tmp_path: Path) -> None:

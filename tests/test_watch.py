@@ -51,6 +51,8 @@ class ScriptedSlurm:
                                         "array_task_id": 3}]})
         elif tool == "squeue":
             out = "" if self.powered_down else "5 4 3 spot-1\n"
+        elif tool == "scontrol" and args[:1] == ["listpids"]:  # step 0's task, pid 4242
+            out = "PID      JOBID    STEPID   LOCALID GLOBALID\n4242     5        0        0  0\n"
         return CommandResult(argv, 0, out, "")
 
 
@@ -71,13 +73,19 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     watcher = Watcher(config, "spot-1", SlurmClient("/usr/bin", runner=slurm),
                       source_for(config, "spot-1"), clock=lambda: clock[0],
                       sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    # The task's /proc/<pid>/status: it catches SIGUSR2 (bit 12) and SIGINT (bit 2).
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "status").write_text(
+        "Name:\tpython\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000802\n")
+    watcher.signaller.proc_root = tmp_path / "proc"
     outcome = watcher.run(once=True)
     assert outcome is not None and outcome.jobs == [5] and outcome.requeued == [5]
     reason = f"spot-interruption:terminate@{deadline:%Y-%m-%dT%H:%M:%SZ}"
-    steps = [c for c in slurm.commands if not c.startswith(("squeue", "scontrol -o"))]
+    steps = [c for c in slurm.commands
+             if not c.startswith(("squeue", "scontrol -o", "scontrol listpids", "scontrol write"))]
     assert steps == [
         f"scontrol update nodename=spot-1 state=DRAIN reason={reason}",
-        "scancel -s USR2 4_3",  # the task by its own name: '4' would be the whole array
+        "scancel -s USR2 4_3.0",  # the task by its own name: '4' would be the whole array
         f"scontrol update nodename=spot-1 state=POWER_DOWN_FORCE reason={reason}",
         "scontrol update jobid=4_3 StartTime=now",
     ]
