@@ -185,7 +185,10 @@ class ScriptedCluster:
                 self.state[node] = "IDLE+CLOUD+POWERED_DOWN+DRAIN"
 
 
-def _watch(tmp_path: Path, cluster: ScriptedCluster, notice_s: float, **preemption: object):
+def _watch(tmp_path: Path, cluster: ScriptedCluster, notice_s: float, in_prolog_s: float = 0.0,
+           **preemption: object):
+    """Run the watcher on a notice ``notice_s`` ahead; the job's task (pid 4242, catching
+    SIGUSR2) appears ``in_prolog_s`` after the notice (before that the job is in its prolog)."""
     config = _config(tmp_path, **preemption)
     notices = config.state_dir / "local" / "notices"
     notices.mkdir(parents=True)
@@ -193,13 +196,20 @@ def _watch(tmp_path: Path, cluster: ScriptedCluster, notice_s: float, **preempti
     (notices / "spot-1.json").write_text(json.dumps({"action": "terminate",
                                                      "time": deadline.isoformat()}))
     cluster.now[0] = deadline.timestamp() - notice_s
+    task = tmp_path / "proc" / "4242"
+    task.parent.mkdir(parents=True)
+
+    def sleep(seconds: float) -> None:
+        cluster.now[0] += seconds
+        if cluster.now[0] >= deadline.timestamp() - notice_s + in_prolog_s and not task.exists():
+            # /proc/<pid>/status of the task: it catches SIGUSR2 (bit 12) and SIGINT (bit 2).
+            task.mkdir()
+            (task / "status").write_text(
+                "Name:\tpython\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000802\n")
+
+    sleep(0.0)
     watcher = Watcher(config, "spot-1", SlurmClient("/usr/bin", runner=cluster),
-                      source_for(config, "spot-1"), clock=lambda: cluster.now[0],
-                      sleep=lambda s: cluster.now.__setitem__(0, cluster.now[0] + s))
-    # The task's /proc/<pid>/status: it catches SIGUSR2 (bit 12) and SIGINT (bit 2).
-    (tmp_path / "proc" / "4242").mkdir(parents=True)
-    (tmp_path / "proc" / "4242" / "status").write_text(
-        "Name:\tpython\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000802\n")
+                      source_for(config, "spot-1"), clock=lambda: cluster.now[0], sleep=sleep)
     watcher.signaller.proc_root = tmp_path / "proc"
     return config, deadline, watcher.run(once=True)
 
@@ -253,6 +263,20 @@ def test_prewarm_off_signals_at_once_and_powers_nothing_up(tmp_path: Path) -> No
     assert outcome is not None and outcome.replacements == []
     assert cluster.signalled_at == deadline.timestamp() - 120
     assert not any("POWER_UP" in c or "weight" in c for c in cluster.commands)
+
+
+def test_a_job_in_its_prolog_when_due_is_signalled_once_its_task_catches(
+        tmp_path: Path) -> None:
+    cluster = ScriptedCluster(boot_polls=2)
+    config, deadline, outcome = _watch(tmp_path, cluster, 120, in_prolog_s=30)
+    assert outcome is not None and outcome.requeued == [7]
+    start = deadline.timestamp() - 120
+    # Withheld while nothing caught it, signalled as soon as its task did: not at the deadline.
+    assert cluster.signalled_at is not None and start + 30 <= cluster.signalled_at <= start + 31
+    assert [c for c in cluster.commands if c.startswith("scancel")] == ["scancel -s USR2 7.0"]
+    watch = [e for e in read_events(config.log_dir) if e["action"].startswith("signal")]
+    assert [e["action"] for e in watch] == ["signal_plan", "signal_withheld", "signalled"]
+    assert watch[2]["extra"]["when"] == "replacement up" and watch[2]["extra"]["prewarmed"]
 
 
 def test_checkpointer_records_its_save_time_and_size_for_the_watcher(tmp_path: Path) -> None:
