@@ -146,33 +146,27 @@ def first_start_pid(work: Path) -> int:
     return int(starts[0]["pid"])
 
 
-def test_notice_during_the_prolog_then_a_second_notice(cluster: Cluster) -> None:
-    """The notice comes while the job's node is still running its prolog (made slow here):
-    nothing of the job can catch a signal yet, so the watcher waits and signals the job as
-    soon as its handler is installed. The same job is then interrupted a second time on its
-    new node. It finishes, never FAILED, resuming from its own checkpoint both times."""
-    flag = cluster.root / "slow-prolog"
-    conf = cluster.conf_dir / "slurm-spot.conf"
-    lines = conf.read_text().splitlines()
-    real = next(line.split("=", 1)[1] for line in lines if line.startswith("Prolog="))
-    wrapper = cluster.root / "slow-prolog.sh"
-    wrapper.write_text(f"#!/bin/sh\nif [ -e {flag} ]; then /bin/rm -f {flag}; /bin/sleep 8; fi\n"
-                       f'exec {real} "$@"\n')
-    wrapper.chmod(0o755)
-    conf.write_text("\n".join(f"Prolog={wrapper}" if line.startswith("Prolog=") else line
-                              for line in lines) + "\n")
-    cluster.slurm("scontrol", "reconfigure")
+def test_notice_while_the_job_starts_then_a_second_notice(cluster: Cluster) -> None:
+    """The notice comes while the job is still starting (its script's 6 s of setup before
+    ``srun``, as a prolog or a slow import would be): nothing of the job can catch a signal
+    yet, so the watcher waits and signals the job as soon as its handler is installed. The
+    same job is then interrupted a second time on its new node. It finishes, never FAILED,
+    resuming from its own checkpoint both times.
+
+    (A slow Prolog swapped in by ``scontrol reconfigure`` is not used: the slurmds already
+    up kept running the old Prolog, so the job never sat in the slow one.)"""
     work = cluster.root / "prolog"
-    flag.touch()
+    started = cluster.root / "prolog-started"
     job = cluster.sbatch("-p", "spot", "-N", "1", "-o", str(cluster.root / "p.out"), str(script(
-        cluster, "prolog", f"srun {PY} {JOB} --handle USR1 --steps 60 --dir {work}",
+        cluster, "prolog",
+        f"touch {started}; sleep 6\nsrun {PY} {JOB} --handle USR1 --steps 60 --dir {work}",
         "#SBATCH --signal=USR1@60\n#SBATCH --requeue\n#SBATCH --open-mode=append\n")))
-    wait_for(lambda: not flag.exists(), timeout=120, what="the job's prolog running")
+    wait_for(started.exists, timeout=120, what="the job's script starting")
     node = cluster.job(job)["NodeList"]
-    assert job_events(work) == []  # still in the prolog
+    assert job_events(work) == []  # its handler is not installed yet
     preempt(cluster, node, 25)
     wait_for(lambda: watch_events(cluster, "signal_withheld", job), timeout=20,
-             what="the watcher finding nothing to signal in the prolog")
+             what="the watcher finding nothing to signal while the job starts")
     wait_for(lambda: len([e for e in job_events(work) if e["event"] == "start"]) == 2,
              timeout=180, what="the job back after the first notice")
     second = cluster.job(job)["NodeList"]  # a fresh instance (perhaps under the same name)
