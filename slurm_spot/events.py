@@ -36,10 +36,15 @@ class Action(str, enum.Enum):
     NOTICE = "notice"
     REQUEUED = "requeued"  # also the reconciler, after a reclaim
     POWERED_DOWN = "powered_down"  # a notice on a node that ran no job
+    # a job got its preemption signal: reason and extra say which, why, to whom; extra.when
+    # why now (replacement up, checkpoint deadline, ...), extra.prewarmed/replacements
+    SIGNALLED = "signalled"
+    SIGNAL_WITHHELD = "signal_withheld"  # nothing of the job catches one yet
+    REQUEUE_ENDED = "requeue_ended"  # also the reconciler: a job ended during an interruption
+    NOT_REQUEUED = "not_requeued"  # ... and why it was left as it ended
     REBALANCE = "rebalance_recommendation"
     PREWARM = "prewarm"  # replacements chosen and powered up for a node's jobs
     SIGNAL_PLAN = "signal_plan"  # a job's latest signal time from its checkpoint history
-    SIGNALLED = "signalled"  # the preemption signal went to a job (reason: why now)
     # the reconciler (source reconcile), one per verdict of reconcile.rules
     RECLAIMED = "reclaimed"
     BOOT_LOST = "boot_lost"

@@ -5,19 +5,26 @@ On an interruption notice for its node it:
 1. drains the node with reason ``spot-interruption:<action>@<time>`` (no new jobs land);
 2. with ``preemption.prewarm`` (default), has one replacement node per job powered up at once,
    through slurmctld (:mod:`slurm_spot.prewarm`), so its boot hides behind the notice;
-3. sends the preemption signal (default SIGUSR2) to every step of every job on the node
-   (``scancel -s``): with prewarm when the replacements are up, or at the latest at
-   ``deadline - margin - the job's checkpoint + step time - signal_margin_s``
-   (:func:`slurm_spot.prewarm.latest_signal_time`); without prewarm at once;
+3. sends every job on the node the preemption signal that job handles (its own ``--signal``,
+   else what its processes catch, else spot.yaml's; never one its processes would die of:
+   :mod:`slurm_spot.jobs.signal_choice`): with prewarm when the replacements are up, or at the
+   latest at ``deadline - margin - the job's checkpoint + step time - signal_margin_s``
+   (:func:`slurm_spot.prewarm.latest_signal_time`); without prewarm at once. A job with nothing
+   to catch it yet (still in its prolog) is tried again while the watcher waits;
 4. waits until those jobs have left the node, or until ``margin_s`` before the deadline;
-5. clears the ~121 s requeue delay of the jobs that left by themselves (requeued by their exit
-   code) at once (``scontrol update jobid=N StartTime=now``), waits briefly for their new
-   allocation and restores the replacements' Weight;
+5. for the jobs that left by themselves: requeues each that ended during the interruption,
+   whatever its exit code (:mod:`slurm_spot.jobs.requeue`), clears the ~121 s requeue delay
+   (``scontrol update jobid=N StartTime=now``), waits briefly for their new allocation and
+   restores the replacements' Weight;
 6. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
    once (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
 
-Every step is an event (``notice``, ``prewarm``, ``signalled``, ``requeued``/``powered_down``)
-with its time, which ``slurm-spot demo`` uses for its recovery breakdown.
+Every step is an event (``notice``, ``prewarm``, ``signalled``/``signal_withheld``,
+``requeue_ended``/``not_requeued``, ``requeued``/``powered_down``) with its time, which
+``slurm-spot demo`` uses for its recovery breakdown. A ``signalled`` event says both which
+signal and why (``reason``, ``extra.signal``, ``extra.steps``/``pids``) and when
+(``extra.when``: replacement up, replacement failed, checkpoint deadline, prewarm off;
+``extra.prewarmed``, ``extra.replacements``).
 
 A rebalance recommendation (AWS) is only logged, or drains the node early when configured.
 """
@@ -35,6 +42,8 @@ from slurm_spot.config import (
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.jobs.requeue import requeue_ended
+from slurm_spot.jobs.signal_choice import JobSignaller
 from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
 from slurm_spot.providers.notices import Notice, NoticeSource
 from slurm_spot.slurm.client import SlurmClient
@@ -97,6 +106,9 @@ class Watcher:
         self.margin_s = margin_s
         self.clock = clock
         self.sleep = sleep
+        self.signaller = JobSignaller(slurm, node, config.preemption.signal, self._event)
+        # Per job whose signal time has come: when/why now, for its ``signalled`` event.
+        self._when: dict[int, dict[str, object]] = {}
 
     def _event(self, action: events.Action, **fields: object) -> None:
         events.emit(self.config.log_dir,
@@ -126,6 +138,7 @@ class Watcher:
             # Poll often: the sooner a job that left is expedited, the sooner it runs again.
             self.sleep(max(0.05, min(0.25, act_at - self.clock())))
             jobs = [j for j in self._jobs_here(outcome) if j in outcome.jobs]
+            self._retry_withheld(outcome, jobs)  # those still in their prolog
         for job in [j for j in outcome.jobs if j not in jobs]:
             if self._expedite(job, outcome):  # left by itself: requeued by its exit code
                 outcome.requeued.append(job)
@@ -147,7 +160,6 @@ class Watcher:
                      prewarm: Prewarm | None) -> None:
         """Signal each job when the replacements are up (or failed), or at its own latest
         signal time; at once without prewarm. Jobs that leave meanwhile are not signalled."""
-        signal = self.config.preemption.signal
         latest = self._latest_signal_times(jobs, notice) if prewarm else {}
         pending = list(jobs)
         while pending:
@@ -155,13 +167,10 @@ class Watcher:
             status = prewarm.status() if prewarm else "off"
             due = [j for j in pending if status != "booting" or now >= latest[j]]
             for job in due:
-                self._signal(outcome, job, signal)
-                why = {"up": "replacement up", "failed": "replacement failed",
-                       "off": "prewarm off"}.get(status, "checkpoint deadline")
-                self._event(events.Action.SIGNALLED, job_ids=(job,), reason=why,
-                            extra={"signal": signal, "prewarmed": prewarm is not None
-                                   and bool(prewarm.chosen.nodes),
-                                   "replacements": outcome.replacements})
+                when = {"up": "replacement up", "failed": "replacement failed",
+                        "off": "prewarm off"}.get(status, "checkpoint deadline")
+                self._signal(outcome, job, when,
+                             prewarm is not None and bool(prewarm.chosen.nodes))
                 pending.remove(job)
             if pending:
                 self.sleep(max(0.05, min(1.0, min(latest[j] for j in pending) - now)))
@@ -172,6 +181,7 @@ class Watcher:
                     continue
                 here = nodes[0].jobs if nodes else ()
                 pending = [j for j in pending if j in here]
+                self._retry_withheld(outcome, [j for j in here if j not in pending])
 
     def _latest_signal_times(self, jobs: list[int], notice: Notice) -> dict[int, float]:
         """Per job, :func:`latest_signal_time` from its own saves (else the default)."""
@@ -205,8 +215,19 @@ class Watcher:
                 return
             self.sleep(0.5)
 
-    def _signal(self, outcome: NoticeOutcome, job: int, signal: str) -> None:
-        self._try(outcome, lambda: self.slurm.signal_steps(job, signal))
+    def _signal(self, outcome: NoticeOutcome, job: int, when: str, prewarmed: bool) -> None:
+        """Have :class:`JobSignaller` signal ``job`` now; its ``signalled`` event also carries
+        when and why now (``when``) and the prewarm facts the recovery breakdown reads."""
+        self._when[job] = {"when": when, "prewarmed": prewarmed,
+                           "replacements": list(outcome.replacements)}
+        self._retry_withheld(outcome, [job])
+
+    def _retry_withheld(self, outcome: NoticeOutcome, jobs: list[int]) -> None:
+        """Signal those of ``jobs`` whose time has come but that had nothing to catch the
+        signal yet (still in their prolog); jobs not due yet are left for :meth:`_signal_jobs`."""
+        for job in jobs:
+            if job in self._when and not self.signaller.signalled(job):
+                outcome.errors += self.signaller.deliver([job], context=self._when[job])
 
     def _jobs_here(self, outcome: NoticeOutcome) -> list[int]:
         try:
@@ -225,11 +246,24 @@ class Watcher:
                 outcome.errors.append(str(exc))
                 return False
             if not found or found[0].state.is_finished:
-                return False
+                if not self._requeue_ended(job, outcome):
+                    return False
+                continue
             if found[0].state.is_pending:
                 return self._try(outcome, lambda: self.slurm.expedite(job))
             self.sleep(0.5)
         return False
+
+    def _requeue_ended(self, job: int, outcome: NoticeOutcome) -> bool:
+        """Requeue ``job`` if it ended during the interruption (never FAILED by one)."""
+        try:
+            decision = requeue_ended(self.slurm, job)
+        except SlurmCommandError as exc:
+            outcome.errors.append(str(exc))
+            return False
+        self._event(events.Action.REQUEUE_ENDED if decision.requeue else events.Action.NOT_REQUEUED,
+                    job_ids=(job,), reason=decision.why)
+        return decision.requeue
 
     def _try(self, outcome: NoticeOutcome, action: Callable[[], object]) -> bool:
         try:

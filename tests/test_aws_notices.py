@@ -166,8 +166,17 @@ class FakeSlurm:
         jobs = () if self.powered_down else (42,)
         return [Node("gpu-2", parse_node_state("MIXED+DRAIN"), jobs=jobs)]
 
-    def signal_steps(self, job_id: int, signal: str) -> None:
-        self.calls.append(("signal", job_id, signal))
+    def batch_script(self, job_id: int) -> str:
+        return "#!/bin/bash\n#SBATCH --requeue\nsrun python train.py\n"
+
+    def list_pids(self, job_id: int, node: str) -> list[tuple[int, str]]:
+        return [(4242, "0")]  # its /proc/4242/status is written by the test
+
+    def signal_step(self, job_id: int, step: str | None, signal: str) -> None:
+        self.calls.append(("signal", job_id, step, signal))
+
+    def job_record(self, job_id: int) -> None:
+        return None
 
     def jobs(self, job_ids: list[int] | None = None) -> list[Job]:
         return [Job(42, parse_job_state("PENDING" if self.powered_down else "RUNNING"))]
@@ -198,6 +207,9 @@ def test_a_notice_drains_the_node_and_requeues_its_job(imds, tmp_path):
 
     watcher = Watcher(config, "gpu-2", slurm, source(imds),  # type: ignore[arg-type]
                       clock=lambda: clock[0], sleep=sleep)
+    (tmp_path / "proc" / "4242").mkdir(parents=True)  # step 0's task catches SIGUSR2
+    (tmp_path / "proc" / "4242" / "status").write_text("Name:\tpython\nSigCgt:\t800\n")
+    watcher.signaller.proc_root = tmp_path / "proc"
     assert watcher.run(once=True) is None
     imds.set_instance_action(200, '{"action": "terminate", "time": "2026-03-01T08:22:00Z"}')
     outcome = watcher.run(once=True)
@@ -205,7 +217,7 @@ def test_a_notice_drains_the_node_and_requeues_its_job(imds, tmp_path):
     reason = "spot-interruption:terminate@2026-03-01T08:22:00Z"
     assert slurm.calls == [
         ("state", ("gpu-2",), "DRAIN", reason),
-        ("signal", 42, "USR2"),
+        ("signal", 42, "0", "USR2"),
         ("state", ("gpu-2",), "POWER_DOWN_FORCE", reason),
         ("expedite", 42),
         ("admin_comment", (42,), f"requeued: {reason}"),  # on the record sacct shows

@@ -143,6 +143,8 @@ class ScriptedCluster:
             self.signalled_at = self.now[0]
             self.job_state, self.job_nodes = "PENDING", []  # checkpoints, exits 85, requeued
             self.state["spot-1"], self.state["spot-2"] = "IDLE+CLOUD+DRAIN", "IDLE+CLOUD"
+        elif tool == "scontrol" and args[:1] == ["listpids"]:  # step 0's task, pid 4242
+            out = "PID      JOBID    STEPID   LOCALID GLOBALID\n4242     7        0        0  0\n"
         elif tool == "squeue" and "--json" in args:
             out = json.dumps({"jobs": [{"job_id": 7, "job_state": self.job_state,
                                         "user_name": "alice", "nodes": ",".join(self.job_nodes)}]})
@@ -183,7 +185,10 @@ class ScriptedCluster:
                 self.state[node] = "IDLE+CLOUD+POWERED_DOWN+DRAIN"
 
 
-def _watch(tmp_path: Path, cluster: ScriptedCluster, notice_s: float, **preemption: object):
+def _watch(tmp_path: Path, cluster: ScriptedCluster, notice_s: float, in_prolog_s: float = 0.0,
+           **preemption: object):
+    """Run the watcher on a notice ``notice_s`` ahead; the job's task (pid 4242, catching
+    SIGUSR2) appears ``in_prolog_s`` after the notice (before that the job is in its prolog)."""
     config = _config(tmp_path, **preemption)
     notices = config.state_dir / "local" / "notices"
     notices.mkdir(parents=True)
@@ -191,9 +196,21 @@ def _watch(tmp_path: Path, cluster: ScriptedCluster, notice_s: float, **preempti
     (notices / "spot-1.json").write_text(json.dumps({"action": "terminate",
                                                      "time": deadline.isoformat()}))
     cluster.now[0] = deadline.timestamp() - notice_s
+    task = tmp_path / "proc" / "4242"
+    task.parent.mkdir(parents=True)
+
+    def sleep(seconds: float) -> None:
+        cluster.now[0] += seconds
+        if cluster.now[0] >= deadline.timestamp() - notice_s + in_prolog_s and not task.exists():
+            # /proc/<pid>/status of the task: it catches SIGUSR2 (bit 12) and SIGINT (bit 2).
+            task.mkdir()
+            (task / "status").write_text(
+                "Name:\tpython\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000802\n")
+
+    sleep(0.0)
     watcher = Watcher(config, "spot-1", SlurmClient("/usr/bin", runner=cluster),
-                      source_for(config, "spot-1"), clock=lambda: cluster.now[0],
-                      sleep=lambda s: cluster.now.__setitem__(0, cluster.now[0] + s))
+                      source_for(config, "spot-1"), clock=lambda: cluster.now[0], sleep=sleep)
+    watcher.signaller.proc_root = tmp_path / "proc"
     return config, deadline, watcher.run(once=True)
 
 
@@ -205,7 +222,7 @@ def test_prewarm_powers_up_first_signals_when_up_and_the_job_lands_there(tmp_pat
         "update nodename=spot-1 state=DRAIN reason=" + outcome.notice.reason,
         "update nodename=spot-3 weight=0",
         "update nodename=spot-3 state=POWER_UP",
-        "scancel -s USR2 7",  # only once spot-3 was up
+        "scancel -s USR2 7.0",  # only once spot-3 was up; the step that catches it
         "update jobid=7 StartTime=now",
         "update nodename=spot-3 weight=1",  # its job landed: back to the configured weight
         "update nodename=spot-1 state=POWER_DOWN_FORCE reason=" + outcome.notice.reason,
@@ -216,7 +233,13 @@ def test_prewarm_powers_up_first_signals_when_up_and_the_job_lands_there(tmp_pat
     assert cluster.signalled_at is not None
     assert cluster.signalled_at < deadline.timestamp() - 60
     signalled = [e for e in read_events(config.log_dir) if e["action"] == "signalled"]
-    assert signalled[0]["reason"] == "replacement up" and signalled[0]["extra"]["prewarmed"]
+    # One event says when (the replacement was up) and which signal and why (its task's handler).
+    assert len(signalled) == 1
+    sent = signalled[0]
+    assert sent["extra"]["when"] == "replacement up" and sent["extra"]["prewarmed"]
+    assert sent["extra"]["replacements"] == ["spot-3"]
+    assert sent["extra"]["signal"] == "USR2" and sent["extra"]["steps"] == ["0"]
+    assert "catch SIGUSR2" in sent["reason"]
 
 
 def test_prewarm_signals_at_the_checkpoint_deadline_when_the_boot_is_slow(tmp_path: Path) -> None:
@@ -232,7 +255,7 @@ def test_prewarm_signals_at_the_checkpoint_deadline_when_the_boot_is_slow(tmp_pa
     assert expected - 1.5 <= cluster.signalled_at <= expected + 0.1
     assert expected > deadline.timestamp() - 60 + 30  # it trained on for most of the notice
     signalled = [e for e in read_events(config.log_dir) if e["action"] == "signalled"]
-    assert signalled[0]["reason"] == "checkpoint deadline"
+    assert signalled[0]["extra"]["when"] == "checkpoint deadline"
 
 
 def test_prewarm_off_signals_at_once_and_powers_nothing_up(tmp_path: Path) -> None:
@@ -241,6 +264,20 @@ def test_prewarm_off_signals_at_once_and_powers_nothing_up(tmp_path: Path) -> No
     assert outcome is not None and outcome.replacements == []
     assert cluster.signalled_at == deadline.timestamp() - 120
     assert not any("POWER_UP" in c or "weight" in c for c in cluster.commands)
+
+
+def test_a_job_in_its_prolog_when_due_is_signalled_once_its_task_catches(
+        tmp_path: Path) -> None:
+    cluster = ScriptedCluster(boot_polls=2)
+    config, deadline, outcome = _watch(tmp_path, cluster, 120, in_prolog_s=30)
+    assert outcome is not None and outcome.requeued == [7]
+    start = deadline.timestamp() - 120
+    # Withheld while nothing caught it, signalled as soon as its task did: not at the deadline.
+    assert cluster.signalled_at is not None and start + 30 <= cluster.signalled_at <= start + 31
+    assert [c for c in cluster.commands if c.startswith("scancel")] == ["scancel -s USR2 7.0"]
+    watch = [e for e in read_events(config.log_dir) if e["action"].startswith("signal")]
+    assert [e["action"] for e in watch] == ["signal_plan", "signal_withheld", "signalled"]
+    assert watch[2]["extra"]["when"] == "replacement up" and watch[2]["extra"]["prewarmed"]
 
 
 def test_checkpointer_records_its_save_time_and_size_for_the_watcher(tmp_path: Path) -> None:

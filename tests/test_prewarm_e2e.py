@@ -65,7 +65,7 @@ def test_prewarm_on_requeued_job_lands_on_the_prewarmed_node(make_cluster) -> No
     events = _watch_events(cluster, job)
     replacement = events["prewarm"]["extra"]["power_up"]
     assert len(replacement) == 1 and replacement[0] not in expand(before)
-    assert events["signalled"]["reason"] == "replacement up"
+    assert events["signalled"]["extra"]["when"] == "replacement up"
     after = expand(cluster.job(job)["NodeList"])
     assert replacement[0] in after and victim not in after
     assert cluster.job(job)["Restarts"] == "1"
@@ -80,7 +80,7 @@ def test_prewarm_off_the_job_still_recovers(make_cluster) -> None:
     job, _, victim = _run_and_preempt(cluster, notice_s=30)
     events = _watch_events(cluster, job)
     assert "prewarm" not in events
-    assert events["signalled"]["reason"] == "prewarm off"
+    assert events["signalled"]["extra"]["when"] == "prewarm off"
     assert events["signalled"]["extra"]["prewarmed"] is False
     after = cluster.job(job)
     assert after["Restarts"] == "1" and victim not in expand(after["NodeList"])

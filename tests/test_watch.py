@@ -58,6 +58,8 @@ class ScriptedSlurm:
                                         "array_task_id": 3}]})
         elif tool == "squeue":
             out = "" if self.powered_down else f"5 4 3 {self.node}\n"
+        elif tool == "scontrol" and args[:1] == ["listpids"]:  # step 0's task, pid 4242
+            out = "PID      JOBID    STEPID   LOCALID GLOBALID\n4242     5        0        0  0\n"
         return CommandResult(argv, 0, out, "")
 
 
@@ -84,10 +86,16 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     watcher = Watcher(config, node, SlurmClient("/usr/bin", runner=slurm),
                       source_for(config, node), clock=lambda: clock[0],
                       sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    # The task's /proc/<pid>/status: it catches SIGUSR2 (bit 12) and SIGINT (bit 2).
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "status").write_text(
+        "Name:\tpython\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000802\n")
+    watcher.signaller.proc_root = tmp_path / "proc"
     outcome = watcher.run(once=True)
     assert outcome is not None and outcome.jobs == [5] and outcome.requeued == [5]
     reason = f"spot-interruption:terminate@{deadline:%Y-%m-%dT%H:%M:%SZ}"
-    reads = ("squeue", "scontrol -o", "scontrol --json", "sinfo", "scontrol -V")
+    reads = ("squeue", "scontrol -o", "scontrol --json", "sinfo", "scontrol -V",
+             "scontrol listpids", "scontrol write")
     steps = [c for c in slurm.commands if not c.startswith(reads)]
     # 24.05+ powers down with 'scontrol power down force', which takes no reason.
     power_down = ([f"scontrol update nodename={node} reason={reason}",
@@ -95,7 +103,7 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
                   [f"scontrol update nodename={node} state=POWER_DOWN_FORCE reason={reason}"])
     assert steps == [
         f"scontrol update nodename={node} state=DRAIN reason={reason}",
-        "scancel -s USR2 4_3",  # the task by its own name: '4' would be the whole array
+        "scancel -s USR2 4_3.0",  # the task by its own name: '4' would be the whole array
         *power_down,
         "scontrol update jobid=4_3 StartTime=now",
         # the requeue is on the job's own record, where sacct shows it

@@ -37,6 +37,7 @@ from slurm_spot import events
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.events import Action
+from slurm_spot.jobs.requeue import requeue_ended_on
 from slurm_spot.power import ProviderFactory
 from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import get_provider
@@ -56,6 +57,9 @@ from slurm_spot.reconcile.rules import (
 from slurm_spot.slurm.client import Node, SlurmClient
 
 log = logging.getLogger(__name__)
+# Jobs that ended this long (plus one pass interval) before a lost node was seen are taken as
+# ended by its interruption: the longest notice any provider gives (AWS, 120 s).
+ENDED_WINDOW_S = 120.0
 Clock = Callable[[], datetime]
 
 
@@ -244,8 +248,24 @@ class Reconciler:
         if handler is not None:
             self.metrics.action(decision.verdict.value, ok=True)
         if decision.verdict in (Verdict.RECLAIMED, Verdict.BOOT_LOST):
-            return list(decision.jobs)
+            return list(decision.jobs) + self._requeue_ended(decision, snap, result)
         return []
+
+    def _requeue_ended(self, d: NodeDecision, snap: Snapshot, result: PassResult) -> list[int]:
+        """Requeue the batch jobs that ended on a lost node during its interruption (an
+        interruption never makes a job FAILED; :mod:`slurm_spot.jobs.requeue`): those that
+        ended within the last pass interval plus the longest notice (AWS's 120 s)."""
+        since = snap.now.timestamp() - self.config.reconcile.interval_s - ENDED_WINDOW_S
+        try:
+            decisions, errors = requeue_ended_on(self.slurm, d.node, since)
+        except SlurmCommandError as exc:
+            result.errors.append(f"{d.node}: requeue ended jobs: {exc}")
+            return []
+        result.errors.extend(errors)
+        for decision in decisions:
+            self._emit(result, Action.REQUEUE_ENDED if decision.requeue else Action.NOT_REQUEUED,
+                       node=d.node, job_ids=(decision.job_id,), reason=decision.why)
+        return [x.job_id for x in decisions if x.requeue]
 
     def _recheck(self, plan: Plan) -> set[str]:
         """Nodes whose terminations must not happen: re-read the nodes behind orphan and

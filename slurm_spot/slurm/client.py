@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from slurm_spot.errors import BadInputError, HostlistError, SlurmCommandError
 from slurm_spot.hostlist import compress, expand
 from slurm_spot.slurm.output import load_json, node_fields_text, nodes_json
-from slurm_spot.slurm.states import JobState, NodeState, parse_job_state
+from slurm_spot.slurm.states import JobState, NodeState, parse_job_state, parse_oneline
 from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
 log = logging.getLogger(__name__)
@@ -484,11 +484,6 @@ class SlurmClient:
                 rows.append(dict(zip(fields, values, strict=True)))
         return rows
 
-    def signal_steps(self, job_id: int, signal: str) -> None:
-        """Send ``signal`` to every step of ``job_id`` (``scancel -s SIG --full`` reaches the
-        batch shell too; without ``--full`` only steps get it)."""
-        self.run("scancel", "-s", signal, self.job_ref(job_id))
-
     def power_up(self, names: Sequence[str]) -> None:
         """Ask slurmctld to power ``names`` up now: ``scontrol update nodename=<hostlist>
         state=POWER_UP`` (scontrol(1) of Slurm 22.05 through 26.05; 24.05+ also spells it
@@ -508,6 +503,75 @@ class SlurmClient:
             SlurmCommandError: scontrol refused.
         """
         self.update_nodes(names, weight=str(weight))
+
+    def job_record(self, job_id: int | str) -> JobRecord | None:
+        """One job as ``scontrol -o show job <job>`` reports it, finished jobs included (they
+        stay in slurmctld's memory for MinJobAge, 300 s by default; slurm.conf(5), 22.05).
+        None when slurmctld no longer knows the job.
+
+        Raises:
+            SlurmCommandError: scontrol failed for another reason (slurmctld down, ...).
+        """
+        result = self.run("scontrol", "-o", "show", "job", self.job_ref(job_id), check=False)
+        if result.returncode != 0:
+            text = (result.stderr + result.stdout).lower()
+            if "invalid job id" in text:
+                return None
+            raise SlurmCommandError(result.argv, result.returncode, result.stderr)
+        records = [parse_job_record(line) for line in result.stdout.splitlines()
+                   if line.startswith("JobId=")]
+        return records[0] if records else None
+
+    def job_records(self) -> list[JobRecord]:
+        """Every job slurmctld holds (``scontrol -o show job``), finished ones included.
+
+        Raises:
+            SlurmCommandError: scontrol failed.
+        """
+        out = self.run("scontrol", "-o", "show", "job").stdout
+        return [parse_job_record(line) for line in out.splitlines() if line.startswith("JobId=")]
+
+    def batch_script(self, job_id: int | str) -> str | None:
+        """The job's batch script (``scontrol write batch_script <job> -``; root, an operator
+        or the job's owner only, scontrol(1) 22.05). None when Slurm has none to give (not a
+        batch job, job gone, no permission).
+
+        Raises:
+            SlurmCommandError: scontrol could not be run or did not answer.
+        """
+        result = self.run("scontrol", "write", "batch_script", self.job_ref(job_id), "-",
+                          check=False)
+        return result.stdout if result.returncode == 0 else None
+
+    def list_pids(self, job_id: int, node: str) -> list[tuple[int, str]] | None:
+        """``(pid, step)`` of the job's processes on ``node``, which must be the host this runs
+        on: ``scontrol listpids <job> <node>`` (scontrol(1) 22.05: only processes spawned by
+        Slurm on the local node and their descendants; the node name picks the slurmd when
+        several run on one host). ``step`` is Slurm's step id: ``batch``, ``extern``, ``0``...
+        None when scontrol cannot tell (no slurmd step daemon answered).
+
+        Raises:
+            SlurmCommandError: scontrol could not be run or did not answer.
+        """
+        result = self.run("scontrol", "listpids", str(job_id), node, check=False)
+        if result.returncode != 0:
+            return None
+        found = []
+        for line in result.stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0].isdigit():
+                found.append((int(parts[0]), parts[2]))
+        return found
+
+    def signal_step(self, job_id: int, step: str | None, signal: str) -> None:
+        """``scancel -s SIG <job>[.<step>]``: every task of that step (all steps without one)
+        on every node of the job; the batch shell is not signalled (scancel(1) 22.05).
+
+        Raises:
+            SlurmCommandError: scancel refused.
+        """
+        ref = self.job_ref(job_id)
+        self.run("scancel", "-s", signal, f"{ref}.{step}" if step is not None else ref)
 
     def ping(self) -> bool:
         """True if slurmctld answers ``scontrol ping``."""
@@ -544,6 +608,57 @@ def _job_from_json(obj: dict) -> Job:
         array_task_id=_number(obj.get("array_task_id")),
         user=str(obj.get("user_name", "")),
         flags=state.flags,
+    )
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job as ``scontrol -o show job`` reports it (finished jobs too, unlike squeue).
+
+    ``exit_code`` is Slurm's ``<exit status>:<signal>`` (``0:0`` is success); ``requeue`` is
+    False for a job submitted ``--no-requeue``; ``batch`` is False for salloc/srun jobs;
+    ``end_time`` is seconds since the epoch, None while unknown.
+    """
+
+    job_id: int
+    state: JobState
+    exit_code: str = "0:0"
+    requeue: bool = True
+    batch: bool = True
+    restarts: int = 0
+    nodes: str = ""
+    batch_host: str = ""
+    end_time: float | None = None
+
+
+def _slurm_time(text: str) -> float | None:
+    """scontrol's local ``2026-03-01T08:22:00`` as epoch seconds; None for Unknown/None."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def parse_job_record(line: str) -> JobRecord:
+    """One ``scontrol -o show job`` line as a :class:`JobRecord`.
+
+    Raises:
+        ValueError: no JobId or no known JobState in the line.
+    """
+    fields = parse_oneline(line)
+    restarts = fields.get("Restarts", "0")
+    return JobRecord(
+        job_id=int(fields["JobId"]),
+        state=parse_job_state(fields.get("JobState", "")),
+        exit_code=fields.get("ExitCode", "0:0"),
+        requeue=fields.get("Requeue", "1") != "0",
+        batch=fields.get("BatchFlag", "1") != "0",
+        restarts=int(restarts) if restarts.isdigit() else 0,
+        nodes="" if fields.get("NodeList", "(null)") == "(null)" else fields.get("NodeList", ""),
+        batch_host=fields.get("BatchHost", ""),
+        end_time=_slurm_time(fields.get("EndTime", "")),
     )
 
 

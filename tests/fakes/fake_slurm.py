@@ -44,6 +44,8 @@ class FakeJob:
     restarts: int = 0
     requeue: bool = True
     admin_comment: str = ""
+    exit_code: str = "0:0"
+    end_time: str = "Unknown"  # scontrol's local time, e.g. 2026-03-01T11:59:50
 
 
 class FakeSlurm:
@@ -131,16 +133,23 @@ class FakeSlurm:
                 self.on_show(self.show_calls)
             names = expand(args[3]) if len(args) > 3 else list(self.nodes)
             return "".join(self._show(n) for n in names)
-        if args[:3] == ["-o", "show", "job"]:
-            job = self.jobs.get(int(args[3]))
-            if job is None:
-                raise _Refused("slurm_load_jobs error: Invalid job id specified")
-            return (f"JobId={job.job_id} JobState={job.state} "
-                    f"AdminComment={job.admin_comment} Restarts={job.restarts}\n")
         if args[0] == "update" and args[1].startswith("jobid="):
             return self._update_job(int(args[1].split("=", 1)[1]), args[2:])
         if args[0] == "update" and args[1].startswith("nodename="):
             return self._update_nodes(args[1].split("=", 1)[1], args[2:])
+        if args[:3] == ["-o", "show", "job"]:
+            jobs = [self.jobs[int(args[3])]] if len(args) > 3 and int(args[3]) in self.jobs \
+                else list(self.jobs.values()) if len(args) == 3 else []
+            if not jobs:
+                raise _Refused("slurm_load_jobs error: Invalid job id specified")
+            return "".join(self._show_job(j) for j in jobs)
+        if args[0] == "requeue":
+            job = self.jobs[int(args[1])]
+            if job.state == "PENDING":
+                raise _Refused(f"Job is pending execution for job {job.job_id}")
+            job.restarts += 1
+            job.state, job.reason, job.nodes, job.end_time = "PENDING", "BeginTime", [], "Unknown"
+            return ""
         if args[0] == "ping":
             return "Slurmctld(primary) at localhost is UP\n"
         if args == ["-V"]:
@@ -150,6 +159,13 @@ class FakeSlurm:
                 self._to_power_down_force(self.nodes[name])
             return ""
         raise _Refused(f"fake scontrol: unsupported {args}")
+
+    def _show_job(self, j: FakeJob) -> str:
+        nodes = compress(j.nodes) if j.nodes else "(null)"
+        return (f"JobId={j.job_id} JobName=wrap JobState={j.state} Reason={j.reason} "
+                f"AdminComment={j.admin_comment or '(null)'} "
+                f"Requeue={int(j.requeue)} Restarts={j.restarts} BatchFlag=1 "
+                f"ExitCode={j.exit_code} EndTime={j.end_time} NodeList={nodes}\n")
 
     def _show(self, name: str) -> str:
         if name not in self.nodes:
