@@ -30,7 +30,7 @@ class Tiny(L.LightningModule):
     def on_train_start(self) -> None:
         event(self.workdir, "start", step=self.global_step,
               restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)),
-              slurm=type(self.trainer.strategy.cluster_environment).__name__)
+              slurm=type(self.trainer._accelerator_connector.cluster_environment).__name__)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
         time.sleep(0.25)
