@@ -70,6 +70,26 @@ def version(c: Cluster) -> SlurmVersion:
     return SlurmVersion.parse(c.slurm("scontrol", "-V"))
 
 
+def test_cluster_starts_where_other_releases_left_their_state(tmp_path: Path) -> None:
+    """One state_dir for every Slurm of the matrix (/tmp is shared with the roots): each
+    release keeps slurmctld's state in its own slurmctld-<series>, so none reads another's
+    (22.05 after 24.11/26.05 would die: "Can not recover assoc_usage state, incompatible
+    version"). The matrix runs the roots first, then the host's suite."""
+    config = base_config(tmp_path, state_dir=str(SHARED_STATE))
+    c = Cluster(tmp_path, config)
+    c.start()
+    try:
+        v = version(c)
+        assert c.slurm("scontrol", "ping").count("UP") == 1
+    finally:
+        c.stop()
+    mine = SHARED_STATE / f"slurmctld-{v.series[0]}.{v.series[1]:02d}"
+    wait_for(lambda: (mine / "node_state").exists(), timeout=15,
+             what=f"slurmctld's state saved in {mine}")
+    others = sorted(p.name for p in SHARED_STATE.glob("slurmctld-*") if p != mine)
+    print(f"\nSlurm {v}: started beside the state of {others or 'no other release'}")
+
+
 def test_slurmctld_starts_without_complaint_about_the_config(smoke: Cluster) -> None:
     """The rendered slurm.conf uses only what this Slurm knows (issue 15, item 2)."""
     v = version(smoke)
@@ -168,23 +188,3 @@ def _check_json(c: Cluster, v: SlurmVersion, job: int, nodes: list[str]) -> None
 
 
 SHARED_STATE = Path("/tmp/slurm-spot-versions-state")
-
-
-def test_cluster_starts_where_other_releases_left_their_state(tmp_path: Path) -> None:
-    """One state_dir for every Slurm of the matrix (/tmp is shared with the roots): each
-    release keeps slurmctld's state in its own slurmctld-<series>, so none reads another's
-    (22.05 after 24.11/26.05 would die: "Can not recover assoc_usage state, incompatible
-    version"). The matrix runs the roots first, then the host's suite."""
-    config = base_config(tmp_path, state_dir=str(SHARED_STATE))
-    c = Cluster(tmp_path, config)
-    c.start()
-    try:
-        v = version(c)
-        assert c.slurm("scontrol", "ping").count("UP") == 1
-    finally:
-        c.stop()
-    mine = SHARED_STATE / f"slurmctld-{v.series[0]}.{v.series[1]:02d}"
-    wait_for(lambda: (mine / "node_state").exists(), timeout=15,
-             what=f"slurmctld's state saved in {mine}")
-    others = sorted(p.name for p in SHARED_STATE.glob("slurmctld-*") if p != mine)
-    print(f"\nSlurm {v}: started beside the state of {others or 'no other release'}")
