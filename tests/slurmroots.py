@@ -26,6 +26,7 @@ Usable as a script: ``python -m tests.slurmroots build trixie``, ``... run trixi
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -121,6 +122,17 @@ def build(suite: Suite, log: Path | None = None) -> Path:
     target = root_path(suite)
     if is_built(suite):
         return target
+    # One builder per suite: a second caller (the matrix test while the session's background
+    # prebuild, see tests/conftest.py, is still at work) waits here, then finds the root built.
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{suite.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_built(suite):
+            return target
+        return _build_locked(suite, target, log)
+
+
+def _build_locked(suite: Suite, target: Path, log: Path | None) -> Path:
     _ensure_debootstrap()
     work = target.with_name(f".{suite.name}.partial")
     if work.exists():
@@ -315,6 +327,26 @@ def run_pytest(suite: Suite, args: list[str], timeout_s: float = INNER_TIMEOUT_S
         finally:
             kill_processes_in(root)
     return RunResult(code, version, output)
+
+
+def start_prebuild(log: Path = Path("/tmp/slurm-spot-roots-prebuild.log")) -> subprocess.Popen[bytes] | None:
+    """Start building, in the background and at low priority, every root the matrix will need
+    that is not cached yet (all but the host's own series), one after the other.
+
+    ``make test`` calls this when the session starts, so the few minutes of debootstrap overlap
+    the unit tests instead of adding to the matrix test's time; the matrix's own :func:`build`
+    then waits on the same per-suite lock and finds the root built. Returns the builder process
+    (the caller stops it if the session ends first), or None when nothing needs building.
+    """
+    host = host_series()
+    wanted = [s.short for s in SUITES.values() if s.short != host and not is_built(s)]
+    if not wanted:
+        return None
+    with open(log, "ab") as out:
+        return subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "tests.slurmroots",
+                                 "build", *wanted], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # its own group: stop debootstrap too
 
 
 def slurm_version_in(root: Path) -> str:
