@@ -216,7 +216,9 @@ class FakeCompute:
         props = self._properties(body)
         market = "spot" if props.get("scheduling", {}).get("provisioningModel") == "SPOT" \
             else "on-demand"
-        names = list(body.get("perInstanceProperties") or {})
+        # In name order: the JSON map's order is the client's, and tests need to know which
+        # nodes get the room left in a zone.
+        names = sorted(body.get("perInstanceProperties") or {})
         failure = self.take_op_failure(zone, market)
         if failure is not None:
             errors = [_error(c, zone, props, failure.message) for c in failure.codes]
