@@ -251,6 +251,17 @@ class ProviderPackage(Protocol):
         with :func:`normalize_code` (from its error table)."""
         ...
 
+    def instance_identity(self, config: SpotConfig, node: str,
+                          settings: ProviderSettings) -> tuple[str, str] | None:
+        """``(instance id, instance type)`` of the instance this process runs on, read from
+        the provider's metadata service, the id spelled as the resume hook records it in the
+        node's InstanceId (Slurm 23.11+); None for a provider whose nodes are no instances.
+
+        Raises:
+            ProviderError: the metadata service cannot be read.
+        """
+        ...
+
 
 _S = TypeVar("_S")
 
