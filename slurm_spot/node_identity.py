@@ -14,6 +14,9 @@ gives a node of the config wins:
    slurmctld (loopback addresses never count: every local-provider node has 127.0.0.1), and
    that is not powered down or powering down: such a node keeps the address of its reclaimed
    instance, which the provider may hand to a new one.
+
+:func:`slurmd_instance_args` gives the same unit the ``--instance-id``/``--instance-type`` that
+slurmd 23.11+ registers with (``slurm-spot node-name --slurmd``).
 """
 
 from __future__ import annotations
