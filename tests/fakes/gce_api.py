@@ -424,13 +424,18 @@ def gcp_config(fake: FakeCompute, node_sets: list[dict[str, Any]], cluster: str 
                **top: Any) -> Any:
     """A validated ``SpotConfig`` whose provider ``gcp`` points at ``fake``; each node set
     gets ``provider: gcp`` and one partition holds them all. Without ``state_dir``/``log_dir``
-    each config gets fresh temporary ones (never the host's /var/lib/slurm-spot)."""
+    each config gets fresh temporary ones (never the host's /var/lib/slurm-spot), removed when
+    the test process ends."""
+    import atexit
+    import shutil
     import tempfile
 
     from slurm_spot.config import SpotConfig
 
     for key in ("state_dir", "log_dir"):
-        top.setdefault(key, tempfile.mkdtemp(prefix=f"slurm-spot-gcp-{key}-"))
+        if key not in top:
+            top[key] = tempfile.mkdtemp(prefix=f"slurm-spot-gcp-{key}-")
+            atexit.register(shutil.rmtree, top[key], True)
 
     return SpotConfig.model_validate({
         "cluster": cluster,
