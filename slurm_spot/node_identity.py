@@ -14,6 +14,9 @@ gives a node of the config wins:
    slurmctld (loopback addresses never count: every local-provider node has 127.0.0.1), and
    that is not powered down or powering down: such a node keeps the address of its reclaimed
    instance, which the provider may hand to a new one.
+
+:func:`slurmd_instance_args` gives the same unit the ``--instance-id``/``--instance-type`` that
+slurmd 23.11+ registers with (``slurm-spot node-name --slurmd``).
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import ipaddress
 import logging
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.slurm.client import Node, SlurmClient, run_command
+from slurm_spot.slurm.client import CommandResult, Node, SlurmClient, run_command
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +178,61 @@ def resolve_node_name(
                 "these addresses as NodeAddr" + (f" after {wait_s:g} s" if wait_s else "")
                 + "; pass --node")
         sleep(min(poll_s, max(0.0, deadline - clock())))
+
+
+#: What an instance id or type may look like on the slurmd command line (EC2 ``i-0abc...``,
+#: ``g5.xlarge``; GCE instance names, ``a2-highgpu-1g``): anything else is not passed on.
+_INSTANCE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+def slurmd_instance_args(
+    config: SpotConfig, node: str, slurmd: str,
+    run: Callable[[list[str], float], CommandResult] = run_command,
+) -> list[str]:
+    """The options that make slurmd register node ``node`` with this instance's id and type:
+    ``["--instance-id", ID, "--instance-type", TYPE]``, or ``[]`` when they cannot or need
+    not be given. Never raises: slurmd must start either way (each reason is logged).
+
+    slurmd(8) of Slurm 23.11 and later has ``--instance-id`` and ``--instance-type`` ("Set
+    cloud instance ID/type on node startup"; NEWS, "Changes in Slurm 23.11.0rc1": "slurmd -
+    add "instance-id", "instance-type", and "extra" options to allow them to be set on
+    startup"; docs/slurm-versions.md). Without them a 23.11+ slurmd registers no id, and the
+    InstanceId/InstanceType the resume hook recorded (``scontrol update``) are not what the
+    node reports. The version is that of ``slurmd -V`` at ``slurmd`` (the one the drop-in
+    starts); the id and type come from the node's provider
+    (:meth:`~slurm_spot.providers.base.ProviderPackage.instance_identity`: IMDS on EC2, the
+    metadata server on GCE; none for ``local``).
+    """
+    from slurm_spot.errors import ProviderError
+    from slurm_spot.providers import package_for
+    from slurm_spot.slurm.version import SlurmVersion
+
+    try:
+        version = SlurmVersion.parse(run([slurmd, "-V"], 10).stdout)
+    except (SlurmCommandError, BadInputError) as exc:
+        log.warning("slurmd at %s: no version (%s); starting it without --instance-id",
+                    slurmd, exc)
+        return []
+    if not version.instance_fields:
+        return []
+    node_set = config.node_set_of(node)
+    if node_set is None:
+        return []
+    try:
+        identity = package_for(config, node_set.provider).instance_identity(
+            config, node, config.providers[node_set.provider])
+    except ProviderError as exc:
+        log.warning("this instance's id is unknown (%s); slurmd starts without --instance-id",
+                    exc)
+        return []
+    if identity is None:
+        return []
+    instance_id, instance_type = identity
+    if not _INSTANCE_WORD.match(instance_id):
+        log.warning("instance id %r from the metadata service is not passed to slurmd",
+                    instance_id[:80])
+        return []
+    args = ["--instance-id", instance_id]
+    if _INSTANCE_WORD.match(instance_type):
+        args += ["--instance-type", instance_type]
+    return args

@@ -6,6 +6,7 @@ with the production profile on ``ansible/``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -76,3 +77,135 @@ def test_role_converges_is_idempotent_and_lints() -> None:
     assert second["localhost"]["failed"] == 0, runs[1]
     assert second["localhost"]["changed"] == 0, f"second run changed something:\n{runs[1]}"
     assert "Profile 'production' was required, and it passed" in output, output[-4000:]
+
+
+# ---- slurmd's drop-in on a cloud instance (issue 15): --instance-id/--instance-type ---------
+# The role's units step renders the node-name unit and slurmd's drop-in into a scratch prefix
+# for a compute host of an aws provider; the node-name command of the rendered unit then runs
+# against a fake IMDS and a fake `slurmd -V`, and the drop-in's ExecStart is expanded the way
+# systemd does (systemd.service(5), "Command lines"): the slurmd command line a node starts.
+
+UNITS_PLAY = """
+- name: Render the units of a compute host
+  hosts: compute
+  gather_facts: false
+  tasks:
+    - name: The role's units step
+      ansible.builtin.include_role:
+        name: slurm_spot
+        tasks_from: units.yml
+"""
+
+
+def _render_units(tmp_path: Path, providers: dict) -> tuple[str, str]:
+    """(node-name unit, slurmd drop-in) as the role writes them for ``providers``."""
+    env = _environment()
+    if shutil.which("ansible-playbook", path=env["PATH"]) is None:
+        pytest.fail("ansible-playbook not found: `make test` installs it (the dev extra)")
+    prefix = tmp_path / "prefix"
+    (tmp_path / "inventory.ini").write_text("[compute]\nlocalhost ansible_connection=local\n")
+    (tmp_path / "play.yml").write_text(UNITS_PLAY)
+    (tmp_path / "vars.json").write_text(json.dumps({
+        "slurm_spot_prefix": str(prefix), "slurm_spot_manage_services": False,
+        "slurm_spot_providers": providers,
+        "ansible_python_interpreter": sys.executable}))
+    proc = subprocess.run(
+        ["ansible-playbook", "-i", str(tmp_path / "inventory.ini"), str(tmp_path / "play.yml"),
+         "-e", f"@{tmp_path / 'vars.json'}"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**env, "ANSIBLE_ROLES_PATH": str(ROOT / "ansible" / "roles"), "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp")})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    units = prefix / "etc" / "systemd" / "system"
+    return ((units / "slurm-spot-node.service").read_text(),
+            (units / "slurmd.service.d" / "slurm-spot.conf").read_text())
+
+
+@pytest.fixture(scope="module")
+def aws_units(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    return _render_units(tmp_path_factory.mktemp("role"),
+                         {"ec2": {"type": "aws", "region": "us-east-1"}})
+
+
+def _exec_start(unit: str) -> str:
+    return [line for line in unit.splitlines() if line.startswith("ExecStart=")][-1][10:]
+
+
+def _systemd_argv(exec_start: str, environment: dict[str, str]) -> list[str]:
+    """ExecStart as systemd expands it: ``${VAR}`` is exactly one argument, ``$VAR`` as a word
+    of its own splits at whitespace (zero or more arguments)."""
+    argv: list[str] = []
+    for word in exec_start.split():
+        if word.startswith("${") and word.endswith("}"):
+            argv.append(environment.get(word[2:-1], ""))
+        elif word.startswith("$"):
+            argv.extend(environment.get(word[1:], "").split())
+        else:
+            argv.append(word)
+    return argv
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """KEY=value / KEY="value" lines, as systemd's EnvironmentFile= reads them."""
+    values = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition("=")
+        values[key] = value[1:-1] if value.startswith('"') and value.endswith('"') else value
+    return values
+
+
+@pytest.mark.parametrize(("slurm", "expected"), [
+    ("24.11.5", ["--instance-id", "i-0123456789abcdef0", "--instance-type", "g5.xlarge"]),
+    ("23.11.4", ["--instance-id", "i-0123456789abcdef0", "--instance-type", "g5.xlarge"]),
+    ("22.05.8", []),  # slurmd(8) has no --instance-id before 23.11
+])
+def test_slurmd_drop_in_registers_the_instance_id_on_23_11_and_later(
+    tmp_path: Path, aws_units: tuple[str, str], slurm: str, expected: list[str]
+) -> None:
+    from tests.fakes.imds import FakeImds
+
+    node_unit, drop_in = aws_units
+    assert _exec_start(drop_in).endswith(" -N ${SLURM_SPOT_NODE} $SLURM_SPOT_SLURMD_ARGS")
+    assert "EnvironmentFile=/run/slurm-spot/node.env" in drop_in.splitlines()
+    node_command = _exec_start(node_unit).split()
+    assert node_command[-2:] == ["--slurmd", "/usr/sbin/slurmd"]
+
+    # The node-name unit's command, with this checkout's CLI, a test spot.yaml, a slurmd that
+    # answers -V like the given release, and the instance's IMDS.
+    slurmd = tmp_path / "slurmd"
+    slurmd.write_text(f"#!/bin/sh\necho 'slurm {slurm}'\n")
+    slurmd.chmod(0o755)
+    config = tmp_path / "spot.yaml"
+    config.write_text(json.dumps({
+        "cluster": "c", "providers": {"ec2": {"type": "aws", "region": "us-east-1"}},
+        "node_sets": [{"name": "g5", "provider": "ec2", "count": 2, "instance_types": ["g5.xlarge"],
+                       "aws": {"launch_template": "lt", "subnets": ["subnet-1"]}}],
+        "partitions": [{"name": "gpu", "node_sets": ["g5"]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")}))
+    env_file = tmp_path / "node.env"
+    args = node_command[node_command.index("node-name"):]
+    args = [str(env_file) if a == "/run/slurm-spot/node.env" else str(slurmd)
+            if a == "/usr/sbin/slurmd" else a for a in args]
+    args[args.index("--wait") + 1] = "0"
+    imds = FakeImds().start()  # instance i-0123456789abcdef0, a g5.xlarge
+    try:
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "slurm-spot"), "--config", str(config), *args,
+             "--node", "g5-1"],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={**os.environ, "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.url})
+    finally:
+        imds.stop()
+    assert proc.returncode == 0, proc.stderr
+    environment = _env_file(env_file)
+    argv = _systemd_argv(_exec_start(drop_in), {**environment, "SLURMD_OPTIONS": ""})
+    assert argv == ["/usr/sbin/slurmd", "-D", "-s", "-N", "g5-1", *expected]
+
+
+def test_slurmd_drop_in_of_a_local_only_cluster_asks_no_metadata(tmp_path: Path) -> None:
+    """Without cloud providers the node-name unit gets no --slurmd (no metadata service to
+    ask); the drop-in's $SLURM_SPOT_SLURMD_ARGS then expands to no argument at all."""
+    node_unit, drop_in = _render_units(tmp_path, {"local": {"type": "local"}})
+    assert "--slurmd" not in _exec_start(node_unit)
+    argv = _systemd_argv(_exec_start(drop_in), {"SLURM_SPOT_NODE": "spot-1"})
+    assert argv == ["/usr/sbin/slurmd", "-D", "-s", "-N", "spot-1"]

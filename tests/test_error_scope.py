@@ -133,3 +133,139 @@ def test_a_job_within_the_quota_is_not_held(aws):
     assert [f.error_class for f in result.failed] == [ErrorClass.QUOTA]
     assert not any(c[1:2] == ["hold"] for c in scontrol.calls)  # it fits once gpu-9 is gone
     assert "job 13" not in scontrol.nodes["gpu-2"]["reason"]
+
+
+# ---- GCE: a machine or accelerator type a zone does not offer ------------------------------
+# The real google-cloud-compute client against the fake Compute API (tests/fakes/gce_api.py),
+# which refuses such a request the way GCE does (HTTP 400 ``invalid`` / 404 ``notFound``
+# naming the type's zonal resource).
+
+GCE_A, GCE_B = "us-central1-a", "us-central1-b"
+
+
+@pytest.fixture
+def gce() -> Iterator[Any]:
+    from tests.fakes.gce_api import FakeCompute
+
+    with FakeCompute() as fake:
+        yield fake
+
+
+def _gce_config(fake: Any, tmp_path: Any, **gcp: Any) -> Any:
+    from tests.fakes.gce_api import gcp_config
+
+    node_set = {"name": "gpu", "count": 4, "instance_types": gcp.pop("instance_types", []),
+                "gcp": {"zones": [GCE_A], "machine_type": "a2-highgpu-1g",
+                        "image": "debian-12", **gcp}}
+    if "gpus" in node_set["gcp"]:
+        node_set["gpus"] = node_set["gcp"].pop("gpus")
+    return gcp_config(fake, [node_set], state_dir=str(tmp_path / "state"),
+                      log_dir=str(tmp_path / "log"))
+
+
+def _gce_launch(config: Any, *nodes: str) -> Any:
+    """One launch by a new provider object, as a new resume hook process would make."""
+    from slurm_spot.providers.base import LaunchRequest
+    from slurm_spot.providers.gcp.provider import GcpProvider
+
+    provider = GcpProvider(config, "gcp", config.providers["gcp"], sleep=lambda s: None)
+    return provider.launch(LaunchRequest(config.cluster, config.node_sets[0], nodes))
+
+
+def _asked(fake: Any) -> list[tuple[str, tuple[str, ...]]]:
+    """(machine type, zones it may land in) of every bulk insert the fake received."""
+    asked = []
+    for call in fake.calls("bulkInsert"):
+        body, path = call["body"], call["path"]
+        policy = (body.get("locationPolicy") or {}).get("locations") or {}
+        zones = tuple(sorted(k.split("/")[-1] for k, v in policy.items()
+                             if v.get("preference") == "ALLOW"))
+        asked.append((body["instanceProperties"].get("machineType"),
+                      zones or (path.split("/zones/")[1].split("/")[0],)))
+    return asked
+
+
+def test_gce_unoffered_zone_is_remembered_and_the_other_zone_still_tried(gce, tmp_path):
+    """a2-highgpu-1g is not offered in us-central1-a: the node set's other zone launches it,
+    no pool is blamed (no cooldown), and no later hook run asks us-central1-a for it again."""
+    gce.unoffer("a2-highgpu-1g", GCE_A)
+    config = _gce_config(gce, tmp_path, zones=[GCE_A, GCE_B])
+    first = _gce_launch(config, "gpu-1", "gpu-2")
+    assert [(i.node, i.zone) for i in first.launched] == [("gpu-1", GCE_B), ("gpu-2", GCE_B)]
+    assert first.failed == () and first.failed_pools == ()
+    assert _asked(gce) == [("a2-highgpu-1g", (GCE_A, GCE_B)), ("a2-highgpu-1g", (GCE_B,))]
+
+    gce.requests.clear()
+    again = _gce_launch(config, "gpu-3")
+    assert [(i.node, i.zone) for i in again.launched] == [("gpu-3", GCE_B)]
+    assert _asked(gce) == [("a2-highgpu-1g", (GCE_B,))]  # remembered: asked once, right
+
+
+def test_gce_unoffered_type_falls_to_the_next_type_and_is_never_asked_again(gce, tmp_path):
+    gce.unoffer("a2-highgpu-1g", GCE_A)
+    config = _gce_config(gce, tmp_path, instance_types=["g2-standard-4"])
+    first = _gce_launch(config, "gpu-1")
+    assert [(i.node, i.instance_type) for i in first.launched] == [("gpu-1", "g2-standard-4")]
+    assert first.failed == () and first.failed_pools == ()
+    assert [t for t, _ in _asked(gce)] == ["a2-highgpu-1g", "g2-standard-4"]
+
+    gce.requests.clear()
+    _gce_launch(config, "gpu-2")
+    assert [t for t, _ in _asked(gce)] == ["g2-standard-4"]
+
+
+def test_gce_a_node_set_with_no_offered_pair_fails_permanent_and_starts_no_cooldown(
+    gce, tmp_path
+):
+    """The resume hook's view: the failure is PERMANENT (never capacity), the nodes are powered
+    down with a (Code:...) reason, and the reconciler's history sees no capacity failure."""
+    from slurm_spot import power
+    from slurm_spot.events import read_events
+    from slurm_spot.slurm.client import SlurmClient
+    from tests.test_power import FakeScontrol
+
+    gce.unoffer("a2-highgpu-1g", GCE_A)
+    config = _gce_config(gce, tmp_path)
+    (failure,) = _gce_launch(config, "gpu-1").failed
+    assert (failure.code, failure.error_class, failure.pool) == (
+        "invalid", ErrorClass.PERMANENT, "")
+    assert "does not exist in zone" in failure.message
+
+    gce.requests.clear()
+    scontrol = FakeScontrol()
+    result = power.resume(config, "gpu-[2-3]", SlurmClient("/usr/bin", runner=scontrol))
+    assert gce.calls("bulkInsert") == []  # remembered: GCE is not even asked
+    (again,) = result.failed
+    assert (again.code, again.error_class) == ("TYPE_NOT_OFFERED", ErrorClass.PERMANENT)
+    assert f"a2-highgpu-1g in {GCE_A}" in again.reason
+    assert scontrol.nodes["gpu-2"]["reason"].startswith("(Code:TYPE_NOT_OFFERED)")
+
+    now = datetime.now(timezone.utc)
+    history = build_history(read_events(config.log_dir), {"gpu-2": "gpu", "gpu-3": "gpu"},
+                            now + timedelta(seconds=1), Settings())
+    assert history.new_capacity == {}
+    assert normalize_code("TYPE_NOT_OFFERED") not in history.capacity_codes
+    assert normalize_code("invalid") not in history.capacity_codes
+
+
+def test_gce_unoffered_accelerator_is_remembered_per_zone(gce, tmp_path):
+    """An N1 machine with T4s attached: nvidia-tesla-t4 is not offered in us-central1-a (GCE
+    answers 404 notFound on the accelerator type); us-central1-b is used."""
+    gce.unoffer("nvidia-tesla-t4", GCE_A)
+    config = _gce_config(gce, tmp_path, zones=[GCE_A, GCE_B], machine_type="n1-standard-8",
+                         gpus={"type": "t4", "count": 1})
+    first = _gce_launch(config, "gpu-1")
+    assert [i.zone for i in first.launched] == [GCE_B] and first.failed_pools == ()
+    gce.requests.clear()
+    _gce_launch(config, "gpu-2")
+    assert _asked(gce) == [("n1-standard-8", (GCE_B,))]
+
+
+def test_gce_an_invalid_request_that_names_no_type_stays_config(gce, tmp_path):
+    """Only a missing machine/accelerator type of a zone is permanent per pair; any other
+    ``invalid`` is the request as written (CONFIG), and nothing is remembered."""
+    gce.fail_http("bulkInsert", 400, "invalid", times=5)
+    config = _gce_config(gce, tmp_path, zones=[GCE_A, GCE_B])
+    (failure,) = _gce_launch(config, "gpu-1").failed
+    assert failure.error_class is ErrorClass.CONFIG
+    assert not (tmp_path / "state" / "gcp" / "gcp-unoffered.json").exists()

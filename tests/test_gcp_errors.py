@@ -200,3 +200,36 @@ def test_a_throttled_http_call_is_retried_with_the_same_request_id_and_launches(
     assert [i.node for i in result.launched] == ["gpu-1"]
     first, second = fake.calls("bulkInsert")
     assert first["query"]["requestId"] == second["query"]["requestId"]
+
+
+@pytest.mark.parametrize(("reason", "message", "pair"), [
+    # HTTP 400 of instances.insert with a zonal machine type URL (field report, terratest)
+    ("invalid", "Invalid value for field 'resource.machineType': "
+     "'zones/europe-west8-a/machineTypes/f1-micro'. Machine type with name 'f1-micro' does not "
+     "exist in zone 'europe-west8-a'.", ("f1-micro", "europe-west8-a")),
+    # the same for a bare type name (bulkInsert's instanceProperties.machineType)
+    ("invalid", "Invalid value for field 'resource.instanceProperties.machineType': "
+     "'a2-highgpu-1g'. Machine type with name 'a2-highgpu-1g' does not exist in zone "
+     "'us-central1-a'.", ("a2-highgpu-1g", "us-central1-a")),
+    # HTTP 404 on an accelerator type the zone lacks (field report, gcloud instances create)
+    ("notFound", "The resource 'projects/p-1/zones/us-west1-b/acceleratorTypes/nvidia-tesla-p4' "
+     "was not found", ("nvidia-tesla-p4", "us-west1-b")),
+])
+def test_a_type_not_offered_in_a_zone_is_permanent_for_that_pair(
+    reason: str, message: str, pair: tuple[str, str]
+) -> None:
+    (error,) = errors_from_resource({"errors": [{"reason": reason, "message": message}]})
+    assert error.error_class is ErrorClass.PERMANENT
+    assert error.pair == pair
+
+
+@pytest.mark.parametrize(("reason", "message"), [
+    ("invalid", "Invalid value for field 'resource.name': 'Bad_Name'."),
+    ("notFound", "The resource 'projects/p/global/images/debian-13' was not found"),
+    ("notFound", "The resource 'projects/p/global/instanceTemplates/gpu' was not found"),
+    # a capacity code naming the zone's machine type stays capacity
+    ("ZONE_RESOURCE_POOL_EXHAUSTED", "zones/us-central1-a/machineTypes/a2-highgpu-1g: none left"),
+])
+def test_other_errors_naming_resources_keep_their_class(reason: str, message: str) -> None:
+    (error,) = errors_from_resource({"errors": [{"reason": reason, "message": message}]})
+    assert error.error_class is classify_gcp(reason) and error.pair is None

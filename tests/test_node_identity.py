@@ -184,3 +184,66 @@ def test_cli_exit_2_when_this_host_is_no_node(config, slurm, monkeypatch) -> Non
         result = CliRunner().invoke(cli, ["--config", str(config.source_path), *command])
         assert result.exit_code == 2, result.output
         assert "this host (hostname 'build-box', addresses 192.168.5.5) is no node" in result.output
+
+
+# ---- slurmd's --instance-id/--instance-type (issue 15; the drop-in: tests/test_ansible.py) ----
+
+def _slurmd(tmp_path: Path, release: str) -> str:
+    path = tmp_path / f"slurmd-{release}"
+    path.write_text(f"#!/bin/sh\necho 'slurm {release}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _gcp_config(tmp_path: Path) -> SpotConfig:
+    path = tmp_path / "gcp.yaml"
+    path.write_text(yaml.safe_dump({
+        "cluster": "demo", "providers": {"gcp": {"type": "gcp", "project": "p",
+                                                 "region": "us-central1"}},
+        "node_sets": [{"name": "gpu", "provider": "gcp", "count": 2, "gcp": {
+            "zones": ["us-central1-a"], "machine_type": "a2-highgpu-1g", "image": "debian-12"}}],
+        "partitions": [{"name": "spot", "node_sets": ["gpu"]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")}))
+    return load_config(path)
+
+
+def test_gce_instance_gives_slurmd_its_name_and_machine_type(tmp_path, monkeypatch) -> None:
+    """slurm-spot's GCE instance id is the instance name (what the resume hook records)."""
+    from slurm_spot.node_identity import slurmd_instance_args
+    from tests.fakes.gce_metadata import FakeMetadata
+
+    with FakeMetadata() as metadata:
+        metadata.set("instance/machine-type", "projects/123456/machineTypes/a2-highgpu-1g")
+        monkeypatch.setenv("GCE_METADATA_HOST", metadata.host)
+        args = slurmd_instance_args(_gcp_config(tmp_path), "gpu-1", _slurmd(tmp_path, "26.05.5"))
+    assert args == ["--instance-id", "demo-gpu-1", "--instance-type", "a2-highgpu-1g"]
+
+
+def test_no_instance_args_when_they_cannot_be_known(tmp_path, monkeypatch, caplog) -> None:
+    """slurmd must start anyway: an unreachable metadata server, a slurmd that does not answer
+    -V, an old slurmd: no arguments, each reason logged (a local node: the CLI test below)."""
+    from slurm_spot.node_identity import slurmd_instance_args
+
+    config = _gcp_config(tmp_path)
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # nothing listens on the discard port
+    assert slurmd_instance_args(config, "gpu-1", _slurmd(tmp_path, "24.11.5")) == []
+    assert "slurmd starts without --instance-id" in caplog.text
+    assert slurmd_instance_args(config, "gpu-1", str(tmp_path / "no-slurmd")) == []
+    assert slurmd_instance_args(config, "gpu-1", _slurmd(tmp_path, "23.02.7")) == []
+
+
+def test_cli_slurmd_needs_env_file(config, slurm, monkeypatch) -> None:
+    monkeypatch.setattr(AppContext, "slurm", lambda self: slurm.client())
+    result = CliRunner().invoke(cli, ["--config", str(config.source_path), "node-name",
+                                      "--node", "gpu-1", "--slurmd", "/usr/sbin/slurmd"])
+    assert result.exit_code == 2 and "--slurmd needs --env-file" in result.output
+
+
+def test_cli_local_node_writes_empty_slurmd_args(config, slurm, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(AppContext, "slurm", lambda self: slurm.client())
+    env_file = tmp_path / "node.env"
+    result = CliRunner().invoke(cli, ["--config", str(config.source_path), "node-name", "--node",
+                                      "gpu-1", "--env-file", str(env_file),
+                                      "--slurmd", _slurmd(tmp_path, "24.11.5")])
+    assert result.exit_code == 0, result.output
+    assert env_file.read_text() == "SLURM_SPOT_NODE=gpu-1\nSLURM_SPOT_SLURMD_ARGS=\n"

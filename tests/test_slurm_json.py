@@ -1,5 +1,5 @@
 """``--json`` of every data_parser version from v0.0.38 (22.05) to v0.0.45 (26.05), read by
-slurm_spot.slurm.jsonout.
+slurm_spot.slurm.output (the reader SlurmClient uses) into SlurmClient's Node and Job.
 
 The fixtures are captured from the real releases by the version smoke
 (``SLURM_SPOT_CAPTURE_JSON=tests/data/slurm-json``, tests/test_slurm_smoke.py) while a 2-node
@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.hostlist import expand
-from slurm_spot.slurm.jsonout import data_parser, number, parse_job, parse_jobs, parse_nodes
+from slurm_spot.slurm.client import Job, Node
+from slurm_spot.slurm.output import (
+    data_parser,
+    job_fields_json,
+    jobs_from_json,
+    nodes_from_json,
+    nodes_json,
+    number,
+)
 from slurm_spot.slurm.version import DATA_PARSERS, SlurmVersion
 
 ROOT = Path(__file__).parent / "data" / "slurm-json"
@@ -28,6 +36,14 @@ NODES = {f"spot-{i}" for i in range(1, 5)}
 
 def _id(path: Path) -> str:
     return f"{path.parent.name}-{path.name}"
+
+
+def parse_nodes(document: dict) -> list[Node]:
+    return [Node(**fields) for fields in nodes_from_json(document)]
+
+
+def parse_jobs(document: dict) -> list[Job]:
+    return [Job(**fields) for fields in jobs_from_json(document)]
 
 
 def test_captures_are_named_by_release_and_data_parser() -> None:
@@ -70,6 +86,23 @@ def test_nodes_and_the_running_job_read_the_same_on_every_version(capture: Path)
         assert all(n.addr == "127.0.0.1" and n.boot_time != "None" for n in up)
 
 
+@pytest.mark.parametrize("capture", CAPTURES, ids=_id)
+def test_the_client_reads_each_node_listing_it_uses_in_full(capture: Path) -> None:
+    """What SlurmClient reads (:func:`nodes_json` of the command's stdout): 22.05's ``sinfo
+    --json`` and 23.02+'s ``scontrol --json show node`` give every field; 24.11+'s ``sinfo``
+    groups are not a node listing (None; the client reads ``scontrol --json`` there)."""
+    for name in ("scontrol-show-node.json", "sinfo.json"):
+        if not (capture / name).exists():
+            continue
+        text = (capture / name).read_text()
+        found = nodes_json("sinfo: warning: something first\n" + text)
+        if not isinstance(json.loads(text).get("nodes"), list):  # 24.11+ sinfo groups
+            assert found is None
+            continue
+        assert found is not None and {n["name"] for n in found} == NODES, name
+        assert all(n["addr"] and n["hostname"] and n["partitions"] == ("spot",) for n in found)
+
+
 def test_numbers_in_every_form() -> None:
     assert number(5) == 5 and number("7") == 7
     assert number({"set": True, "infinite": False, "number": 3}) == 3
@@ -80,8 +113,8 @@ def test_numbers_in_every_form() -> None:
 
 def test_a_job_object_without_an_id_or_state_is_an_error_naming_it() -> None:
     with pytest.raises(ValueError, match="without a job_id"):
-        parse_job({"name": "x"})
+        job_fields_json({"name": "x"})
     with pytest.raises(ValueError, match="job 4"):
-        parse_job({"job_id": 4, "job_state": ["NOT_A_STATE"]})
+        job_fields_json({"job_id": 4, "job_state": ["NOT_A_STATE"]})
     with pytest.raises(ValueError, match="neither 'nodes' nor 'sinfo'"):
         parse_nodes({"meta": {}})

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.hostlist import expand
-from slurm_spot.slurm.jsonout import parse_jobs, parse_nodes
+from slurm_spot.slurm.output import jobs_from_json, nodes_from_json
 from slurm_spot.slurm.version import SlurmVersion
 from tests.cluster import Cluster, base_config, wait_for
 from tests.conftest import _slurm_available
@@ -177,14 +177,14 @@ def _check_json(c: Cluster, v: SlurmVersion, job: int, nodes: list[str]) -> None
         for name in ("sinfo", "scontrol-show-node"):
             if name not in outputs:
                 continue
-            parsed = {n.name: n for n in parse_nodes(json.loads(outputs[name]))}
+            parsed = {n["name"]: n for n in nodes_from_json(json.loads(outputs[name]))}
             assert set(parsed) >= {f"spot-{i}" for i in range(1, 5)}, (v, parser, name)
             for node in nodes:
-                state = parsed[node].state
+                state = parsed[node]["state"]
                 assert state.base in ("ALLOCATED", "MIXED"), (v, parser, name, parsed[node])
-        jobs = {j.job_id: j for j in parse_jobs(json.loads(outputs["squeue"]))}
-        assert jobs[job].state.base == "RUNNING", (v, parser, jobs[job])
-        assert set(expand(jobs[job].nodes)) == set(nodes), (v, parser, jobs[job])
+        jobs = {j["job_id"]: j for j in jobs_from_json(json.loads(outputs["squeue"]))}
+        assert jobs[job]["state"].base == "RUNNING", (v, parser, jobs[job])
+        assert set(expand(jobs[job]["nodes"])) == set(nodes), (v, parser, jobs[job])
 
 
 SHARED_STATE = Path("/tmp/slurm-spot-versions-state")

@@ -30,8 +30,9 @@ class ErrorClass(str, enum.Enum):
 
     - CAPACITY: this pool (instance type x zone x market) has none now; try the next pool,
       cool this one down, power the nodes down with a ``(Code:X)`` reason; never fail the job.
-    - PERMANENT: this (instance type, zone) pair is not offered at all (EC2 ``Unsupported``);
-      remembered and never tried again; not capacity (no cooldown).
+    - PERMANENT: this (instance type, zone) pair is not offered at all (EC2 ``Unsupported``;
+      GCE ``invalid``/``notFound`` naming the zone's machine or accelerator type); remembered
+      and never tried again; not capacity (no cooldown).
     - QUOTA: a regional limit; launch up to the headroom, back off longer.
     - CONFIG: the request is wrong; stop retrying this node set until the config changes.
     - THROTTLE: the API is rate limiting; retry the same request with jittered back-off.
@@ -248,6 +249,17 @@ class ProviderPackage(Protocol):
     def capacity_codes(self) -> frozenset[str]:
         """This provider's error codes that mean "no capacity in this pool now", normalized
         with :func:`normalize_code` (from its error table)."""
+        ...
+
+    def instance_identity(self, config: SpotConfig, node: str,
+                          settings: ProviderSettings) -> tuple[str, str] | None:
+        """``(instance id, instance type)`` of the instance this process runs on, read from
+        the provider's metadata service, the id spelled as the resume hook records it in the
+        node's InstanceId (Slurm 23.11+); None for a provider whose nodes are no instances.
+
+        Raises:
+            ProviderError: the metadata service cannot be read.
+        """
         ...
 
 

@@ -70,7 +70,8 @@ class TokenLedger:
 
 class UnofferedPairs:
     """(instance type, zone) pairs a provider answered with a permanent error (EC2
-    ``Unsupported``: the type is not offered in that zone), in ``path``; never tried again.
+    ``Unsupported``; GCE ``invalid``/``notFound`` on a zone's machine or accelerator type: the
+    type is not offered in that zone), in ``path``; never tried again.
 
     Kept until the file is removed (the offering changes rarely; ``rm`` the file to retry).
     Unreadable or unwritable: logged, and treated as empty (the pair is tried and fails again).

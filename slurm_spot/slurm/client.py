@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from slurm_spot.errors import BadInputError, HostlistError, SlurmCommandError
 from slurm_spot.hostlist import compress, expand
-from slurm_spot.slurm.output import load_json, node_fields_text, nodes_json
+from slurm_spot.slurm.output import job_fields_json, load_json, node_fields_text, nodes_json
 from slurm_spot.slurm.states import JobState, NodeState, parse_job_state, parse_oneline
 from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
@@ -585,30 +585,8 @@ def _natural_key(name: str) -> tuple[str, int]:
     return head, int(tail) if tail else -1
 
 
-def _number(value: object) -> int | None:
-    """squeue --json numbers: plain ints (22.05) or ``{"set": true, "number": N}`` (23.02+)."""
-    if isinstance(value, dict):
-        return int(value["number"]) if value.get("set") else None
-    if value is None or value == "":
-        return None
-    return int(value)  # type: ignore[call-overload]
-
-
 def _job_from_json(obj: dict) -> Job:
-    state = parse_job_state(obj.get("job_state", "UNKNOWN") or "PENDING")
-    return Job(
-        job_id=int(obj["job_id"]),
-        state=state,
-        name=str(obj.get("name", "")),
-        reason=str(obj.get("state_reason", "")),
-        nodes=str(obj.get("nodes", "")),
-        partition=str(obj.get("partition", "")),
-        restarts=_number(obj.get("restart_cnt")) or 0,
-        array_job_id=_number(obj.get("array_job_id")) or None,
-        array_task_id=_number(obj.get("array_task_id")),
-        user=str(obj.get("user_name", "")),
-        flags=state.flags,
-    )
+    return Job(**job_fields_json(obj))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,15 @@ Regional bulkInsert with a location policy picks the first ALLOW zone in name or
 zones of the region are allowed only when nothing is ALLOWed) and does not try another zone
 by itself: a capacity error names that zone in ``errorInfo.metadatas.zone``.
 
+A machine type or accelerator type can be taken off a zone's offer (:meth:`FakeCompute.unoffer`);
+a bulk insert that may land there is then refused the way GCE refuses a type a zone does not
+offer (as reported from the field; docs/testing-clouds.md): HTTP 400 ``invalid`` "Invalid value
+for field 'resource.instanceProperties.machineType': 'T'. Machine type with name 'T' does not
+exist in zone 'Z'." for a machine type, HTTP 404 ``notFound`` "The resource
+'projects/P/zones/Z/acceleratorTypes/A' was not found" for an accelerator type. A regional
+request is refused when any zone it ALLOWs lacks the type (the first in name order is named):
+the stricter of the two things GCE might do, so a caller must cope with it.
+
 Errors: :meth:`FakeCompute.fail_operation` makes the next matching bulk insert end with
 ``error.errors`` (codes in order); :meth:`FakeCompute.fail_http` makes the next calls of a
 method fail with an HTTP error; :attr:`FakeCompute.capacity` caps how many instances a zone
@@ -65,6 +74,7 @@ class FakeCompute:
     templates: dict[str, dict[str, Any]] = field(default_factory=dict)
     capacity: dict[str, int] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    not_offered: set[tuple[str, str]] = field(default_factory=set)  # (type, zone)
     clock_offset_s: float = 0.0
     polls_until_done: int = 1
     _polls: dict[str, int] = field(default_factory=dict)
@@ -107,6 +117,36 @@ class FakeCompute:
         """The next ``times`` calls of ``method`` (``bulkInsert``, ``delete``,
         ``aggregatedList``, ``list``, ``get``, ``wait``) fail with HTTP ``status``/``reason``."""
         self._http_failures.append(_HttpFailure(method, status, reason, times))
+
+    def unoffer(self, type_name: str, zone: str) -> None:
+        """Machine or accelerator type ``type_name`` is not offered in ``zone``."""
+        self.not_offered.add((type_name, zone))
+
+    def offering_error(self, scope: str, body: dict[str, Any]) -> tuple[int, str, str] | None:
+        """(HTTP status, reason, message) refusing a bulk insert that names a type not offered
+        in a zone it may land in (see the module docstring); None when all is offered."""
+        kind, where = scope.split("/")
+        props = self._properties(body)
+        if kind == "zones":
+            zones = [where]
+        else:
+            prefs = {k.split("/")[-1]: v.get("preference") for k, v in
+                     ((body.get("locationPolicy") or {}).get("locations") or {}).items()}
+            zones = sorted(z for z, p in prefs.items() if p == "ALLOW") or \
+                [z for z in self.regions[where] if prefs.get(z) != "DENY"]
+        machine = str(props.get("machineType") or "").rsplit("/", 1)[-1]
+        accelerators = [str(a.get("acceleratorType", "")).rsplit("/", 1)[-1]
+                        for a in props.get("guestAccelerators") or []]
+        for zone in zones:
+            if (machine, zone) in self.not_offered:
+                return (400, "invalid", "Invalid value for field "
+                        f"'resource.instanceProperties.machineType': '{machine}'. Machine type "
+                        f"with name '{machine}' does not exist in zone '{zone}'.")
+            for accelerator in accelerators:
+                if (accelerator, zone) in self.not_offered:
+                    return (404, "notFound", f"The resource 'projects/{self.project}/zones/"
+                            f"{zone}/acceleratorTypes/{accelerator}' was not found")
+        return None
 
     def add_template(self, name: str, properties: dict[str, Any]) -> None:
         """Register global instance template ``name`` (its ``properties``)."""
@@ -176,7 +216,9 @@ class FakeCompute:
         props = self._properties(body)
         market = "spot" if props.get("scheduling", {}).get("provisioningModel") == "SPOT" \
             else "on-demand"
-        names = list(body.get("perInstanceProperties") or {})
+        # In name order: the JSON map's order is the client's, and tests need to know which
+        # nodes get the room left in a zone.
+        names = sorted(body.get("perInstanceProperties") or {})
         failure = self.take_op_failure(zone, market)
         if failure is not None:
             errors = [_error(c, zone, props, failure.message) for c in failure.codes]
@@ -325,6 +367,9 @@ class _Handler(BaseHTTPRequestHandler):
         template = body.get("sourceInstanceTemplate")
         if template and template.split("/")[-1] not in self.fake.templates:
             return self._error(404, "notFound", f"The resource '{template}' was not found")
+        refusal = self.fake.offering_error(f"{kind}/{where}", body)
+        if refusal is not None:
+            return self._error(*refusal)
         self._send(self.fake.bulk_insert(f"{kind}/{where}", body, query.get("requestId")))
 
     def _insert(self, query: dict, body: dict, zone: str) -> None:
@@ -378,8 +423,19 @@ class _Handler(BaseHTTPRequestHandler):
 def gcp_config(fake: FakeCompute, node_sets: list[dict[str, Any]], cluster: str = "demo",
                **top: Any) -> Any:
     """A validated ``SpotConfig`` whose provider ``gcp`` points at ``fake``; each node set
-    gets ``provider: gcp`` and one partition holds them all."""
+    gets ``provider: gcp`` and one partition holds them all. Without ``state_dir``/``log_dir``
+    each config gets fresh temporary ones (never the host's /var/lib/slurm-spot), removed when
+    the test process ends."""
+    import atexit
+    import shutil
+    import tempfile
+
     from slurm_spot.config import SpotConfig
+
+    for key in ("state_dir", "log_dir"):
+        if key not in top:
+            top[key] = tempfile.mkdtemp(prefix=f"slurm-spot-gcp-{key}-")
+            atexit.register(shutil.rmtree, top[key], True)
 
     return SpotConfig.model_validate({
         "cluster": cluster,

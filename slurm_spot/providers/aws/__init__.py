@@ -54,3 +54,22 @@ def capacity_codes() -> frozenset[str]:
 
     return frozenset(normalize_code(code) for code, kind in ERROR_TABLE.items()
                      if kind.error_class is ErrorClass.CAPACITY)
+
+
+def instance_identity(config: SpotConfig, node: str,
+                      settings: ProviderSettings) -> tuple[str, str] | None:
+    """IMDS ``meta-data/instance-id`` and ``instance-type`` (IMDSv2; the endpoint is
+    ``$AWS_EC2_METADATA_SERVICE_ENDPOINT`` or 169.254.169.254, :mod:`.notices`).
+
+    Raises:
+        ProviderError: IMDS cannot be reached or has no instance id.
+    """
+    from slurm_spot.errors import ProviderError
+    from slurm_spot.providers.aws.notices import ImdsError
+    from slurm_spot.providers.aws.notices import instance_identity as imds_identity
+
+    try:
+        found = imds_identity()
+    except ImdsError as exc:
+        raise ProviderError("IMDS_UNREADABLE", str(exc)) from None
+    return found.instance_id, found.instance_type

@@ -54,3 +54,16 @@ def capacity_codes() -> frozenset[str]:
 
     return frozenset(normalize_code(code) for code, error_class in GCP_ERROR_CLASSES.items()
                      if error_class is ErrorClass.CAPACITY)
+
+
+def instance_identity(config: SpotConfig, node: str,
+                      settings: ProviderSettings) -> tuple[str, str] | None:
+    """The metadata server's ``instance/name`` (slurm-spot's GCE instance id is the name) and
+    the short form of ``instance/machine-type`` (:mod:`.notices`).
+
+    Raises:
+        ProviderError: the metadata server cannot be read.
+    """
+    from slurm_spot.providers.gcp.notices import instance_identity as metadata_identity
+
+    return metadata_identity()

@@ -28,7 +28,12 @@ from urllib.parse import urlparse
 
 from slurm_spot.config import GcpProviderConfig
 from slurm_spot.errors import ProviderError
-from slurm_spot.providers.gcp.errors import GceError, errors_from_resource, most_specific
+from slurm_spot.providers.gcp.errors import (
+    GceError,
+    errors_from_resource,
+    gce_error,
+    most_specific,
+)
 from slurm_spot.providers.gcp.requests import parse_timestamp, short_name
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -220,7 +225,7 @@ def _call_error(exc: Any) -> GceCallError:
     errors = errors_from_resource({"errors": items})
     reason = getattr(exc, "reason", None)
     if reason and not errors:
-        errors = (GceError(str(reason), str(getattr(exc, "message", ""))),)
+        errors = (gce_error(str(reason), str(getattr(exc, "message", ""))),)
     return GceCallError(int(status) if status else None, errors, str(getattr(exc, "message", exc)))
 
 

@@ -11,10 +11,23 @@ Codes come from two places (GCE REST reference, ``Operation`` and "Handling API 
 
 Codes compare case-insensitively and without separators (:func:`normalize_code`), so
 ``QUOTA_EXCEEDED`` and ``quotaExceeded`` are one row. Everything here is pure.
+
+A machine type or accelerator type that a zone does not offer has no code of its own: GCE
+answers the request with the generic "bad resource" codes (HTTP 400 ``invalid``: "Invalid value
+for field 'resource.machineType': 'zones/europe-west8-a/machineTypes/f1-micro'. Machine type
+with name 'f1-micro' does not exist in zone 'europe-west8-a'."; HTTP 404 ``notFound``: "The
+resource 'projects/P/zones/us-west1-b/acceleratorTypes/nvidia-tesla-p4' was not found"; both
+as reported from the field, docs/testing-clouds.md). The class still comes from the code
+(:data:`NOT_OFFERED_CODES`); what the error is about, the zonal resource it names
+(:data:`OFFERING_COLLECTIONS`), is read from the resource reference GCE puts only in the
+message. Such an error is PERMANENT for that (type, zone) pair, remembered and never tried
+again (:class:`~slurm_spot.providers.ledger.UnofferedPairs`), and never capacity; any other
+``invalid``/``notFound`` stays CONFIG.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +53,11 @@ GCP_ERROR_CLASSES: Mapping[str, ErrorClass] = {
     "RESOURCE_NOT_FOUND": ErrorClass.CONFIG,
     "INVALID_FIELD_VALUE": ErrorClass.CONFIG,
     "INVALID_INSTANCE_NAME": ErrorClass.CONFIG,  # slurm-spot's own: cluster-node > 63 chars
+    # permanent: the (machine or accelerator type, zone) pair is not offered. GCE's own
+    # answer is a NOT_OFFERED_CODES code naming the type's zonal resource (see the module
+    # docstring); this row is slurm-spot's own code for a launch whose every pair is
+    # remembered as not offered, so nothing was asked.
+    "TYPE_NOT_OFFERED": ErrorClass.PERMANENT,
     # auth: credentials or permissions
     "FORBIDDEN": ErrorClass.AUTH,
     "UNAUTHORIZED": ErrorClass.AUTH,
@@ -55,7 +73,27 @@ GENERIC_CODES: frozenset[str] = frozenset({"VM_MIN_COUNT_NOT_REACHED"})
 #: Codes that are not a failure: the instance already exists (an idempotent re-run).
 EXISTS_CODES: frozenset[str] = frozenset({"RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"})
 
+#: Codes GCE answers for a request naming a resource that does not exist. Naming a zone's
+#: machine type or accelerator type (:data:`OFFERING_COLLECTIONS`), they mean "this type is
+#: not offered in this zone": PERMANENT for that pair instead of CONFIG.
+NOT_OFFERED_CODES: frozenset[str] = frozenset(
+    {"INVALID", "NOT_FOUND", "RESOURCE_NOT_FOUND", "INVALID_FIELD_VALUE"})
+
+#: Zonal resource collections (``zones/<zone>/<collection>/<type>``) whose absence means the
+#: type is not offered in that zone; the value is the word GCE's messages use for each.
+OFFERING_COLLECTIONS: Mapping[str, str] = {"machineTypes": "Machine", "acceleratorTypes": "Accelerator"}
+
 _GENERIC = {normalize_code(c) for c in GENERIC_CODES}
+_NOT_OFFERED = {normalize_code(c) for c in NOT_OFFERED_CODES}
+_NAME = r"[a-z0-9][a-z0-9-]*"
+# zones/<zone>/machineTypes/<type> (a full or partial resource URL) ...
+_RESOURCE_PATH = re.compile(
+    rf"zones/(?P<zone>{_NAME})/(?:{'|'.join(OFFERING_COLLECTIONS)})/(?P<type>{_NAME})")
+# ... or, where the request gave a bare type name: "Machine type with name 'T' does not exist
+# in zone 'Z'" (the form of HTTP 400 ``invalid``).
+_RESOURCE_SENTENCE = re.compile(
+    rf"(?:{'|'.join(OFFERING_COLLECTIONS.values())}) type (?:with name )?'(?P<type>{_NAME})'"
+    rf" does not exist in zone '(?P<zone>{_NAME})'")
 _EXISTS = {normalize_code(c) for c in EXISTS_CODES}
 
 
@@ -66,24 +104,57 @@ class GceError:
     Attributes:
         code: the code as GCE sent it (``ZONE_RESOURCE_POOL_EXHAUSTED``, ``rateLimitExceeded``).
         message: its human-readable message ("" if none).
-        zone: ``errorInfo.metadatas.zone`` of a capacity error, or None.
+        zone: the zone the error is about: ``errorInfo.metadatas.zone`` of a capacity error,
+            or the zone of the type resource a not-offered error names; else None.
         vm_type: ``errorInfo.metadatas.vmType``, or None.
+        not_offered: the machine or accelerator type a :data:`NOT_OFFERED_CODES` error names
+            as missing from :attr:`zone` (``a2-highgpu-1g``, ``nvidia-tesla-t4``), else None.
     """
 
     code: str
     message: str = ""
     zone: str | None = None
     vm_type: str | None = None
+    not_offered: str | None = None
 
     @property
     def error_class(self) -> ErrorClass:
-        """The class of :attr:`code` (UNKNOWN when unlisted)."""
+        """The class of :attr:`code` (UNKNOWN when unlisted); PERMANENT for a not-offered
+        (type, zone) pair (:attr:`not_offered`)."""
+        if self.not_offered is not None:
+            return ErrorClass.PERMANENT
         return classify_gcp(self.code)
+
+    @property
+    def pair(self) -> tuple[str, str] | None:
+        """``(type, zone)`` that is not offered, when this error says so and names the zone."""
+        if self.not_offered is None or self.zone is None:
+            return None
+        return self.not_offered, self.zone
 
     @property
     def is_exists(self) -> bool:
         """True for ``RESOURCE_ALREADY_EXISTS``: fine on a re-run, not a failure."""
         return normalize_code(self.code) in _EXISTS
+
+
+def not_offered_resource(code: str, message: str) -> tuple[str, str] | None:
+    """``(type, zone)`` when ``code`` is one of :data:`NOT_OFFERED_CODES` and ``message`` names
+    a zone's machine type or accelerator type (see the module docstring); else None."""
+    if normalize_code(code) not in _NOT_OFFERED:
+        return None
+    found = _RESOURCE_PATH.search(message) or _RESOURCE_SENTENCE.search(message)
+    return (found.group("type"), found.group("zone")) if found else None
+
+
+def gce_error(code: str, message: str = "", zone: str | None = None,
+              vm_type: str | None = None) -> GceError:
+    """A :class:`GceError`, with :attr:`~GceError.not_offered` and its zone filled in when the
+    error says a type is not offered in a zone (:func:`not_offered_resource`)."""
+    pair = not_offered_resource(code, message)
+    if pair is None:
+        return GceError(code, message, zone, vm_type)
+    return GceError(code, message, pair[1], vm_type, not_offered=pair[0])
 
 
 def classify_gcp(code: str) -> ErrorClass:
@@ -123,7 +194,7 @@ def errors_from_resource(error: Mapping[str, object] | None) -> tuple[GceError, 
             continue
         code = str(item.get("code") or item.get("reason") or "UNKNOWN")
         zone, vm_type = _error_info(item.get("errorDetails"))
-        parsed.append(GceError(code, str(item.get("message") or ""), zone, vm_type))
+        parsed.append(gce_error(code, str(item.get("message") or ""), zone, vm_type))
     return tuple(parsed)
 
 

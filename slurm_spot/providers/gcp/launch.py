@@ -25,11 +25,14 @@ from slurm_spot.providers.gcp.api import ComputeApi, GceCallError, OperationStat
 from slurm_spot.providers.gcp.errors import GceError, most_specific
 from slurm_spot.providers.gcp.requests import (
     Attempt,
+    accelerator_type,
+    attaches_gpus,
     bulk_insert_body,
     instance_name,
     is_valid_instance_name,
     request_id,
 )
+from slurm_spot.providers.ledger import UnofferedPairs
 
 log = logging.getLogger("slurm_spot.providers.gcp.provider")
 STOP_CLASSES = (ErrorClass.CONFIG, ErrorClass.AUTH)
@@ -45,6 +48,7 @@ class GceOps(Protocol):
     settings: GcpProviderConfig
     max_attempts: int
     replay_window_s: float
+    unoffered: UnofferedPairs | None  # (type, zone) pairs GCE said it does not offer
 
     @property
     def api(self) -> ComputeApi: ...
@@ -131,10 +135,29 @@ class LaunchRun:
                 dead.extend(found.get(node, []))
         return dead
 
+    def types_of(self, machine_type: str | None) -> set[str]:
+        """The types a request with ``machine_type`` needs offered in its zone: the machine
+        type and, when GPUs are attached to it, their accelerator type."""
+        gpus = self.node_set.gpus
+        named = {machine_type} if machine_type else set()
+        if gpus and attaches_gpus(machine_type):
+            named.add(accelerator_type(gpus.type))
+        return named
+
+    def offered_zones(self, machine_type: str | None) -> list[str]:
+        """The node set's zones without those remembered as not offering ``machine_type``
+        (or its accelerator type)."""
+        known = self.provider.unoffered.pairs() if self.provider.unoffered else frozenset()
+        needed = self.types_of(machine_type)
+        return [z for z in self.zones if not any((t, z) in known for t in needed)]
+
     def try_machine(self, market: str, machine_type: str | None) -> None:
         """Bulk inserts for one (market, machine type) until nothing is pending or its
-        zones are used up; the error class of each decides the next step."""
-        zones, tries = self.zones, 0
+        zones are used up; the error class of each decides the next step. Zones remembered
+        as not offering the type are never asked."""
+        zones, tries = self.offered_zones(machine_type), 0
+        if not zones and self.pending:
+            self.not_offered(machine_type)
         while zones and self.pending and not self.stopped:
             denied = tuple(z for z in self.zones if z not in zones)
             attempt = Attempt(market, machine_type, tuple(zones), len(self.zones) > 1, denied)
@@ -148,6 +171,10 @@ class LaunchRun:
                 self.stopped = True
             elif cls is ErrorClass.CAPACITY:
                 zones = [z for z in zones if z not in failed_zones]
+            elif cls is ErrorClass.PERMANENT:
+                if not failed_zones:
+                    return  # no zone of this attempt named: on to the next type
+                zones = [z for z in zones if z not in failed_zones]
             elif cls is ErrorClass.QUOTA:
                 return
             elif tries + 1 < self.provider.max_attempts:  # throttle, unknown
@@ -157,15 +184,36 @@ class LaunchRun:
             else:
                 self.stopped = True
 
+    def not_offered(self, machine_type: str | None) -> None:
+        """Every zone is remembered as not offering ``machine_type``: nothing is asked. Unless
+        an earlier type failed otherwise (that failure says more), the latest failure says
+        so: PERMANENT, slurm-spot's ``TYPE_NOT_OFFERED``, no pool (never a cooldown)."""
+        needed = self.types_of(machine_type)
+        known = self.provider.unoffered.pairs() if self.provider.unoffered else frozenset()
+        pairs = ", ".join(f"{t} in {z}" for t, z in sorted(known) if t in needed)
+        error = GceError("TYPE_NOT_OFFERED", f"permanent: not offered in the node set's zones "
+                         f"(remembered: {pairs})")
+        if self.last is None:
+            self.last = (error, "")
+        log.info("node set %s: %s not offered in any of its zones (remembered)",
+                 self.node_set.name, machine_type or "the template's type")
+
     def record(self, error: GceError, attempt: Attempt) -> list[str]:
         """Keep ``error`` as the latest failure and, for capacity and quota, note its failed
-        pools (for cooldowns); return the zones it is about."""
+        pools (for cooldowns); remember a (type, zone) pair GCE does not offer (never a
+        cooldown: not capacity); return the zones it is about."""
         zones = _failed_zones(error, attempt)
         template = self.node_set.gcp.instance_template if self.node_set.gcp else None
         pools = replace(attempt, zones=tuple(zones)).pools(template)
         if error.error_class in (ErrorClass.CAPACITY, ErrorClass.QUOTA):
             self.failed_pools.extend(p for p in pools if p not in self.failed_pools)
-        self.last = (error, pools[0] if pools else "")
+        if error.error_class is ErrorClass.PERMANENT and error.not_offered and zones:
+            if self.provider.unoffered is not None:
+                self.provider.unoffered.remember((error.not_offered, z) for z in zones)
+        if error.error_class is not ErrorClass.PERMANENT:
+            self.last = (error, pools[0] if pools else "")
+        elif self.last is None:  # an earlier type's capacity/quota failure says more
+            self.last = (error, "")
         log.warning("node set %s: %s on %s for %d node(s)", self.node_set.name, error.code,
                     ",".join(pools), len(self.pending))
         return zones
@@ -230,7 +278,12 @@ class LaunchRun:
 
 def _failed_zones(error: GceError, attempt: Attempt) -> list[str]:
     """The zones a capacity error is about: ``errorInfo.metadatas.zone``, else the zone its
-    message names, else every zone of the attempt. Other classes: every zone."""
+    message names, else every zone of the attempt. A not-offered error: the zone it names,
+    else the zone of a zonal attempt, else none (unknown). Other classes: every zone."""
+    if error.error_class is ErrorClass.PERMANENT:
+        if error.zone:
+            return [error.zone] if error.zone in attempt.zones else []
+        return [] if attempt.regional else list(attempt.zones[:1])
     if error.error_class is ErrorClass.CAPACITY:
         if error.zone and error.zone in attempt.zones:
             return [error.zone]

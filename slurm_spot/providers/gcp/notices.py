@@ -105,3 +105,33 @@ class GceMetadataNoticeSource:
             self._failed = True
             log.debug("metadata %s unreachable: %s", path, exc)
         return None
+
+
+def instance_identity(host: str | None = None, timeout_s: float = 5.0) -> tuple[str, str]:
+    """``(instance name, machine type)`` of this VM from the metadata server
+    (``instance/name``; ``instance/machine-type``, ``projects/<n>/machineTypes/<type>``,
+    shortened to ``<type>``). The host is ``host``, ``$GCE_METADATA_HOST`` or
+    ``metadata.google.internal``.
+
+    Raises:
+        ProviderError: the metadata server cannot be reached or has no instance name.
+    """
+    from slurm_spot.errors import ProviderError
+
+    base = f"http://{host or os.environ.get('GCE_METADATA_HOST') or DEFAULT_HOST}"
+    values = []
+    for path in ("instance/name", "instance/machine-type"):
+        request = urllib.request.Request(f"{base}/computeMetadata/v1/{path}",
+                                         headers={"Metadata-Flavor": "Google"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                values.append(response.read(4096).decode("utf-8", "replace").strip())
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise ProviderError("METADATA_UNREADABLE", f"{path}: HTTP {exc.code}") from None
+            values.append("")
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            raise ProviderError("METADATA_UNREACHABLE", f"{base}: {exc}") from None
+    if not values[0]:
+        raise ProviderError("METADATA_UNREADABLE", "the metadata server has no instance/name")
+    return values[0], values[1].rsplit("/", 1)[-1]

@@ -12,7 +12,10 @@ Launch (one node set, one batch):
 3. wait on the zone/region operation, read ``error.errors[*].code``, list again: what exists
    is launched; for the rest the most specific code decides (:mod:`.errors`):
    capacity -> the same request without the failed zone, then the next machine type, then
-   the fallback market; quota -> the next machine type / market; throttle and unknown ->
+   the fallback market; a machine or accelerator type not offered in a zone (permanent) ->
+   the pair is remembered in ``<state_dir>/gcp/<provider>-unoffered.json``, never asked
+   again by any later launch, and the other zones and types are tried, with no cooldown;
+   quota -> the next machine type / market; throttle and unknown ->
    the same attempt again after a jittered back-off (bounded); config and auth -> stop.
    Every failed ``<machine type>/<zone>/<market>`` is in ``LaunchResult.failed_pools``.
 
@@ -55,6 +58,7 @@ from slurm_spot.providers.gcp.requests import (
     label_filter,
     label_value,
 )
+from slurm_spot.providers.ledger import UnofferedPairs
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +103,8 @@ class GcpProvider:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.replay_window_s = replay_window_s
+        self.unoffered: UnofferedPairs | None = UnofferedPairs(
+            config.state_dir / "gcp" / f"{name}-unoffered.json")
 
     @property
     def api(self) -> ComputeApi:

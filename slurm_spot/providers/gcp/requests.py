@@ -150,7 +150,9 @@ def accelerator_type(gres_type: str) -> str:
     return ACCELERATOR_TYPES.get(gres_type, "nvidia-" + gres_type.replace("_", "-"))
 
 
-def _gpus_attachable(machine_type: str | None) -> bool:
+def attaches_gpus(machine_type: str | None) -> bool:
+    """True if GPUs are attached to ``machine_type`` as ``guestAccelerators`` (False for the
+    families whose GPUs come with the machine type, and for the template's own type)."""
     return machine_type is not None and not machine_type.startswith(GPU_BUNDLED_FAMILIES)
 
 
@@ -172,7 +174,7 @@ def instance_properties(
     }
     if attempt.machine_type:
         props["machineType"] = attempt.machine_type
-    if node_set.gpus and _gpus_attachable(attempt.machine_type):
+    if node_set.gpus and attaches_gpus(attempt.machine_type):
         props["guestAccelerators"] = [{
             "acceleratorType": accelerator_type(node_set.gpus.type),
             "acceleratorCount": node_set.gpus.count,

@@ -47,3 +47,9 @@ def capacity_codes() -> frozenset[str]:
     from slurm_spot.providers.local.provider import CAPACITY_CODE
 
     return frozenset({normalize_code(CAPACITY_CODE)})
+
+
+def instance_identity(config: SpotConfig, node: str,
+                      settings: ProviderSettings) -> tuple[str, str] | None:
+    """None: a local node's slurmd is started by the provider itself, not by systemd."""
+    return None
