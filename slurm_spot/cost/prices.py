@@ -184,9 +184,13 @@ class PriceBook:
                     else self.cost.spot_usd_per_hour).get(instance_type)
         if override is not None:
             return Price(override, "config", zone)
-        if provider == "aws" and market == "spot" and self.aws_spot is not None:
-            return self.aws_spot.price(instance_type, zone)
         found = _catalogue_price(provider, market, instance_type)
+        if provider == "aws" and market == "spot" and self.aws_spot is not None:
+            try:
+                return self.aws_spot.price(instance_type, zone)
+            except UnknownPriceError:
+                if found is None:
+                    raise
         if found is not None:
             return Price(found.usd_per_h, found.source, zone)
         key = "spot_usd_per_hour" if market == "spot" else "on_demand_usd_per_hour"

@@ -378,9 +378,15 @@ class _Handler(BaseHTTPRequestHandler):
 def gcp_config(fake: FakeCompute, node_sets: list[dict[str, Any]], cluster: str = "demo",
                **top: Any) -> Any:
     """A validated ``SpotConfig`` whose provider ``gcp`` points at ``fake``; each node set
-    gets ``provider: gcp`` and one partition holds them all."""
+    gets ``provider: gcp`` and one partition holds them all. State (pool cooldowns) and events
+    go to fresh temporary directories unless ``state_dir``/``log_dir`` are given, never to
+    the machine's /var/lib or /var/log."""
+    import tempfile
+
     from slurm_spot.config import SpotConfig
 
+    top.setdefault("state_dir", tempfile.mkdtemp(prefix="slurm-spot-gcp-state-"))
+    top.setdefault("log_dir", tempfile.mkdtemp(prefix="slurm-spot-gcp-log-"))
     return SpotConfig.model_validate({
         "cluster": cluster,
         "providers": {"gcp": {"type": "gcp", "project": fake.project, "region": "us-central1",
