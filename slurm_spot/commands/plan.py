@@ -74,23 +74,48 @@ def provider_of_type(config: SpotConfig | None, instance_type: str) -> tuple[str
 def instance_prices(app: AppContext, instance_type: str, spot_usd_h: float | None,
                     on_demand_usd_h: float | None) -> tuple[float, float, str]:
     """(spot, on-demand) USD per node-hour of ``instance_type`` and their sources; explicit
-    options win.
+    options win (see :func:`checked_prices`, which also names unverified prices).
+
+    Raises:
+        UnknownPriceError: a price is found nowhere."""
+    spot, od, sources, _ = checked_prices(app, instance_type, spot_usd_h, on_demand_usd_h)
+    return spot, od, sources
+
+
+def checked_prices(app: AppContext, instance_type: str, spot_usd_h: float | None,
+                   on_demand_usd_h: float | None) -> tuple[float, float, str, list[str]]:
+    """:func:`instance_prices` plus the prices it used from catalogue entries no fetched
+    source confirmed (``"<market> <type>: <price> USD/h"``, empty when none).
 
     Raises:
         UnknownPriceError: a price is found nowhere."""
     config = optional_config(app)
     book = site_prices(config) if config is not None else PriceBook(CostConfig())
     provider, zone = provider_of_type(config, instance_type)
-    sources = []
+    sources, unverified = [], []
     if spot_usd_h is None:
         price = book.instance(provider, "spot", instance_type, zone)
         spot_usd_h = price.usd_per_h
         sources.append(f"spot: {price.source}" + (f" ({price.zone})" if price.zone else ""))
+        if not price.verified:
+            unverified.append(f"spot {instance_type}: {price.usd_per_h:g} USD/h")
     if on_demand_usd_h is None:
         price = book.instance(provider, "on-demand", instance_type, zone)
         on_demand_usd_h = price.usd_per_h
         sources.append(f"on-demand: {price.source}")
-    return spot_usd_h, on_demand_usd_h, "; ".join(sources) or "given"
+        if not price.verified:
+            unverified.append(f"on-demand {instance_type}: {price.usd_per_h:g} USD/h")
+    return spot_usd_h, on_demand_usd_h, "; ".join(sources) or "given", unverified
+
+
+UNVERIFIED_HINT = ("not confirmed by any source (slurm_spot/cost/prices.yaml marks them "
+                   "unverified); check them, or set cost.on_demand_usd_per_hour / "
+                   "cost.spot_usd_per_hour in spot.yaml")
+
+
+def unverified_line(unverified: list[str]) -> str:
+    """The warning ``plan`` prints when it used unverified catalogue prices."""
+    return f"warning: catalogue price(s) {'; '.join(unverified)} {UNVERIFIED_HINT}"
 
 
 def finite(data: Any) -> Any:
@@ -208,7 +233,10 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
     if measured is not None:
         data["checkpoint_source"] = measured
     if instance_type is not None and job_hours is not None and result.expected_wall_h is not None:
-        spot, od, price_source = instance_prices(app, instance_type, spot_usd_h, on_demand_usd_h)
+        spot, od, price_source, unverified = checked_prices(app, instance_type, spot_usd_h,
+                                                            on_demand_usd_h)
+        if unverified:
+            data["unverified_prices"] = unverified
         wall = (result.expected_wall_h_with_notice if result.expected_wall_h_with_notice is not None
                 else result.expected_wall_h)
         data.update(instance_type=instance_type, price_source=price_source,
@@ -251,6 +279,8 @@ def _print_plan(d: dict[str, Any], nodes: int) -> None:
         echo(f"cost on {d['instance_type']}: spot ${d['expected_spot_cost_usd']:,.2f} vs "
              f"on-demand ${d['on_demand_cost_usd']:,.2f} ({d['saving_percent']:.1f} % saved; "
              f"{d['price_source']})")
+    if d.get("unverified_prices"):
+        echo(unverified_line(d["unverified_prices"]))
 
 
 def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
@@ -261,14 +291,20 @@ def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
         raise BadInputError("--compare needs --work-steps (the job's total steps)")
     default = node_rate(app, band, rate, mtbf_h) if (band or rate or mtbf_h) else None
     cands = []
+    unverified: dict[str, list[str]] = {}
     for text in candidates:
         itype, steps, node_rate_h = parse_candidate(text, default)
-        spot, od, _ = instance_prices(app, itype, None, None)
+        spot, od, _, unverified[itype] = checked_prices(app, itype, None, None)
         cands.append(planner.Candidate(itype, steps, spot, od, node_rate_h))
     ranked = planner.compare(cands, work_steps, nodes, checkpoint_s, restart_s, deadline_h)
     if as_json:
-        print_json(finite([asdict(r) for r in ranked]))
+        print_json(finite([{**asdict(r), **({"unverified_prices": unverified[r.instance_type]}
+                                             if unverified.get(r.instance_type) else {})}
+                           for r in ranked]))
         return
+    flagged = [u for r in ranked for u in unverified.get(r.instance_type, [])]
+    if flagged:
+        click.echo(unverified_line(flagged))
     if measured is not None:
         click.echo(_measured_line(measured))
     for i, r in enumerate(ranked, 1):
