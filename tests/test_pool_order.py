@@ -137,6 +137,7 @@ def test_lowest_price_launches_the_type_cheapest_per_gpu_by_the_spot_price_histo
     assert result.failed == ()
     assert {i.instance_type for i in result.launched} == {"g5.12xlarge"}
     assert _types_asked(h) == [{"g5.12xlarge"}]
+    assert h.calls["DescribeSpotPriceHistory"] == 2  # one per type, every zone at once (cached)
     (order,) = _events(config, "launch_order")
     assert [(p["pool"].split("/")[0], p["usd_per_unit_h"], p["source"])
             for p in order["extra"]["order"]][::2] == [

@@ -15,6 +15,8 @@ Launch (one node set, one batch):
    the fallback market; quota -> the next machine type / market; throttle and unknown ->
    the same attempt again after a jittered back-off (bounded); config and auth -> stop.
    Every failed ``<machine type>/<zone>/<market>`` is in ``LaunchResult.failed_pools``.
+   Machine types are tried cheapest per GPU first and zones cooling down after a capacity
+   failure are left out (``gcp.type_order``; :mod:`slurm_spot.providers.pool_order`).
 
 Nodes left without an instance come back as :class:`LaunchFailure` (``(Code:X)...``
 reasons); the resume hook sets them DOWN then POWER_DOWN, so none stays in plain DOWN.
