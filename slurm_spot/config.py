@@ -110,6 +110,8 @@ class AwsNodeSetOptions(_Model):
     launch_template: str = Field(description="launch template name, or its id (lt-...)")
     launch_template_version: str = "$Default"
     subnets: list[str] = Field(min_length=1)
+    # lowest-price: slurm-spot orders the types by price per GPU and skips pools in cooldown
+    # (providers/pool_order.py); the others leave the choice among all pools to EC2.
     allocation_strategy: Literal[
         "price-capacity-optimized", "capacity-optimized", "lowest-price", "diversified"
     ] = "price-capacity-optimized"
@@ -134,6 +136,10 @@ class GcpNodeSetOptions(_Model):
     preemptible: bool = False
     local_ssds: int = Field(0, ge=0, le=24)
     disk_size_gb: int = Field(50, ge=10, le=65536)
+    type_order: Literal["price", "config"] = Field(
+        "price", description="order in which a launch tries machine_type and instance_types: "
+        "cheapest per GPU (per vCPU without GPUs) first, or as written; pools cooling down "
+        "after a capacity failure are skipped either way")
 
 
 class NodeSetConfig(_Model):

@@ -32,6 +32,9 @@ class Action(str, enum.Enum):
     LAUNCHED = "launched"
     LAUNCH_FAILED = "launch_failed"
     TERMINATED = "terminated"  # also the reconciler (orphans, lost instances)
+    # resume, where slurm-spot orders a node set's pools itself (providers.pool_order)
+    LAUNCH_ORDER = "launch_order"  # extra.order: pools asked, best first; extra.skipped
+    PRICE_UNKNOWN = "price_unknown"  # a candidate type without a price: tried last
     # the watcher on a compute node (source watch)
     NOTICE = "notice"
     REQUEUED = "requeued"  # also the reconciler, after a reclaim

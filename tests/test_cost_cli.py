@@ -45,7 +45,8 @@ def test_plan_prices_a_job_and_states_the_band_assumption() -> None:
     assert code == 0, out
     assert "band <5% taken as 2.5% of nodes interrupted a month" in out
     assert "constant hazard" in out
-    assert "on-demand $2,621.81" in out  # 10 h * 8 * 32.7726 (catalogue)
+    assert "on-demand $1,756.61" in out  # 10 h * 8 * 21.957642 (catalogue, vantage data)
+    assert "warning" not in out  # every price used has a source
     assert "with a checkpoint at each notice" in out
 
 
@@ -135,3 +136,48 @@ def test_plan_with_the_rate_observed_in_the_event_log(tmp_path: Path) -> None:
     assert plan["assumption"].startswith("observed: 1 interruptions in ")
     # the fixture's spot instances are still alive "now", so the rate is below 1 per 15.05 h
     assert 0 < plan["node_rate_per_h"] < 1 / 15.05
+
+
+def _unverified_catalogue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped catalogue plus an AWS type whose on-demand price no source confirmed."""
+    from slurm_spot.cost import prices
+
+    data = json.loads(json.dumps(prices.catalogue()))
+    data["aws"]["on_demand"]["g5.xlarge"] = {"usd_per_h": 1.25, "source": "unverified"}
+    monkeypatch.setattr(prices, "catalogue", lambda: data)
+
+
+def test_plan_says_when_it_used_an_unverified_price(monkeypatch: pytest.MonkeyPatch) -> None:
+    _unverified_catalogue(monkeypatch)
+    args = ["plan", "--checkpoint-s", "60", "--nodes", "2", "--mtbf-h", "1000",
+            "--job-hours", "10", "--instance-type", "g5.xlarge", "--spot-usd-h", "0.5"]
+    code, out = run(*args, "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["on_demand_cost_usd"] == pytest.approx(10 * 2 * 1.25)
+    assert data["unverified_prices"] == ["on-demand g5.xlarge: 1.25 USD/h"]
+    assert "UNVERIFIED" in data["price_source"]
+    code, out = run(*args)
+    assert "warning: catalogue price(s) on-demand g5.xlarge: 1.25 USD/h not confirmed" in out
+    code, out = run("plan", "--compare", "--checkpoint-s", "60", "--work-steps", "1000",
+                    "--candidate", "a2-highgpu-1g:1:<5%", "--json")
+    assert "unverified_prices" not in json.loads(out)[0]  # sourced entries: no warning
+
+
+def test_cost_says_when_it_used_an_unverified_price(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _unverified_catalogue(monkeypatch)
+    data = site(tmp_path)
+    data["slurm_bin_dir"] = str(tmp_path / "no-slurm")
+    del data["cost"]["on_demand_usd_per_hour"]  # the catalogue's, unverified, is used
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump(data))
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
+    code, out = run("cost", "--job", "9", "--json", config=config)
+    assert code == 0, out
+    (report,) = json.loads(out)
+    assert report["unverified_prices"] == ["on-demand g5.xlarge: 1.25 USD/h"]
+    assert report["on_demand_usd"] == pytest.approx(0.5 * 1.25)
+    code, out = run("cost", "--job", "9", config=config)
+    assert "warning: catalogue price(s) on-demand g5.xlarge: 1.25 USD/h not confirmed" in out

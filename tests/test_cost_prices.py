@@ -73,11 +73,40 @@ def test_catalogue_is_dated_and_sourced() -> None:
     cat = catalogue()
     assert str(cat["as_of"]).startswith("20")
     assert "aws.amazon.com" in cat["aws"]["source"] and "cloud.google.com" in cat["gcp"]["source"]
+    for provider in ("aws", "gcp"):
+        sources = cat[provider]["sources"]
+        for found in sources.values():
+            assert found["url"].startswith("https://") and str(found["read_on"]).startswith("20")
+        for market in ("on_demand", "spot"):
+            for itype, entry in (cat[provider].get(market) or {}).items():
+                assert entry["usd_per_h"] > 0, itype
+                assert entry["source"] in sources or entry["source"] == "unverified", itype
     book = PriceBook(CostConfig())
     od = book.instance("aws", "on-demand", "p4d.24xlarge")
-    assert od.usd_per_h == pytest.approx(32.7726) and od.source.startswith("catalogue 20")
+    # corrected from 32.7726 (its price before AWS's June 2025 cut) to the sourced rate
+    assert od.usd_per_h == pytest.approx(21.957642) and od.source.startswith("catalogue 20")
+    assert od.verified and "(vantage-2026-01)" in od.source
     spot = book.instance("gcp", "spot", "a2-highgpu-1g")
-    assert 0 < spot.usd_per_h < book.instance("gcp", "on-demand", "a2-highgpu-1g").usd_per_h
+    od_gcp = book.instance("gcp", "on-demand", "a2-highgpu-1g")
+    # machine type + its A100 in us-central1 (the catalogue's note shows the sum)
+    assert spot.usd_per_h == pytest.approx(0.29576 + 1.1472)
+    assert od_gcp.usd_per_h == pytest.approx(0.73948 + 2.93391)
+
+
+def test_an_unverified_catalogue_entry_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_spot.cost import prices
+
+    data = {"as_of": "2026-12-01", "aws": {"region": "us-east-1", "sources": {}, "on_demand": {
+        "x1.bare": 2.0, "x1.marked": {"usd_per_h": 3.0, "source": "unverified"},
+        "x1.dangling": {"usd_per_h": 4.0, "source": "nowhere"}}}}
+    monkeypatch.setattr(prices, "catalogue", lambda: data)
+    book = PriceBook(CostConfig())
+    for itype, usd in (("x1.bare", 2.0), ("x1.marked", 3.0), ("x1.dangling", 4.0)):
+        found = book.instance("aws", "on-demand", itype)
+        assert (found.usd_per_h, found.verified) == (usd, False)
+        assert found.source.endswith("UNVERIFIED")
+    configured = PriceBook(CostConfig(on_demand_usd_per_hour={"x1.marked": 3.5}))
+    assert configured.instance("aws", "on-demand", "x1.marked").verified  # the admin's own
 
 
 def test_unknown_prices_name_type_and_zone_never_zero() -> None:

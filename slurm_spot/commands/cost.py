@@ -114,6 +114,10 @@ def _print_report(r: CostReport) -> None:
          f"egress ${r.egress_usd:,.4f}")
     for note in r.notes:
         echo(f"  note: {note}")
+    if r.unverified_prices:
+        from slurm_spot.commands.plan import UNVERIFIED_HINT
+
+        echo(f"  warning: catalogue price(s) {'; '.join(r.unverified_prices)} {UNVERIFIED_HINT}")
 
 
 COMMANDS = [cost_command]

@@ -74,23 +74,48 @@ def provider_of_type(config: SpotConfig | None, instance_type: str) -> tuple[str
 def instance_prices(app: AppContext, instance_type: str, spot_usd_h: float | None,
                     on_demand_usd_h: float | None) -> tuple[float, float, str]:
     """(spot, on-demand) USD per node-hour of ``instance_type`` and their sources; explicit
-    options win.
+    options win (see :func:`checked_prices`, which also names unverified prices).
+
+    Raises:
+        UnknownPriceError: a price is found nowhere."""
+    spot, od, sources, _ = checked_prices(app, instance_type, spot_usd_h, on_demand_usd_h)
+    return spot, od, sources
+
+
+def checked_prices(app: AppContext, instance_type: str, spot_usd_h: float | None,
+                   on_demand_usd_h: float | None) -> tuple[float, float, str, list[str]]:
+    """:func:`instance_prices` plus the prices it used from catalogue entries no fetched
+    source confirmed (``"<market> <type>: <price> USD/h"``, empty when none).
 
     Raises:
         UnknownPriceError: a price is found nowhere."""
     config = optional_config(app)
     book = site_prices(config) if config is not None else PriceBook(CostConfig())
     provider, zone = provider_of_type(config, instance_type)
-    sources = []
+    sources, unverified = [], []
     if spot_usd_h is None:
         price = book.instance(provider, "spot", instance_type, zone)
         spot_usd_h = price.usd_per_h
         sources.append(f"spot: {price.source}" + (f" ({price.zone})" if price.zone else ""))
+        if not price.verified:
+            unverified.append(f"spot {instance_type}: {price.usd_per_h:g} USD/h")
     if on_demand_usd_h is None:
         price = book.instance(provider, "on-demand", instance_type, zone)
         on_demand_usd_h = price.usd_per_h
         sources.append(f"on-demand: {price.source}")
-    return spot_usd_h, on_demand_usd_h, "; ".join(sources) or "given"
+        if not price.verified:
+            unverified.append(f"on-demand {instance_type}: {price.usd_per_h:g} USD/h")
+    return spot_usd_h, on_demand_usd_h, "; ".join(sources) or "given", unverified
+
+
+UNVERIFIED_HINT = ("not confirmed by any source (slurm_spot/cost/prices.yaml marks them "
+                   "unverified); check them, or set cost.on_demand_usd_per_hour / "
+                   "cost.spot_usd_per_hour in spot.yaml")
+
+
+def unverified_line(unverified: list[str]) -> str:
+    """The warning ``plan`` prints when it used unverified catalogue prices."""
+    return f"warning: catalogue price(s) {'; '.join(unverified)} {UNVERIFIED_HINT}"
 
 
 def finite(data: Any) -> Any:
@@ -126,8 +151,43 @@ def parse_candidate(text: str, default_rate: tuple[float, str] | None) -> tuple[
     return parts[0], steps, rate
 
 
+def checkpoint_cost(app: AppContext, checkpoint_s: float | None, checkpoint_dir: str | None
+                    ) -> tuple[float, dict[str, Any] | None]:
+    """C in seconds from exactly one of ``--checkpoint-s`` and ``--checkpoint-dir`` and, for
+    the latter, what was read: ``{"location", "median_save_s", "checkpoints": [{"step",
+    "save_s", "size_bytes"}]}`` (:func:`slurm_spot.cost.saves.median_save_s`). An ``s3://``
+    location is read with spot.yaml's ``checkpoint.s3`` settings where a config exists, else
+    ``SLURM_SPOT_S3_ENDPOINT_URL`` / ``SLURM_SPOT_S3_ADDRESSING_STYLE``.
+
+    Raises:
+        BadInputError: none or both given, a bad value, or no recorded save."""
+    if (checkpoint_s is None) == (checkpoint_dir is None):
+        raise BadInputError("give exactly one of --checkpoint-s (seconds one checkpoint takes) "
+                            "and --checkpoint-dir (a job's checkpoints, local or s3://)")
+    if checkpoint_s is not None:
+        if not (math.isfinite(checkpoint_s) and checkpoint_s >= 0):
+            raise BadInputError(f"--checkpoint-s {checkpoint_s}: must be >= 0 seconds")
+        return checkpoint_s, None
+    from slurm_spot.cost.saves import median_save_s
+
+    assert checkpoint_dir is not None
+    options: dict[str, Any] = {}
+    config = optional_config(app) if checkpoint_dir.startswith("s3://") else None
+    if config is not None and config.checkpoint.s3.endpoint_url:
+        options["endpoint_url"] = config.checkpoint.s3.endpoint_url
+    if config is not None and config.checkpoint.s3.addressing_style != "auto":
+        options["addressing_style"] = config.checkpoint.s3.addressing_style
+    median, saves = median_save_s(checkpoint_dir, **options)
+    return median, {"location": checkpoint_dir, "median_save_s": median,
+                    "checkpoints": [asdict(s) for s in saves]}
+
+
 @click.command("plan")
-@click.option("--checkpoint-s", type=float, required=True, help="Seconds one checkpoint takes (C).")
+@click.option("--checkpoint-s", type=float, default=None,
+              help="Seconds one checkpoint takes (C).")
+@click.option("--checkpoint-dir", default=None,
+              help="Instead of --checkpoint-s: a job's checkpoint directory (local, or "
+                   "s3://bucket/prefix); C is the median save_s its checkpoints recorded.")
 @click.option("--restart-s", type=float, default=300.0, show_default=True,
               help="Seconds from an interruption until the job computes again (R).")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Spot nodes of the job (N).")
@@ -149,26 +209,34 @@ def parse_candidate(text: str, default_rate: tuple[float, str] | None) -> tuple[
 @click.option("--deadline-h", type=float, default=None, help="With --compare: wall-time limit.")
 @json_option
 @pass_app
-def plan_command(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
+def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: str | None,
+                 restart_s: float, nodes: int,
                  notice_s: float, band: str | None, rate: str | None, mtbf_h: float | None,
                  job_hours: float | None, instance_type: str | None, spot_usd_h: float | None,
                  on_demand_usd_h: float | None, compare: bool, work_steps: float | None,
                  candidates: tuple[str, ...], deadline_h: float | None, as_json: bool) -> None:
     """Checkpoint interval (Young, Daly 2006), expected waste, run time and cost under spot
     interruptions. Assumes a constant interruption hazard per node (see the JSON's
-    ``assumption``)."""
+    ``assumption``). C comes from ``--checkpoint-s`` or, with ``--checkpoint-dir``, from the
+    job's own recorded saves (the output says which checkpoints were read)."""
+    checkpoint_s, measured = checkpoint_cost(app, checkpoint_s, checkpoint_dir)
     if compare:
         _compare(app, checkpoint_s, restart_s, nodes, band, rate, mtbf_h, work_steps, candidates,
-                 deadline_h, as_json)
+                 deadline_h, as_json, measured)
         return
     node_rate_h, source = node_rate(app, band, rate, mtbf_h)
     if job_hours is not None and not (math.isfinite(job_hours) and job_hours > 0):
         raise BadInputError(f"--job-hours {job_hours}: must be > 0")
     result = planner.plan(planner.PlanInput(checkpoint_s, restart_s, nodes, notice_s, node_rate_h,
                                             source, job_hours))
-    data: dict[str, Any] = asdict(result)
+    data: dict[str, Any] = {"checkpoint_s": checkpoint_s, **asdict(result)}
+    if measured is not None:
+        data["checkpoint_source"] = measured
     if instance_type is not None and job_hours is not None and result.expected_wall_h is not None:
-        spot, od, price_source = instance_prices(app, instance_type, spot_usd_h, on_demand_usd_h)
+        spot, od, price_source, unverified = checked_prices(app, instance_type, spot_usd_h,
+                                                            on_demand_usd_h)
+        if unverified:
+            data["unverified_prices"] = unverified
         wall = (result.expected_wall_h_with_notice if result.expected_wall_h_with_notice is not None
                 else result.expected_wall_h)
         data.update(instance_type=instance_type, price_source=price_source,
@@ -182,8 +250,17 @@ def plan_command(app: AppContext, checkpoint_s: float, restart_s: float, nodes: 
     _print_plan(data, nodes)
 
 
+def _measured_line(measured: dict[str, Any]) -> str:
+    steps = ", ".join(str(c["step"]) for c in measured["checkpoints"])
+    count = len(measured["checkpoints"])
+    return (f"checkpoint cost: {measured['median_save_s']:.3g} s, the median save_s of {count} "
+            f"checkpoint(s) in {measured['location']} (steps {steps})")
+
+
 def _print_plan(d: dict[str, Any], nodes: int) -> None:
     echo = click.echo
+    if d.get("checkpoint_source"):
+        echo(_measured_line(d["checkpoint_source"]))
     echo(f"interruptions: {d['node_rate_per_h']:.3g} per node-hour ({d['assumption']})")
     echo(f"MTBF: one node {d['mtbf_node_h']:.1f} h, the {nodes}-node job {d['mtbf_job_h']:.1f} h")
     echo(f"checkpoint every: Young {d['young_interval_s'] / 60:.1f} min, "
@@ -202,23 +279,34 @@ def _print_plan(d: dict[str, Any], nodes: int) -> None:
         echo(f"cost on {d['instance_type']}: spot ${d['expected_spot_cost_usd']:,.2f} vs "
              f"on-demand ${d['on_demand_cost_usd']:,.2f} ({d['saving_percent']:.1f} % saved; "
              f"{d['price_source']})")
+    if d.get("unverified_prices"):
+        echo(unverified_line(d["unverified_prices"]))
 
 
 def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
              band: str | None, rate: str | None, mtbf_h: float | None, work_steps: float | None,
-             candidates: tuple[str, ...], deadline_h: float | None, as_json: bool) -> None:
+             candidates: tuple[str, ...], deadline_h: float | None, as_json: bool,
+             measured: dict[str, Any] | None = None) -> None:
     if work_steps is None:
         raise BadInputError("--compare needs --work-steps (the job's total steps)")
     default = node_rate(app, band, rate, mtbf_h) if (band or rate or mtbf_h) else None
     cands = []
+    unverified: dict[str, list[str]] = {}
     for text in candidates:
         itype, steps, node_rate_h = parse_candidate(text, default)
-        spot, od, _ = instance_prices(app, itype, None, None)
+        spot, od, _, unverified[itype] = checked_prices(app, itype, None, None)
         cands.append(planner.Candidate(itype, steps, spot, od, node_rate_h))
     ranked = planner.compare(cands, work_steps, nodes, checkpoint_s, restart_s, deadline_h)
     if as_json:
-        print_json(finite([asdict(r) for r in ranked]))
+        print_json(finite([{**asdict(r), **({"unverified_prices": unverified[r.instance_type]}
+                                             if unverified.get(r.instance_type) else {})}
+                           for r in ranked]))
         return
+    flagged = [u for r in ranked for u in unverified.get(r.instance_type, [])]
+    if flagged:
+        click.echo(unverified_line(flagged))
+    if measured is not None:
+        click.echo(_measured_line(measured))
     for i, r in enumerate(ranked, 1):
         late = "" if r.meets_deadline is not False else "  (misses the deadline)"
         click.echo(f"{i}. {r.instance_type}: ${r.expected_cost_usd:,.2f} expected on spot, "

@@ -325,6 +325,8 @@ class CostReport:
     egress_usd: float
     total_usd: float
     notes: list[str]
+    # prices taken from catalogue entries no fetched source confirmed: "<market> <type>: <USD/h>"
+    unverified_prices: list[str] = field(default_factory=list)
 
 
 def cost_report(usage: JobUsage, prices: PriceBook, now: datetime) -> CostReport:
@@ -342,10 +344,15 @@ def cost_report(usage: JobUsage, prices: PriceBook, now: datetime) -> CostReport
     for seg in usage.segments:
         groups[(seg.provider, seg.market, seg.instance_type, seg.zone)] += seg.hours
     lines = []
+    unverified: list[str] = []
     for (provider_name, market, itype, zone), hours in sorted(groups.items(), key=str):
         ptype = _provider_type(prices, provider_name)
         price = prices.instance(ptype, "spot" if market == "spot" else "on-demand", itype, zone)
         od = prices.instance(ptype, "on-demand", itype, zone)
+        for used, kind in ((price, market), (od, "on-demand")):
+            text = f"{kind} {itype}: {used.usd_per_h:g} USD/h"
+            if not used.verified and text not in unverified:
+                unverified.append(text)
         lines.append(CostLine(provider_name, market, itype, zone, hours, price.usd_per_h,
                               price.source, hours * price.usd_per_h, od.usd_per_h,
                               hours * od.usd_per_h))
@@ -361,7 +368,7 @@ def cost_report(usage: JobUsage, prices: PriceBook, now: datetime) -> CostReport
         interruptions=len(usage.interruptions), lost_compute_node_h=lost_h,
         recomputed_steps=recomputed, restart_h=restart_h, checkpoint_bytes=ckpt_bytes,
         storage_usd=storage, egress_usd=egress, total_usd=compute + storage + egress,
-        notes=list(usage.notes))
+        notes=list(usage.notes), unverified_prices=unverified)
 
 
 def _provider_type(prices: PriceBook, provider_name: str) -> str:

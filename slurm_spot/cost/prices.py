@@ -2,9 +2,12 @@
 ``spot.yaml``), checkpoint storage and egress (``spot.yaml``).
 
 Precedence for an instance-hour price: ``cost.*_usd_per_hour`` in ``spot.yaml``, then (AWS spot)
-``DescribeSpotPriceHistory``, then the catalogue ``slurm_spot/cost/prices.yaml`` (dated, source
-named in the file). A price found nowhere raises :class:`UnknownPriceError` naming the type and
-the zone; nothing is ever priced at zero by default.
+``DescribeSpotPriceHistory``, then the catalogue ``slurm_spot/cost/prices.yaml``. Each catalogue
+entry names its source (URL, what it is, the date it was read) or is marked ``unverified``; a
+price from an unverified entry has ``Price.verified`` False and its ``source`` says
+``UNVERIFIED``, so ``plan`` and ``cost`` can tell the user. A price found nowhere raises
+:class:`UnknownPriceError` naming the type and the zone; nothing is ever priced at zero by
+default.
 """
 
 from __future__ import annotations
@@ -37,14 +40,17 @@ class UnknownPriceError(BadInputError):
 class Price:
     """One instance-hour price in USD, where it came from, and how old it is.
 
-    ``source`` is ``config``, ``aws-spot-price-history`` or ``catalogue <as_of>``; ``zone`` the
+    ``source`` is ``config``, ``aws-spot-price-history`` or ``catalogue <date read> <region>
+    (<source key>)`` (``... UNVERIFIED`` for an entry no fetched source confirmed); ``zone`` the
     zone the price is for (None for a region-wide catalogue price); ``age_s`` the seconds since
-    it was fetched (cached AWS prices), else None."""
+    it was fetched (cached AWS prices), else None; ``verified`` False only for an unverified
+    catalogue entry."""
 
     usd_per_h: float
     source: str
     zone: str | None = None
     age_s: float | None = None
+    verified: bool = True
 
 
 @lru_cache(maxsize=1)
@@ -56,14 +62,28 @@ def catalogue() -> dict[str, Any]:
     return data
 
 
+UNVERIFIED = "unverified"
+
+
 def _catalogue_price(provider: str, market: Market, instance_type: str) -> Price | None:
+    """The catalogue's price of ``instance_type``; an entry is ``{usd_per_h, source}`` where
+    ``source`` is a key of the section's ``sources`` (or ``unverified``); a bare number, or a
+    source the section does not list, counts as unverified."""
     cat = catalogue()
     section = cat.get(provider) or {}
     table = section.get("on_demand" if market == "on-demand" else "spot") or {}
     if instance_type not in table:
         return None
-    return Price(float(table[instance_type]),
-                 f"catalogue {cat.get('as_of')} {section.get('region')}")
+    entry = table[instance_type]
+    if not isinstance(entry, dict):
+        entry = {"usd_per_h": entry, "source": UNVERIFIED}
+    key = str(entry.get("source") or UNVERIFIED)
+    known = (section.get("sources") or {}).get(key)
+    read_on = known.get("read_on") if isinstance(known, dict) else cat.get("as_of")
+    verified = key != UNVERIFIED and isinstance(known, dict)
+    label = f"({key})" if verified else "UNVERIFIED"
+    return Price(float(entry["usd_per_h"]),
+                 f"catalogue {read_on} {section.get('region')} {label}", verified=verified)
 
 
 class AwsSpotPrices:
@@ -184,11 +204,15 @@ class PriceBook:
                     else self.cost.spot_usd_per_hour).get(instance_type)
         if override is not None:
             return Price(override, "config", zone)
-        if provider == "aws" and market == "spot" and self.aws_spot is not None:
-            return self.aws_spot.price(instance_type, zone)
         found = _catalogue_price(provider, market, instance_type)
+        if provider == "aws" and market == "spot" and self.aws_spot is not None:
+            try:
+                return self.aws_spot.price(instance_type, zone)
+            except UnknownPriceError:
+                if found is None:
+                    raise
         if found is not None:
-            return Price(found.usd_per_h, found.source, zone)
+            return Price(found.usd_per_h, found.source, zone, verified=found.verified)
         key = "spot_usd_per_hour" if market == "spot" else "on_demand_usd_per_hour"
         raise UnknownPriceError(
             f"no {market} price for instance type {instance_type!r} in zone {zone or '(any)'} "

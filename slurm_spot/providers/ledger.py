@@ -109,3 +109,59 @@ class UnofferedPairs:
                 os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("cannot remember %s in %s: %s", sorted(new), self.path, exc)
+
+
+class PoolCooldowns:
+    """Pools (``<instance type>/<zone>/<market>``) that answered "no capacity", each with the
+    end of its cooldown, in ``path`` (JSON ``{pool: ISO 8601 end}``); a launch that chooses its
+    own pool order skips them until then (:mod:`slurm_spot.providers.pool_order`).
+
+    Changed under an exclusive ``flock`` and replaced atomically; expired entries are dropped
+    on each write. Unreadable or unwritable: logged and treated as empty (the pool is asked
+    again, which costs one fast-failing call, never a wrong launch).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _read(self) -> dict[str, datetime]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("%s unreadable (%s); no pool is cooling down", self.path, exc)
+            return {}
+        found: dict[str, datetime] = {}
+        for pool, end in (data.items() if isinstance(data, dict) else ()):
+            try:
+                when = datetime.fromisoformat(str(end))
+            except ValueError:
+                continue
+            if when.tzinfo is not None:
+                found[str(pool)] = when
+        return found
+
+    def active(self, now: datetime) -> dict[str, datetime]:
+        """Pool -> end of its cooldown, for the cooldowns still running at ``now`` (aware)."""
+        return {pool: end for pool, end in self._read().items() if end > now}
+
+    def remember(self, pools: Iterable[str], until: datetime, now: datetime | None = None) -> None:
+        """Cool ``pools`` down until ``until`` (aware UTC); a later end already recorded wins;
+        entries ended before ``now`` (default: the wall clock) are dropped."""
+        new = set(pools)
+        if not new:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                data = self.active(now or datetime.now(timezone.utc))
+                for pool in new:
+                    data[pool] = max(until, data.get(pool, until))
+                tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(json.dumps({p: e.isoformat() for p, e in sorted(data.items())}))
+                os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot remember the cooldown of %s in %s: %s", sorted(new), self.path,
+                        exc)

@@ -111,6 +111,7 @@ ERROR_TABLE: Mapping[str, ErrorKind] = {
     "NoInstanceTypes": ErrorKind(_F, Scope.REQUEST),
     "UnknownNode": ErrorKind(_F, Scope.REQUEST),
     "MissingAwsSettings": ErrorKind(_F, Scope.REQUEST),
+    "PoolCooldown": ErrorKind(_C, Scope.POOL),  # every pool had no capacity a moment ago
 }
 
 _NORMALIZED: dict[str, ErrorKind] = {normalize_code(k): v for k, v in ERROR_TABLE.items()}

@@ -25,6 +25,11 @@ DescribeInstances, CreateFleet, CreateTags):
    (:func:`~slurm_spot.providers.aws.fleet.node_mapping_calls`). Instances that cannot be
    mapped are terminated at once and their nodes fail.
 
+With ``allocation_strategy: lowest-price`` and a :class:`~slurm_spot.providers.pool_order.PoolRanker`,
+step 2 asks one instance type per CreateFleet, cheapest per GPU first, and skips pools in
+cooldown (:mod:`slurm_spot.providers.pool_order` says why); with a ranker, pools that had no
+capacity are remembered for its cooldown whatever the strategy.
+
 botocore retries nothing on CreateFleet (``total_max_attempts=1``): InsufficientInstanceCapacity
 is an HTTP 500 that botocore's standard mode would repeat twice, spending seconds of the resume
 hook on a pool with no capacity; throttling is retried here instead, with the same token, so a
@@ -69,6 +74,7 @@ from slurm_spot.providers.base import (
     normalize_code,
 )
 from slurm_spot.providers.ledger import TokenLedger, UnofferedPairs
+from slurm_spot.providers.pool_order import PoolRanker
 
 log = logging.getLogger(__name__)
 _VCPU_LIMIT = re.compile(r"vCPU limit of (\d+)")
@@ -122,6 +128,8 @@ class FleetLauncher:
             the instances' launch tags tell (tests of a single launch).
         unoffered: (instance type, zone) pairs EC2 answered ``Unsupported`` for: left out of
             every request, and new ones added (None: not remembered).
+        ranker: orders the pools of a ``lowest-price`` node set and keeps pool cooldowns
+            (None: EC2 gets every pool at once, nothing is remembered).
         sleep: how to wait between throttled attempts (seconds).
         max_rounds: CreateFleet calls per market for capacity retries over the remaining pools.
         throttle_attempts: CreateFleet attempts in a row while throttled.
@@ -143,6 +151,7 @@ class FleetLauncher:
         unknown_retries: int = 2,
         ledger: TokenLedger | None = None,
         unoffered: UnofferedPairs | None = None,
+        ranker: PoolRanker | None = None,
     ) -> None:
         opts = request.node_set.aws
         if opts is None:
@@ -161,6 +170,12 @@ class FleetLauncher:
         self._adoptable: dict[str, list[str]] = {}
         self._ledger = ledger
         self._unoffered = unoffered
+        self._ranker = ranker
+
+    @property
+    def ordered(self) -> bool:
+        """True when slurm-spot, not EC2, orders the pools (``lowest-price`` with a ranker)."""
+        return self._ranker is not None and self.opts.allocation_strategy == "lowest-price"
 
     # ---- the whole launch ---------------------------------------------------------------
     def run(self) -> LaunchResult:
@@ -189,6 +204,8 @@ class FleetLauncher:
         finally:  # answered (or raised after an answer); a killed hook never gets here
             if self._ledger is not None:
                 self._ledger.finish(out.tokens)
+            if self._ranker is not None:
+                self._ranker.remember(out.failed_pools)
         return LaunchResult(
             launched=tuple(launched),
             failed=tuple(out.failed),
@@ -249,12 +266,35 @@ class FleetLauncher:
         if self.ns.market == "spot" and self.ns.fallback == "on-demand":
             markets.append("on-demand")
         for market in markets:
-            remaining, stop = self._launch_market(market, pools, remaining, out)
+            if self.ordered:
+                remaining, stop = self._launch_ordered(market, pools, remaining, out)
+            else:
+                remaining, stop = self._launch_market(market, pools, remaining, out)
             if stop or not remaining:
                 break
         if remaining:
             error, market = out.last or (FleetError("UnfulfillableCapacity", "no pool left"), "")
             out.failed.append(self._failure(remaining, error, market))
+
+    def _launch_ordered(
+        self, market: str, pools: list[Pool], remaining: list[str], out: _Outcome
+    ) -> tuple[list[str], bool]:
+        """CreateFleet rounds in one market, one instance type at a time, cheapest per GPU
+        first, pools in cooldown left out; returns (nodes still missing, stop everything)."""
+        assert self._ranker is not None
+        candidates = [(p.instance_type, self.ops.zone_of(p.subnet) or p.subnet) for p in pools]
+        order = self._ranker.order(self.ns, market, candidates)
+        if not order.pools:
+            cooling = ", ".join(f"{label} until {until[11:19]}Z" for label, until in order.skipped)
+            out.last = (FleetError("PoolCooldown", f"every pool had no capacity a moment ago "
+                                   f"and is cooling down ({cooling})"), market)
+            return remaining, False
+        for _, group in order.by_type():
+            chosen = [pools[r.index] for r in group]
+            remaining, stop = self._launch_market(market, chosen, remaining, out)
+            if stop or not remaining:
+                return remaining, stop
+        return remaining, False
 
     def _launch_market(
         self, market: str, pools: list[Pool], remaining: list[str], out: _Outcome

@@ -28,7 +28,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from slurm_spot.config import AwsProviderConfig, SpotConfig
+from slurm_spot.cost.prices import Price, UnknownPriceError
 from slurm_spot.errors import ProviderError
+from slurm_spot.providers.aws.catalog import catalogue as instance_catalogue
 from slurm_spot.providers.aws.errors import FleetError, error_kind, fleet_errors, from_client_error
 from slurm_spot.providers.aws.fleet import TAG_LAUNCH, fleet_instance_ids, instance_from_ec2
 from slurm_spot.providers.aws.launch import Attempt, FleetLauncher
@@ -41,7 +43,8 @@ from slurm_spot.providers.base import (
     LaunchResult,
     normalize_code,
 )
-from slurm_spot.providers.ledger import TokenLedger, UnofferedPairs
+from slurm_spot.providers.ledger import PoolCooldowns, TokenLedger, UnofferedPairs
+from slurm_spot.providers.pool_order import PoolRanker
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +138,44 @@ class AwsProvider:
         launcher = FleetLauncher(
             self, request, now=self._now, sleep=self._sleep,
             ledger=TokenLedger(state / f"{self.name}-launch-tokens.json"),
-            unoffered=UnofferedPairs(state / f"{self.name}-unoffered.json"))
+            unoffered=UnofferedPairs(state / f"{self.name}-unoffered.json"),
+            ranker=self.pool_ranker())
         return launcher.run()
+
+    def pool_ranker(self) -> PoolRanker:
+        """Prices, shapes and pool cooldowns for ordering a ``lowest-price`` node set's pools
+        (:mod:`slurm_spot.providers.pool_order`). Spot prices come from
+        DescribeSpotPriceHistory through this provider's client (cached in
+        ``<state_dir>/cost/spot-prices.json`` for ``cost.spot_price_max_age_s``), unless
+        spot.yaml's ``cost.spot_usd_per_hour`` names the type; on-demand prices from spot.yaml
+        or the shipped catalogue. Nothing is asked of EC2 until a price is needed."""
+        from slurm_spot.cost.prices import AwsSpotPrices, PriceBook
+
+        spot = AwsSpotPrices(lambda: self.client, self.settings.region,
+                             self.config.state_dir / "cost" / "spot-prices.json",
+                             self.config.cost.spot_price_max_age_s)
+        book = PriceBook(self.config.cost, spot)
+
+        def price(market: str, instance_type: str, zone: str) -> Price:
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            try:
+                return book.instance("aws", "spot" if market == "spot" else "on-demand",
+                                     instance_type, zone if zone.startswith(self.settings.region)
+                                     else None)
+            except (BotoCoreError, ClientError) as exc:
+                raise UnknownPriceError(f"no {market} price for {instance_type} in {zone}: "
+                                        f"DescribeSpotPriceHistory failed ({exc})") from exc
+
+        def shape(instance_type: str) -> tuple[int | None, int | None]:
+            known = instance_catalogue().get(instance_type)
+            return (known.gpu_count, known.vcpus) if known else (None, None)
+
+        return PoolRanker(
+            price, shape,
+            PoolCooldowns(self.config.state_dir / "aws" / f"{self.name}-pool-cooldowns.json"),
+            self.config.reconcile.cooldown_s, self.config.log_dir,
+            lambda: datetime.fromtimestamp(self._now(), timezone.utc))
 
     def list_instances(self) -> list[Instance]:
         """Every instance tagged with this cluster, any state (EC2 keeps terminated ones about

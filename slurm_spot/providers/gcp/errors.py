@@ -40,6 +40,7 @@ GCP_ERROR_CLASSES: Mapping[str, ErrorClass] = {
     "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": ErrorClass.CAPACITY,
     "STOCKOUT": ErrorClass.CAPACITY,
     "VM_MIN_COUNT_NOT_REACHED": ErrorClass.CAPACITY,
+    "POOL_COOLDOWN": ErrorClass.CAPACITY,  # slurm-spot's own: every pool is cooling down
     # quota: regional limits; other zones do not help
     "QUOTA_EXCEEDED": ErrorClass.QUOTA,
     # throttle: retry the same request later

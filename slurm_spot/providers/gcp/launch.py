@@ -1,6 +1,10 @@
 """One launch of the ``gcp`` provider as a small state machine (see :mod:`.provider` for the
 flow): list, bulk insert per attempt, wait, list again, and decide by the most specific error
 code what to try next. Only :class:`GcpProvider` and :class:`ComputeApi` do I/O.
+
+The machine types of a market are tried cheapest per GPU first (``gcp.type_order: price``, the
+default) or in config order (``config``); either way zones whose pool is cooling down are left
+out (:mod:`slurm_spot.providers.pool_order`), and pools that had no capacity start a cooldown.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from slurm_spot.providers.gcp.requests import (
     request_id,
 )
 from slurm_spot.providers.ledger import UnofferedPairs
+from slurm_spot.providers.pool_order import PoolRanker
 
 log = logging.getLogger("slurm_spot.providers.gcp.provider")
 STOP_CLASSES = (ErrorClass.CONFIG, ErrorClass.AUTH)
@@ -52,6 +57,9 @@ class GceOps(Protocol):
 
     @property
     def api(self) -> ComputeApi: ...
+
+    @property
+    def pool_ranker(self) -> PoolRanker | None: ...
 
     def backoff(self, attempt: int) -> None: ...
 
@@ -77,6 +85,7 @@ class LaunchRun:
     last: tuple[GceError, str] | None = None
     stopped: bool = False
     salt: int = 0
+    capacity_pools: list[str] = field(default_factory=list)
 
     @property
     def node_set(self) -> NodeSetConfig:
@@ -103,15 +112,21 @@ class LaunchRun:
         dead = self.refresh()
         if dead:
             self.provider.delete(dead, wait=True)
-        for market, machine_type in self.plan():
-            if not self.pending or self.stopped:
-                break
-            self.try_machine(market, machine_type)
+        try:
+            for market, machine_type, zones in self.plan():
+                if not self.pending or self.stopped:
+                    break
+                self.try_machine(market, machine_type, zones)
+        finally:
+            ranker = self.provider.pool_ranker
+            if ranker is not None:
+                ranker.remember(self.capacity_pools)
 
-    def plan(self) -> list[tuple[str, str | None]]:
-        """(market, machine type) in the order tried: the node set's market, then its
-        fallback; within a market ``gcp.machine_type`` then ``instance_types`` (None: the
-        instance template's own)."""
+    def plan(self) -> list[tuple[str, str | None, list[str]]]:
+        """(market, machine type, zones) in the order tried: the node set's market, then its
+        fallback; within a market ``gcp.machine_type`` and ``instance_types`` (None: the
+        instance template's own), cheapest per GPU first unless ``gcp.type_order`` is
+        ``config``, each with its zones that are not cooling down."""
         opts = self.node_set.gcp
         assert opts is not None
         named = [opts.machine_type, *self.node_set.instance_types]
@@ -119,7 +134,24 @@ class LaunchRun:
         markets = [self.node_set.market]
         if self.node_set.market == "spot" and self.node_set.fallback == "on-demand":
             markets.append("on-demand")
-        return [(m, t) for m in markets for t in types]
+        ranker = self.provider.pool_ranker
+        if ranker is None:
+            return [(m, t, self.zones) for m in markets for t in types]
+        steps: list[tuple[str, str | None, list[str]]] = []
+        for market in markets:
+            kinds = {t or opts.instance_template or "template": t for t in types}
+            candidates = [(kind, zone) for kind in kinds for zone in self.zones]
+            order = ranker.order(self.node_set, market, candidates,
+                                 by_price=opts.type_order == "price" and types != [None])
+            steps += [(market, kinds[kind], [p.zone for p in pools])
+                      for kind, pools in order.by_type()]
+            if not order.pools and order.skipped:
+                cooling = ", ".join(f"{label} until {until[11:19]}Z"
+                                    for label, until in order.skipped)
+                self.last = (GceError("POOL_COOLDOWN", "every pool had no capacity a moment "
+                                      f"ago and is cooling down ({cooling})"),
+                             order.skipped[0][0])
+        return steps
 
     def refresh(self) -> list[Instance]:
         """List the node set; move nodes with an alive instance from pending to launched.
@@ -151,13 +183,17 @@ class LaunchRun:
         needed = self.types_of(machine_type)
         return [z for z in self.zones if not any((t, z) in known for t in needed)]
 
-    def try_machine(self, market: str, machine_type: str | None) -> None:
-        """Bulk inserts for one (market, machine type) until nothing is pending or its
-        zones are used up; the error class of each decides the next step. Zones remembered
-        as not offering the type are never asked."""
-        zones, tries = self.offered_zones(machine_type), 0
-        if not zones and self.pending:
+    def try_machine(self, market: str, machine_type: str | None,
+                    zones: list[str] | None = None) -> None:
+        """Bulk inserts for one (market, machine type) in ``zones`` (default: the node
+        set's) until nothing is pending or those zones are used up; the error class of each
+        decides the next step. Zones of the node set not in ``zones`` are denied; zones
+        remembered as not offering the type are never asked."""
+        offered = self.offered_zones(machine_type)
+        if not offered and self.pending:
             self.not_offered(machine_type)
+        zones = [z for z in (self.zones if zones is None else zones) if z in offered]
+        tries = 0
         while zones and self.pending and not self.stopped:
             denied = tuple(z for z in self.zones if z not in zones)
             attempt = Attempt(market, machine_type, tuple(zones), len(self.zones) > 1, denied)
@@ -207,6 +243,8 @@ class LaunchRun:
         pools = replace(attempt, zones=tuple(zones)).pools(template)
         if error.error_class in (ErrorClass.CAPACITY, ErrorClass.QUOTA):
             self.failed_pools.extend(p for p in pools if p not in self.failed_pools)
+        if error.error_class is ErrorClass.CAPACITY:  # quota is regional: no pool cooldown
+            self.capacity_pools.extend(p for p in pools if p not in self.capacity_pools)
         if error.error_class is ErrorClass.PERMANENT and error.not_offered and zones:
             if self.provider.unoffered is not None:
                 self.provider.unoffered.remember((error.not_offered, z) for z in zones)

@@ -18,6 +18,8 @@ Launch (one node set, one batch):
    quota -> the next machine type / market; throttle and unknown ->
    the same attempt again after a jittered back-off (bounded); config and auth -> stop.
    Every failed ``<machine type>/<zone>/<market>`` is in ``LaunchResult.failed_pools``.
+   Machine types are tried cheapest per GPU first and zones cooling down after a capacity
+   failure are left out (``gcp.type_order``; :mod:`slurm_spot.providers.pool_order`).
 
 Nodes left without an instance come back as :class:`LaunchFailure` (``(Code:X)...``
 reasons); the resume hook sets them DOWN then POWER_DOWN, so none stays in plain DOWN.
@@ -40,6 +42,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from slurm_spot.config import GcpProviderConfig, NodeSetConfig, SpotConfig
+from slurm_spot.cost.prices import Price
 from slurm_spot.errors import ProviderError
 from slurm_spot.providers.base import (
     TAG_CLUSTER,
@@ -58,7 +61,8 @@ from slurm_spot.providers.gcp.requests import (
     label_filter,
     label_value,
 )
-from slurm_spot.providers.ledger import UnofferedPairs
+from slurm_spot.providers.ledger import PoolCooldowns, UnofferedPairs
+from slurm_spot.providers.pool_order import PoolRanker, gce_machine_shape
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +109,7 @@ class GcpProvider:
         self.replay_window_s = replay_window_s
         self.unoffered: UnofferedPairs | None = UnofferedPairs(
             config.state_dir / "gcp" / f"{name}-unoffered.json")
+        self._ranker: PoolRanker | None = None
 
     @property
     def api(self) -> ComputeApi:
@@ -116,6 +121,26 @@ class GcpProvider:
         if self._api is None:
             self._api = ComputeApi(self.settings)
         return self._api
+
+    @property
+    def pool_ranker(self) -> PoolRanker:
+        """Prices (spot.yaml ``cost``, then the shipped catalogue), machine shapes and pool
+        cooldowns for ordering a node set's machine types
+        (:mod:`slurm_spot.providers.pool_order`); built once, no I/O until used."""
+        if self._ranker is None:
+            from slurm_spot.cost.prices import PriceBook
+
+            book = PriceBook(self.config.cost)
+
+            def price(market: str, machine_type: str, zone: str) -> Price:
+                return book.instance("gcp", "spot" if market == "spot" else "on-demand",
+                                     machine_type, zone or None)
+
+            path = self.config.state_dir / "gcp" / f"{self.name}-pool-cooldowns.json"
+            self._ranker = PoolRanker(price, gce_machine_shape, PoolCooldowns(path),
+                                      self.config.reconcile.cooldown_s, self.config.log_dir,
+                                      self.now)
+        return self._ranker
 
     @property
     def api_calls(self) -> int:
