@@ -203,7 +203,8 @@ def test_gce_unoffered_zone_is_remembered_and_the_other_zone_still_tried(gce, tm
 
 def test_gce_unoffered_type_falls_to_the_next_type_and_is_never_asked_again(gce, tmp_path):
     gce.unoffer("a2-highgpu-1g", GCE_A)
-    config = _gce_config(gce, tmp_path, instance_types=["g2-standard-4"])
+    # In the order written (by price, the L4 type would be asked first and the A100 never).
+    config = _gce_config(gce, tmp_path, instance_types=["g2-standard-4"], type_order="config")
     first = _gce_launch(config, "gpu-1")
     assert [(i.node, i.instance_type) for i in first.launched] == [("gpu-1", "g2-standard-4")]
     assert first.failed == () and first.failed_pools == ()
