@@ -12,7 +12,8 @@ from slurm_spot.events import read_events
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """``10m``, ``2h``, ``1d``, ``30s`` ago, or an ISO 8601 time (UTC if no zone).
+    """``10m``, ``2h``, ``1d``, ``30s`` ago, or an ISO 8601 time (UTC if no zone; a trailing
+    ``Z`` means UTC, as ``date -u +%FT%TZ`` and the cloud APIs write it).
 
     Raises:
         click.BadParameter: neither form.
@@ -26,7 +27,8 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         except OverflowError:
             raise click.BadParameter(f"{text!r} reaches before year 1", param_hint="--since") from None
     try:
-        when = datetime.fromisoformat(text)
+        # Python 3.10's fromisoformat does not take 'Z' (3.11 does): spell it out for either.
+        when = datetime.fromisoformat(re.sub(r"[zZ]$", "+00:00", text.strip()))
     except ValueError:
         raise click.BadParameter(f"{text!r}: use e.g. 10m, 2h, 1d or 2026-03-01T08:00:00",
                                  param_hint="--since") from None
