@@ -35,3 +35,23 @@ def test_events_since_with_z_filters(tmp_path: Path) -> None:
     assert [e["action"] for e in json.loads(result.stdout)] == ["terminated"]
     bad = CliRunner().invoke(cli, ["--config", str(path), "events", "--since", "08:20Zulu"])
     assert bad.exit_code == 2 and "--since" in bad.output
+
+
+def test_local_commands_read_slurm_spot_config(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$SLURM_SPOT_CONFIG`` names the config for 'local' as for every other command; an
+    empty --conf-dir (no spot.yaml there) is then not consulted."""
+    path = write_config(tmp_path)
+    empty = tmp_path / "etc"
+    empty.mkdir()
+    monkeypatch.setenv("SLURM_SPOT_CONFIG", str(path))
+    result = CliRunner().invoke(cli, ["local", "capacity", "spot", "1", "--conf-dir", str(empty),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "state" / "local" / "capacity.json").read_text()) == {"spot": 1}
+    status = CliRunner().invoke(cli, ["local", "status", "--conf-dir", str(empty), "--json"])
+    assert status.exit_code == 0, status.output
+    assert json.loads(status.stdout)["instances"] == []
+    monkeypatch.delenv("SLURM_SPOT_CONFIG")
+    without = CliRunner().invoke(cli, ["local", "status", "--conf-dir", str(empty)])
+    assert without.exit_code == 2 and str(empty / "spot.yaml") in without.output

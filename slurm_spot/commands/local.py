@@ -33,11 +33,17 @@ def _local_provider(config: SpotConfig, node: str) -> LocalProvider:
     return provider_for_node(config, node)
 
 
+def _given_config(app: AppContext) -> str | None:
+    """The config the user named: ``--config``, else ``$SLURM_SPOT_CONFIG`` (as for every
+    other command, :func:`slurm_spot.config.config_path`); None when neither is set."""
+    return app.config_path or os.environ.get("SLURM_SPOT_CONFIG") or None
+
+
 def _config(app: AppContext, conf_dir: Path) -> SpotConfig:
-    """The config for a command that only reads: --config if given, else the local
-    cluster's ``<conf_dir>/spot.yaml``. Never writes anything."""
+    """The config for a command that only reads: --config or $SLURM_SPOT_CONFIG if given,
+    else the local cluster's ``<conf_dir>/spot.yaml``. Never writes anything."""
     if app._config is None:
-        app._config = localcluster.load_config(app.config_path or conf_dir / "spot.yaml")
+        app._config = localcluster.load_config(_given_config(app) or conf_dir / "spot.yaml")
     return app._config
 
 
@@ -57,8 +63,9 @@ def local_group() -> None:
 def up_command(app: AppContext, conf_dir: Path, keep_state: bool, no_reconcile: bool,
                accounting: bool | None, as_json: bool) -> None:
     """Start munge, (MariaDB and slurmdbd,) slurmctld and the reconciler for the local spot
-    cluster."""
-    config = localcluster.prepare_config(app.config_path, conf_dir)
+    cluster. Its spot.yaml: --config or $SLURM_SPOT_CONFIG, copied to CONF_DIR/spot.yaml
+    (where the hooks read it); without either, the existing or the default one there."""
+    config = localcluster.prepare_config(_given_config(app), conf_dir)
     record = localcluster.up(config, conf_dir, keep_state=keep_state, reconcile=not no_reconcile,
                              accounting=accounting)
     if as_json:
