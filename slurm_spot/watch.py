@@ -116,8 +116,8 @@ class Watcher:
 
     def _event(self, action: events.Action, **fields: object) -> None:
         events.emit(self.config.log_dir,
-                    events.Event(action, "watch", node=self.node,  # type: ignore[arg-type]
-                                 instance=self.instance_id, **fields))
+                    events.Event(action, "watch", node=self.node, instance=self.instance_id,
+                                 **fields))  # type: ignore[arg-type]
 
     def handle(self, notice: Notice) -> NoticeOutcome:
         """Drain, prewarm, signal, wait, expedite, power down (see the module docstring)."""
