@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import click
-from rich.table import Table
 
-from slurm_spot.commands.common import AppContext, console, json_option, pass_app, print_json
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.tables import Field, is_terminal, print_table, table_options
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError
 from slurm_spot.localcluster import cluster as localcluster
@@ -92,25 +92,29 @@ def down_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
         click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
+_STATUS_COLUMNS = ("instance", "node", "state", "market", "launched")
+
+
 @local_group.command("status")
 @_conf_dir_option
 @json_option
+@table_options(_STATUS_COLUMNS)
 @pass_app
-def status_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
-    """Show what runs: daemons and instances."""
+def status_command(app: AppContext, conf_dir: Path, as_json: bool, fields: list[Field],
+                   noheader: bool) -> None:
+    """Show what runs: daemons (on stderr when stdout is not a terminal, so the table alone
+    goes down a pipe) and instances."""
     info = localcluster.status(_config(app, conf_dir))
     if as_json:
         print_json(info)
         return
-    out = console()
-    out.print(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
-              f"{'up' if info['reconciler'] else 'down'}   munge: "
-              f"{'up' if info['munge'] else 'down'}")
-    table = Table("instance", "node", "state", "market", "launched")
-    for inst in info["instances"]:  # type: ignore[attr-defined]
-        table.add_row(inst["instance_id"], inst["node"], inst["state"], inst["market"],
-                      inst["launch_time"])
-    out.print(table)
+    click.echo(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
+               f"{'up' if info['reconciler'] else 'down'}   munge: "
+               f"{'up' if info['munge'] else 'down'}", err=not is_terminal())
+    rows = [{"instance": inst["instance_id"], "node": inst["node"], "state": inst["state"],
+             "market": inst["market"], "launched": inst["launch_time"]}
+            for inst in info["instances"]]  # type: ignore[attr-defined]
+    print_table(rows, fields, header=not noheader)
 
 
 @local_group.command("launch")
