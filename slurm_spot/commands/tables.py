@@ -64,10 +64,11 @@ def table_options(fields: Sequence[str]) -> Callable[[F], F]:
         func = click.option(
             "-o", "--format", "fields", default=None, callback=check, metavar="FIELDS",
             help="Columns to show, comma-separated, each optionally %WIDTH (as sacct "
-                 f"--format): {', '.join(fields)}. -h is help, as everywhere.")(func)
+                 f"--format): {', '.join(fields)}.")(func)
         return click.option(  # type: ignore[return-value]
             "-n", "--noheader", is_flag=True,
-            help="No header line (as squeue/sinfo -h, sacct -n).")(func)
+            help="No header line (squeue/sinfo -h, sacct -n; -h is help on every "
+                 "slurm-spot command).")(func)
 
     return decorate
 
