@@ -44,3 +44,24 @@ def test_a_missing_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -
     assert result.exit_code == 0, result.output
     assert ("extra plot: not installed (missing matplotlib; pip install 'slurm-spot[plot]')"
             in result.output.splitlines())
+
+
+def test_help_groups_the_hooks_apart_and_they_stay_callable() -> None:
+    from slurm_spot.commands import COMMAND_MODULES
+
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0, result.output
+    text = result.output
+    typed, daemons, hooks = (text.index("\nCommands:"), text.index("\nDaemons"),
+                             text.index("\nSlurm hooks"))
+    assert typed < daemons < hooks
+
+    def names(part: str) -> set[str]:
+        return {line.split()[0] for line in part.splitlines()[2:] if line.startswith("  ")}
+
+    assert names(text[hooks:]) == {"resume", "suspend", "resume-fail", "prolog", "task-prolog",
+                                   "epilog"}
+    assert names(text[daemons:hooks]) == {"reconcile", "watch"}
+    assert names(text[typed:daemons]) | names(text[daemons:]) == set(COMMAND_MODULES)
+    for hook in ("resume", "task-prolog"):
+        assert CliRunner().invoke(cli, [hook, "--help"]).exit_code == 0
