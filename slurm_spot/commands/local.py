@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.progress import waiting
 from slurm_spot.commands.tables import Field, is_terminal, print_table, table_options
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError
@@ -66,8 +67,10 @@ def up_command(app: AppContext, conf_dir: Path, keep_state: bool, no_reconcile: 
     cluster. Its spot.yaml: --config or $SLURM_SPOT_CONFIG, copied to CONF_DIR/spot.yaml
     (where the hooks read it); without either, the existing or the default one there."""
     config = localcluster.prepare_config(_given_config(app), conf_dir)
-    record = localcluster.up(config, conf_dir, keep_state=keep_state, reconcile=not no_reconcile,
-                             accounting=accounting)
+    with waiting("local up: starting") as progress:  # a spinner on stderr at a terminal
+        record = localcluster.up(config, conf_dir, keep_state=keep_state,
+                                 reconcile=not no_reconcile, accounting=accounting,
+                                 on_step=lambda step: progress.step(f"local up: {step}"))
     if as_json:
         print_json(record)
         return

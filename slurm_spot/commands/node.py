@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.progress import waiting
 from slurm_spot.errors import BadInputError
 from slurm_spot.node_identity import resolve_node_name
 
@@ -26,7 +28,9 @@ def node_name_command(app: AppContext, node: str | None, wait_s: float, env_file
                       as_json: bool) -> None:
     """Print this host's Slurm node name: --node, $SLURMD_NODENAME, the hostname, or the
     node whose NodeAddr is one of this host's addresses. Exit 2 when none is."""
-    name = resolve_node_name(app.config, app.slurm(), explicit=node, wait_s=wait_s)
+    with waiting(f"node-name: waiting up to {wait_s:g} s for this host's address in Slurm"
+                 ) if wait_s > 0 else nullcontext():
+        name = resolve_node_name(app.config, app.slurm(), explicit=node, wait_s=wait_s)
     if env_file is not None:
         write_env_file(env_file, {"SLURM_SPOT_NODE": name})
     if as_json:
