@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.commands.tables import Field, print_table, table_options
 from slurm_spot.events import read_events
 
@@ -50,7 +51,8 @@ def _cells(event: dict) -> dict[str, str]:
 
 @click.command("events")
 @click.option("--since", default=None, help="Only events after this (10m, 2h, ISO time).")
-@click.option("--node", default=None, help="Only events of this node.")
+@click.option("--node", default=None, shell_complete=complete_nodes,
+              help="Only events of this node.")
 @json_option
 @table_options(COLUMNS)
 @pass_app

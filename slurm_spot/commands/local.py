@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.commands.progress import waiting
 from slurm_spot.commands.tables import Field, is_terminal, print_table, table_options
 from slurm_spot.config import SpotConfig
@@ -121,7 +122,7 @@ def status_command(app: AppContext, conf_dir: Path, as_json: bool, fields: list[
 
 
 @local_group.command("launch")
-@click.argument("node")
+@click.argument("node", shell_complete=complete_nodes)
 @_conf_dir_option
 @json_option
 @pass_app
@@ -140,7 +141,7 @@ def launch_command(app: AppContext, node: str, conf_dir: Path, as_json: bool) ->
 
 
 @local_group.command("preempt")
-@click.argument("node")
+@click.argument("node", shell_complete=complete_nodes)
 @click.option("--notice", "notice_s", type=float, default=30.0, show_default=True,
               help="Seconds of notice before the instance is killed (0: no notice).")
 @_conf_dir_option

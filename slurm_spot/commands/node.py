@@ -10,13 +10,15 @@ from pathlib import Path
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.commands.progress import waiting
 from slurm_spot.errors import BadInputError
 from slurm_spot.node_identity import resolve_node_name
 
 
 @click.command("node-name")
-@click.option("--node", default=None, help="Take this name (checked against the config).")
+@click.option("--node", default=None, shell_complete=complete_nodes,
+              help="Take this name (checked against the config).")
 @click.option("--wait", "wait_s", type=float, default=0, show_default=True,
               help="Seconds to wait for the resume hook to record this host's address.")
 @click.option("--env-file", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -10,12 +10,13 @@ import click
 
 from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.node_identity import resolve_node_name
 from slurm_spot.watch import Watcher, source_for
 
 
 @click.command("watch")
-@click.option("--node", default=None,
+@click.option("--node", default=None, shell_complete=complete_nodes,
               help="This node's Slurm name (default: as 'slurm-spot node-name' finds it: "
                    "$SLURMD_NODENAME, the hostname, or the node with this host's address).")
 @click.option("--wait", "wait_s", type=float, default=300, show_default=True,
