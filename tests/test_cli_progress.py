@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import subprocess
@@ -57,3 +58,53 @@ def test_off_a_terminal_steps_go_to_echo_or_nowhere(capsys) -> None:  # type: ig
         silent.line("nothing")
     assert said == ["x: step 1", "a result line"]
     assert capsys.readouterr() == ("", "")
+
+
+_STUB_DEMO = """
+import sys, time
+import slurm_spot.commands.demo as demo
+
+class StubDemo:  # the real one runs a cluster for minutes (tests/test_checkpoint_s3_e2e.py)
+    def __init__(self, settings, progress):
+        self.say = progress
+    def run(self):
+        for line in ("starting the local spot cluster", "submitted job 1", "job 1 finished"):
+            self.say(line)
+            time.sleep(0.3)
+        return {"state": "COMPLETED", "exact_resume": True, "job": 1}
+
+demo.Demo = StubDemo
+from slurm_spot.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_demo_json_keeps_progress_off_stdout_with_a_spinner_on_a_terminal(tmp_path: Path) -> None:
+    """stdout (piped) carries only the JSON result; stderr, a terminal, gets the stage lines
+    and the spinner."""
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "COLUMNS": "160", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-c", _STUB_DEMO, "demo", "--json", "--workdir",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=terminal, env=env)
+    os.close(terminal)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(controller)
+    out = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 0
+    assert json.loads(out) == {"state": "COMPLETED", "exact_resume": True, "job": 1}
+    shown = seen.decode(errors="replace")
+    assert "submitted job 1" in shown and "demo: job 1 finished" in shown  # line, then spinner
+    piped = subprocess.run([sys.executable, "-c", _STUB_DEMO, "demo", "--json", "--workdir",
+                            str(tmp_path)], capture_output=True, text=True, timeout=60,
+                           check=False)
+    assert json.loads(piped.stdout)["state"] == "COMPLETED"
+    assert piped.stderr.splitlines() == ["starting the local spot cluster", "submitted job 1",
+                                         "job 1 finished"]
