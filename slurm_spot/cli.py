@@ -13,7 +13,6 @@ from typing import Any
 
 import click
 
-from slurm_spot import __version__
 from slurm_spot.commands import LazyGroup
 from slurm_spot.commands.common import AppContext, check_config_path
 from slurm_spot.errors import BadInputError, SlurmSpotError
@@ -33,9 +32,20 @@ class _Group(LazyGroup):
             ctx.exit(1)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from slurm_spot.commands.about import version_text
+
+    click.echo(version_text())
+    ctx.exit(0)
+
+
 @click.group(cls=_Group, context_settings={"auto_envvar_prefix": "SLURM_SPOT",
                                            "help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="slurm-spot")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version,
+              help="Show the version, the Slurm found and the installed extras, and exit.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               callback=lambda _ctx, _param, value: check_config_path(value),
               help="spot.yaml to use (default: $SLURM_SPOT_CONFIG, spot.yaml beside "

@@ -87,6 +87,8 @@ class Watcher:
         source: where notices come from.
         margin_s: act (POWER_DOWN_FORCE) at the latest this many seconds before the deadline.
         clock, sleep: injectable for tests (seconds, time.time-like).
+        instance_id: this instance's provider id, written as the ``instance`` of every event
+            the watcher emits (None: left empty).
     """
 
     def __init__(
@@ -98,8 +100,10 @@ class Watcher:
         margin_s: float = 5.0,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        instance_id: str | None = None,
     ) -> None:
         self.config = config
+        self.instance_id = instance_id
         self.node = node
         self.slurm = slurm
         self.source = source
@@ -112,7 +116,8 @@ class Watcher:
 
     def _event(self, action: events.Action, **fields: object) -> None:
         events.emit(self.config.log_dir,
-                    events.Event(action, "watch", node=self.node, **fields))  # type: ignore[arg-type]
+                    events.Event(action, "watch", node=self.node, instance=self.instance_id,
+                                 **fields))  # type: ignore[arg-type]
 
     def handle(self, notice: Notice) -> NoticeOutcome:
         """Drain, prewarm, signal, wait, expedite, power down (see the module docstring)."""

@@ -152,3 +152,81 @@ def test_per_job_checkpoint_root_is_checked_before_submitting(tmp_path: Path) ->
     result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--checkpoint-root",
                                       "s3://b-1/x y", "--dry-run", str(script)])
     assert result.exit_code == 0, result.output
+
+
+# -- the command line, as people type it (issue 16) -------------------------------------------
+def _job(tmp_path: Path, **config: object) -> tuple[Path, Path]:
+    path = tmp_path / "spot.yaml"
+    path.write_text(yaml.safe_dump({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}], **config}))
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\nsrun hostname\n")
+    return path, script
+
+
+def _dry(path: Path, *words: str) -> dict:
+    result = CliRunner().invoke(cli, ["--config", str(path), "sbatch", *words])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("order", [
+    ["-p", "spot", "--dry-run", "--json", "{job}"],
+    ["--json", "-p", "spot", "--dry-run", "{job}"],
+    ["-p", "spot", "--dry", "--js", "--", "{job}"],  # abbreviations of slurm-spot's own too
+])
+def test_own_options_anywhere_before_the_script(tmp_path: Path, order: list[str]) -> None:
+    path, script = _job(tmp_path)
+    out = _dry(path, *[w.replace("{job}", str(script)) for w in order])
+    assert out["argv"][1:] == ["-p", "spot", "<script>"]
+    assert "#SBATCH --requeue\n" in out["script"] and "#SBATCH --signal=USR2@" in out["script"]
+
+
+def test_words_after_the_script_are_the_scripts(tmp_path: Path) -> None:
+    path, script = _job(tmp_path)
+    out = _dry(path, "--dry-run", "--json", "-Hp", "spot", "-N2", str(script), "--dry-run", "-x")
+    assert out["argv"][1:] == ["-Hp", "spot", "-N2", "<script>", "--dry-run", "-x"]
+    assert "#SBATCH --nodes" not in out["script"]  # -N2 (attached, in a cluster) was seen
+
+
+def test_an_abbreviation_sbatch_resolves_keeps_requeue_and_signal(tmp_path: Path) -> None:
+    """'--pars' is sbatch's --parsable: passed on as typed, and the value-less option does not
+    swallow the script name (before, everything shifted and the --requeue/--signal were lost)."""
+    path, script = _job(tmp_path)
+    out = _dry(path, "--pars", "--dry-run", "--json", str(script))
+    assert out["argv"][1:] == ["--pars", "<script>"]
+    assert "#SBATCH --requeue\n" in out["script"] and "#SBATCH --signal=USR2@" in out["script"]
+    assert _dry(path, "--no-k", "--dry-run", "--json", str(script))["argv"][1] == "--no-k"
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["--par", "spot"], "--par is ambiguous: it abbreviates --parsable, --partition"),
+    (["--frobnicate"], "--frobnicate: not an option of sbatch"),
+    (["-P", "spot"], "-P (in '-P'): not an option of sbatch"),
+    (["--parsable=yes"], "--parsable takes no value"),
+    (["--nproc-per-node", "0"], "--nproc-per-node=0: expected a positive integer"),
+    (["--no-"], "--no- is ambiguous: it abbreviates --no-kill, --no-requeue"),
+    (["--no-re"], "--no-requeue (or SBATCH_NO_REQUEUE): jobs on spot nodes must be"),
+])
+def test_options_it_cannot_resolve_exit_2_naming_them(tmp_path: Path, words: list[str],
+                                                      message: str) -> None:
+    path, script = _job(tmp_path)
+    result = CliRunner().invoke(cli, ["--config", str(path), "sbatch", "--dry-run", *words,
+                                      str(script)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_missing_sbatch_is_a_clear_exit_2(tmp_path: Path) -> None:
+    """Run as a user would (a subprocess): one error line naming the path, no traceback."""
+    import subprocess
+    import sys
+
+    path, script = _job(tmp_path, slurm_bin_dir=str(tmp_path / "no-slurm"))
+    proc = subprocess.run([sys.executable, "-m", "slurm_spot", "--config", str(path), "sbatch",
+                           "-p", "spot", str(script)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{tmp_path / 'no-slurm' / 'sbatch'}: no sbatch to submit with" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""

@@ -141,3 +141,31 @@ def test_systemd_unit(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert f"--config {config} watch\n" in result.output
     assert "Restart=always" in result.output and "[Install]" in result.output
+
+
+def test_instance_id_is_recorded_in_the_watchers_events(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``watch --instance-id`` does what its help says: each event carries the instance."""
+    from slurm_spot.commands.common import AppContext
+
+    path = tmp_path / "spot.yaml"
+    path.write_text(json.dumps({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")}))
+    notices = tmp_path / "state" / "local" / "notices"
+    notices.mkdir(parents=True)
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=30)
+    (notices / "spot-1.json").write_text(json.dumps({"action": "terminate",
+                                                     "time": deadline.isoformat()}))
+    slurm = ScriptedSlurm(with_job=False)
+    monkeypatch.setattr(AppContext, "slurm", lambda self: SlurmClient("/usr/bin", runner=slurm))
+    result = CliRunner().invoke(cli, ["--config", str(path), "watch", "--node", "spot-1",
+                                      "--once", "--instance-id", "loc-0123abcd", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["notice"]["action"] == "terminate"
+    found = list(read_events(tmp_path / "log"))
+    assert [(e["action"], e["instance"]) for e in found] == [
+        ("notice", "loc-0123abcd"), ("powered_down", "loc-0123abcd")]
+    shown = CliRunner().invoke(cli, ["--config", str(path), "events", "--node", "spot-1"])
+    assert shown.exit_code == 0 and shown.stdout.count("loc-0123abcd") == 2, shown.output

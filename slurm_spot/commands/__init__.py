@@ -38,6 +38,18 @@ COMMAND_MODULES: dict[str, str] = {
 }
 
 
+#: ``--help`` sections, in order: what people type, the daemons (systemd units), and the
+#: programs slurm.conf names (ResumeProgram, SuspendProgram, ResumeFailProgram, Prolog,
+#: TaskProlog, Epilog; slurm.conf(5)), which nobody types but which stay callable by hand.
+COMMAND_SECTIONS: dict[str, tuple[str, ...]] = {
+    "Commands": ("sbatch", "status", "events", "instances", "node-name", "config", "render",
+                 "plan", "cost", "simulate", "local", "demo"),
+    "Daemons (run by systemd: slurm-spot reconcile/watch --systemd-unit)": ("reconcile", "watch"),
+    "Slurm hooks (slurm.conf runs them; see 'slurm-spot render')": (
+        "resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog"),
+}
+
+
 def load_command(name: str) -> click.Command | None:
     """The command called ``name`` (None if there is none), importing its module now. It also
     takes ``--config`` after its own name (``slurm-spot render --config F``).
@@ -61,6 +73,25 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *COMMAND_MODULES})
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands in :data:`COMMAND_SECTIONS`' sections (any command not listed there
+        goes to the first one), each with its short help."""
+        names = self.list_commands(ctx)
+        listed = {n for section in COMMAND_SECTIONS.values() for n in section}
+        sections = list(COMMAND_SECTIONS.items())
+        sections[0] = (sections[0][0],
+                       (*sections[0][1], *(n for n in names if n not in listed)))
+        width = formatter.width - 6 - max(len(n) for n in names)
+        for title, section in sections:
+            rows = []
+            for name in section:
+                command = self.get_command(ctx, name)
+                if command is not None and not command.hidden:
+                    rows.append((name, command.get_short_help_str(width)))
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands:

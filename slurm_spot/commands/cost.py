@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.completion import complete_jobs
 from slurm_spot.commands.events import parse_since
 from slurm_spot.commands.plan import finite
 from slurm_spot.config import SpotConfig
@@ -54,7 +55,8 @@ def job_usage(config: SpotConfig, slurm: SlurmClient, job_id: int, events: list[
 
 
 @click.command("cost")
-@click.option("--job", "job_id", type=int, default=None, help="Only this job (default: all in the events).")
+@click.option("--job", "job_id", type=int, default=None, shell_complete=complete_jobs,
+              help="Only this job (default: all in the events).")
 @click.option("--since", default=None, help="Only jobs with events after this (10m, 2h, 1d, ISO).")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The job's checkpoint directory (storage and lost steps); with --job.")

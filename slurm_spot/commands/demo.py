@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from slurm_spot.commands.common import json_option, print_json
+from slurm_spot.commands.progress import waiting
 from slurm_spot.errors import BadInputError
 from slurm_spot.localcluster.demo import Demo, DemoSettings, example_script, summary_lines
 
@@ -57,11 +58,18 @@ def demo_command(workdir: Path, steps: int, keep_cluster: bool, boot_delay_s: fl
                             checkpoint_root=checkpoint_root, s3_endpoint_url=s3_endpoint_url,
                             s3_addressing_style=s3_addressing_style)
 
-    def progress(line: str) -> None:
-        click.echo(line, err=as_json)
-        sys.stderr.flush()
+    # The demo's lines go to stdout (stderr with --json); at a terminal a spinner with the
+    # latest step and the elapsed time stays below them.
+    with waiting("demo: starting", err=as_json,
+                 echo=lambda text: click.echo(text, err=as_json)) as shown:
 
-    result = Demo(settings, progress).run()
+        def progress(line: str) -> None:
+            shown.line(line)
+            if shown.live:
+                shown.step(f"demo: {line.strip()[:100]}")
+            (sys.stderr if as_json else sys.stdout).flush()
+
+        result = Demo(settings, progress).run()
     if as_json:
         print_json(result)
     else:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
-from slurm_spot.commands.common import AppContext, console, json_option, pass_app, print_json
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.tables import Field, print_table, table_options
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
 
@@ -22,22 +22,27 @@ def list_all(app: AppContext, include_ended: bool) -> list[tuple[str, Instance]]
     return found
 
 
+COLUMNS = ("instance", "node", "state", "market", "type", "zone", "launched", "provider")
+
+
 @click.command("instances")
 @click.option("--all", "include_ended", is_flag=True, help="Include ended instances.")
 @json_option
+@table_options(COLUMNS)
 @pass_app
-def instances_command(app: AppContext, include_ended: bool, as_json: bool) -> None:
-    """List the cluster's instances: id, node, state, market, type, zone, launch time."""
+def instances_command(app: AppContext, include_ended: bool, as_json: bool,
+                      fields: list[Field], noheader: bool) -> None:
+    """List the cluster's instances: id, node, state, market, type, zone, launch time.
+    Plain columns when stdout is not a terminal; --json for scripts."""
     found = list_all(app, include_ended)
     if as_json:
         print_json([{"provider": p, **i.to_json()} for p, i in found])
         return
-    table = Table("instance", "node", "state", "market", "type", "zone", "launched", "provider")
-    for provider, inst in sorted(found, key=lambda pair: pair[1].node or ""):
-        table.add_row(inst.instance_id, inst.node or "-", inst.state.value, inst.market,
-                      inst.instance_type, inst.zone, f"{inst.launch_time:%Y-%m-%d %H:%M:%S}",
-                      provider)
-    console().print(table)
+    rows = [{"instance": inst.instance_id, "node": inst.node or "-", "state": inst.state.value,
+             "market": inst.market, "type": inst.instance_type, "zone": inst.zone,
+             "launched": f"{inst.launch_time:%Y-%m-%d %H:%M:%S}", "provider": provider}
+            for provider, inst in sorted(found, key=lambda pair: pair[1].node or "")]
+    print_table(rows, fields, header=not noheader)
 
 
 COMMANDS = [instances_command]

@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 import click
-from rich.table import Table
 
-from slurm_spot.commands.common import AppContext, console, json_option, pass_app, print_json
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.completion import complete_nodes
+from slurm_spot.commands.progress import waiting
+from slurm_spot.commands.tables import Field, is_terminal, print_table, table_options
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError
 from slurm_spot.localcluster import cluster as localcluster
@@ -33,11 +35,17 @@ def _local_provider(config: SpotConfig, node: str) -> LocalProvider:
     return provider_for_node(config, node)
 
 
+def _given_config(app: AppContext) -> str | None:
+    """The config the user named: ``--config``, else ``$SLURM_SPOT_CONFIG`` (as for every
+    other command, :func:`slurm_spot.config.config_path`); None when neither is set."""
+    return app.config_path or os.environ.get("SLURM_SPOT_CONFIG") or None
+
+
 def _config(app: AppContext, conf_dir: Path) -> SpotConfig:
-    """The config for a command that only reads: --config if given, else the local
-    cluster's ``<conf_dir>/spot.yaml``. Never writes anything."""
+    """The config for a command that only reads: --config or $SLURM_SPOT_CONFIG if given,
+    else the local cluster's ``<conf_dir>/spot.yaml``. Never writes anything."""
     if app._config is None:
-        app._config = localcluster.load_config(app.config_path or conf_dir / "spot.yaml")
+        app._config = localcluster.load_config(_given_config(app) or conf_dir / "spot.yaml")
     return app._config
 
 
@@ -57,10 +65,13 @@ def local_group() -> None:
 def up_command(app: AppContext, conf_dir: Path, keep_state: bool, no_reconcile: bool,
                accounting: bool | None, as_json: bool) -> None:
     """Start munge, (MariaDB and slurmdbd,) slurmctld and the reconciler for the local spot
-    cluster."""
-    config = localcluster.prepare_config(app.config_path, conf_dir)
-    record = localcluster.up(config, conf_dir, keep_state=keep_state, reconcile=not no_reconcile,
-                             accounting=accounting)
+    cluster. Its spot.yaml: --config or $SLURM_SPOT_CONFIG, copied to CONF_DIR/spot.yaml
+    (where the hooks read it); without either, the existing or the default one there."""
+    config = localcluster.prepare_config(_given_config(app), conf_dir)
+    with waiting("local up: starting") as progress:  # a spinner on stderr at a terminal
+        record = localcluster.up(config, conf_dir, keep_state=keep_state,
+                                 reconcile=not no_reconcile, accounting=accounting,
+                                 on_step=lambda step: progress.step(f"local up: {step}"))
     if as_json:
         print_json(record)
         return
@@ -85,29 +96,33 @@ def down_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
         click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
+_STATUS_COLUMNS = ("instance", "node", "state", "market", "launched")
+
+
 @local_group.command("status")
 @_conf_dir_option
 @json_option
+@table_options(_STATUS_COLUMNS)
 @pass_app
-def status_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
-    """Show what runs: daemons and instances."""
+def status_command(app: AppContext, conf_dir: Path, as_json: bool, fields: list[Field],
+                   noheader: bool) -> None:
+    """Show what runs: daemons (on stderr when stdout is not a terminal, so the table alone
+    goes down a pipe) and instances."""
     info = localcluster.status(_config(app, conf_dir))
     if as_json:
         print_json(info)
         return
-    out = console()
-    out.print(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
-              f"{'up' if info['reconciler'] else 'down'}   munge: "
-              f"{'up' if info['munge'] else 'down'}")
-    table = Table("instance", "node", "state", "market", "launched")
-    for inst in info["instances"]:  # type: ignore[attr-defined]
-        table.add_row(inst["instance_id"], inst["node"], inst["state"], inst["market"],
-                      inst["launch_time"])
-    out.print(table)
+    click.echo(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
+               f"{'up' if info['reconciler'] else 'down'}   munge: "
+               f"{'up' if info['munge'] else 'down'}", err=not is_terminal())
+    rows = [{"instance": inst["instance_id"], "node": inst["node"], "state": inst["state"],
+             "market": inst["market"], "launched": inst["launch_time"]}
+            for inst in info["instances"]]  # type: ignore[attr-defined]
+    print_table(rows, fields, header=not noheader)
 
 
 @local_group.command("launch")
-@click.argument("node")
+@click.argument("node", shell_complete=complete_nodes)
 @_conf_dir_option
 @json_option
 @pass_app
@@ -126,7 +141,7 @@ def launch_command(app: AppContext, node: str, conf_dir: Path, as_json: bool) ->
 
 
 @local_group.command("preempt")
-@click.argument("node")
+@click.argument("node", shell_complete=complete_nodes)
 @click.option("--notice", "notice_s", type=float, default=30.0, show_default=True,
               help="Seconds of notice before the instance is killed (0: no notice).")
 @_conf_dir_option

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.completion import complete_nodes
+from slurm_spot.commands.progress import waiting
 from slurm_spot.errors import BadInputError
 from slurm_spot.node_identity import resolve_node_name, slurmd_instance_args
 
@@ -18,7 +21,8 @@ _UNSAFE = frozenset('"\\$`') | {chr(c) for c in range(32)} | {chr(127)}
 
 
 @click.command("node-name")
-@click.option("--node", default=None, help="Take this name (checked against the config).")
+@click.option("--node", default=None, shell_complete=complete_nodes,
+              help="Take this name (checked against the config).")
 @click.option("--wait", "wait_s", type=float, default=0, show_default=True,
               help="Seconds to wait for the resume hook to record this host's address.")
 @click.option("--env-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -37,7 +41,9 @@ def node_name_command(app: AppContext, node: str | None, wait_s: float, env_file
     node whose NodeAddr is one of this host's addresses. Exit 2 when none is."""
     if slurmd is not None and env_file is None:
         raise BadInputError("--slurmd needs --env-file (the file slurmd's drop-in reads)")
-    name = resolve_node_name(app.config, app.slurm(), explicit=node, wait_s=wait_s)
+    with waiting(f"node-name: waiting up to {wait_s:g} s for this host's address in Slurm"
+                 ) if wait_s > 0 else nullcontext():
+        name = resolve_node_name(app.config, app.slurm(), explicit=node, wait_s=wait_s)
     values = {"SLURM_SPOT_NODE": name}
     if slurmd is not None:
         values["SLURM_SPOT_SLURMD_ARGS"] = " ".join(slurmd_instance_args(app.config, name, slurmd))

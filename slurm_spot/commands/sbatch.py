@@ -14,7 +14,8 @@ from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, pass_app, print_json
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.jobs.sbatch import Submission, plan_submission, split_command_line
+from slurm_spot.jobs.sbatch import Submission, plan_submission
+from slurm_spot.jobs.sbatch_options import CommandLine, parse_command_line
 from slurm_spot.render import render_template
 from slurm_spot.slurm.client import run_command
 from slurm_spot.slurm.version import SlurmVersion
@@ -60,43 +61,18 @@ def _job_env(values: dict[str, str]) -> dict[str, str]:
     return values
 
 
-def _our_options(words: list[str]) -> tuple[dict[str, object], list[str]]:
-    ours: dict[str, object] = {"torchrun": False, "dry_run": False, "nproc": 1, "json": False,
-                               "python": sys.executable}
-    rest: list[str] = []
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word in ("--torchrun", "--dry-run", "--json"):
-            ours[word[2:].replace("-", "_")] = True
-        elif word.split("=", 1)[0] in _JOB_ENV_OPTIONS:
-            key, _, value = word.partition("=")
-            if not value:
-                if i + 1 >= len(words):
-                    raise BadInputError(f"{key} needs a value")
-                value = words[i + 1]
-                i += 1
-            ours.setdefault("job_env", {})[_JOB_ENV_OPTIONS[key]] = value  # type: ignore[index]
-        elif word.startswith("--nproc-per-node") or word.startswith("--python"):
-            key, _, value = word.partition("=")
-            if not value:
-                if i + 1 >= len(words):
-                    raise BadInputError(f"{key} needs a value")
-                value = words[i + 1]
-                i += 1
-            if key == "--python":
-                ours["python"] = value
-            elif not value.isdigit() or int(value) < 1:
-                raise BadInputError(f"--nproc-per-node={value}: expected a positive integer")
-            else:
-                ours["nproc"] = int(value)
-        elif not word.startswith("-") or word == "--":
-            rest.extend(words[i:])
-            break
-        else:
-            rest.append(word)
-        i += 1
-    return ours, rest
+def _our_options(line: CommandLine) -> dict[str, object]:
+    """slurm-spot's own options from the parsed command line, checked (BadInputError names
+    the option)."""
+    ours = line.ours
+    job_env = {_JOB_ENV_OPTIONS[f"--{name}"]: str(value) for name, value in ours.items()
+               if f"--{name}" in _JOB_ENV_OPTIONS}
+    nproc = str(ours.get("nproc-per-node", "1"))
+    if not nproc.isdigit() or int(nproc) < 1:
+        raise BadInputError(f"--nproc-per-node={nproc}: expected a positive integer")
+    return {"torchrun": bool(ours.get("torchrun")), "dry_run": bool(ours.get("dry-run")),
+            "json": bool(ours.get("json")), "nproc": int(nproc),
+            "python": str(ours.get("python", sys.executable)), "job_env": job_env}
 
 
 @click.command("sbatch", context_settings={"ignore_unknown_options": True,
@@ -108,7 +84,10 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
 
     \b
     slurm-spot sbatch [--torchrun] [--nproc-per-node N] [--dry-run] [--json]
-                      [sbatch options] SCRIPT [ARGS]
+                      [sbatch options] [--] SCRIPT [ARGS]
+    slurm-spot's options and sbatch's mix in any order before SCRIPT; everything after
+    SCRIPT is the script's. A long option may be abbreviated where it names one option only
+    (as sbatch allows); an unknown or ambiguous one is an error (exit 2).
     --torchrun           SCRIPT is a training script: one torchrun agent per node.
     --nproc-per-node N   with --torchrun: worker processes per node (default 1; GPUs).
     --python PATH        with --torchrun: the interpreter on the nodes (default: this one).
@@ -118,15 +97,16 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --s3-endpoint-url URL, --s3-addressing-style auto|path|virtual   how to reach that S3.
     Every other option and argument goes to sbatch unchanged.
     """
-    ours, rest = _our_options(list(words))
-    job_env = _job_env(dict(ours.get("job_env", {})))  # type: ignore[call-overload]
-    if rest[:1] in (["-h"], ["--help"]) or not rest:
+    line = parse_command_line(list(words))
+    ours = _our_options(line)
+    job_env = _job_env(dict(ours["job_env"]))  # type: ignore[call-overload]
+    if line.help or not words:
         click.echo(click.get_current_context().get_help())
-        if not rest:
+        if not words:
             raise BadInputError("no batch script given")
         return
     config = app.config
-    options, script, script_args = split_command_line(rest)
+    options, script, script_args = line.options, line.script, line.script_args
     if script is None:
         raise BadInputError("no batch script given (--wrap jobs cannot be wrapped: write a script)")
     path = Path(script)
@@ -174,6 +154,10 @@ def _submit(app: AppContext, plan: Submission, dry_run: bool, as_json: bool) -> 
             click.echo(plan.script, nl=False)
             click.echo("# " + " ".join(shlex.quote(w) for w in argv))
         return
+    if not os.access(sbatch, os.X_OK):
+        raise BadInputError(f"{sbatch}: no sbatch to submit with (install Slurm's client "
+                            "commands, or set slurm_bin_dir in "
+                            f"{app.config.source_path}); --dry-run shows the job without it")
     with tempfile.TemporaryDirectory(prefix="slurm-spot-sbatch-") as folder:
         script_path = Path(folder) / "batch.sh"
         script_path.write_text(plan.script)

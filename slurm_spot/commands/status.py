@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import json
+import sys
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
 import click
-from rich.table import Table
 
-from slurm_spot.commands.common import AppContext, console, json_option, pass_app, print_json
+from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.tables import Field, is_terminal, print_table, table_options
 from slurm_spot.config import SpotConfig
+from slurm_spot.errors import SlurmSpotError
 from slurm_spot.power import ProviderFactory
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
@@ -91,33 +95,75 @@ def status_rows(
     return rows, errors
 
 
-def _table(rows: list[dict[str, object]]) -> Table:
-    table = Table(*COLUMNS)
+def _cells(rows: list[dict[str, object]]) -> list[dict[str, str]]:
+    """The text of each row's columns (:data:`COLUMNS`)."""
+    cells = []
     for r in rows:
         jobs = ",".join(str(j) for j in r["jobs"]) or "-"  # type: ignore[attr-defined]
         instance = str(r["instance"] or "-")
         if r["extra_instances"]:
             instance += f" (+{len(r['extra_instances'])})"  # type: ignore[arg-type]
-        table.add_row(str(r["node"]), str(r["state"]), instance, str(r["market"] or "-"),
-                      str(r["type"] or "-"), str(r["zone"] or "-"),
-                      format_uptime(r["uptime_s"]), jobs,  # type: ignore[arg-type]
-                      str(r["reason"] or ""))
-    return table
+        cells.append({"node": str(r["node"]), "state": str(r["state"]), "instance": instance,
+                      "market": str(r["market"] or "-"), "type": str(r["type"] or "-"),
+                      "zone": str(r["zone"] or "-"),
+                      "uptime": format_uptime(r["uptime_s"]),  # type: ignore[arg-type]
+                      "job": jobs, "reason": str(r["reason"] or "")})
+    return cells
+
+
+def _show(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
+          one_line: bool = False) -> list[str]:
+    """Print the status once; returns the providers' errors (also printed on stderr)."""
+    rows, errors = status_rows(app.config, app.slurm(), providers=get_provider)
+    if as_json and one_line:  # --watch --json: one document per line (JSON Lines)
+        click.echo(json.dumps({"nodes": rows, "errors": errors}, sort_keys=True, default=str))
+    elif as_json:
+        print_json({"nodes": rows, "errors": errors})
+    else:
+        print_table(_cells(rows), fields, header=not noheader)
+    for error in errors:
+        click.echo(f"slurm-spot: error: {error}", err=True)
+    return errors
+
+
+def _watch(app: AppContext, interval_s: float, as_json: bool, fields: list[Field],
+           noheader: bool) -> None:
+    """Refresh every ``interval_s`` seconds until Ctrl-C (then exit 0), as ``squeue -i``: on
+    a terminal the screen is redrawn; in a pipe each refresh is appended, after a time line."""
+    terminal = is_terminal() and not as_json
+    try:
+        while True:
+            if terminal:
+                click.clear()
+            if not as_json:
+                click.echo(f"{datetime.now().astimezone():%a %b %d %H:%M:%S %Y}"
+                           f"  (every {interval_s:g} s; Ctrl-C to stop)")
+            try:
+                _show(app, as_json, fields, noheader, one_line=True)
+            except SlurmSpotError as exc:  # Slurm unreachable for a moment: keep watching
+                click.echo(f"slurm-spot: error: {exc}", err=True)
+            sys.stdout.flush()
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return
 
 
 @click.command("status")
 @json_option
+@table_options(COLUMNS)
+@click.option("-i", "--watch", "watch_s", type=click.FloatRange(min=0.1), is_flag=False,
+              flag_value=2.0, default=None, metavar="[SECONDS]",
+              help="Refresh every SECONDS (default 2) until Ctrl-C, as squeue -i.")
 @pass_app
-def status_command(app: AppContext, as_json: bool) -> None:
-    """Show every cloud node: Slurm state, instance (market, type, zone, uptime), job."""
-    rows, errors = status_rows(app.config, app.slurm(), providers=get_provider)
-    if as_json:
-        print_json({"nodes": rows, "errors": errors})
-    else:
-        console().print(_table(rows))
-    for error in errors:
-        click.echo(f"slurm-spot: error: {error}", err=True)
-    if errors:
+def status_command(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
+                   watch_s: float | None) -> None:
+    """Show every cloud node: Slurm state, instance (market, type, zone, uptime), job.
+
+    Plain columns when stdout is not a terminal (for awk, grep); --json for scripts."""
+    if watch_s is not None:
+        _watch(app, watch_s, as_json, fields, noheader)
+        return
+    if _show(app, as_json, fields, noheader):
         raise SystemExit(1)
 
 

@@ -10,17 +10,21 @@ import click
 
 from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.node_identity import resolve_node_name
 from slurm_spot.watch import Watcher, source_for
 
 
 @click.command("watch")
-@click.option("--node", default=None,
+@click.option("--node", default=None, shell_complete=complete_nodes,
               help="This node's Slurm name (default: as 'slurm-spot node-name' finds it: "
                    "$SLURMD_NODENAME, the hostname, or the node with this host's address).")
 @click.option("--wait", "wait_s", type=float, default=300, show_default=True,
               help="Without --node: seconds to wait for this host's address to be recorded.")
-@click.option("--instance-id", default=None, help="This instance's id (for events).")
+@click.option("--instance-id", default=None,
+              help="This instance's provider id (i-..., a GCE instance name): recorded in each "
+                   "of the watcher's events, so 'slurm-spot events' ties a notice to its "
+                   "instance.")
 @click.option("--once", is_flag=True,
               help="Poll once and exit (0 either way); without --node, finding the node may "
                    "wait first (--wait).")
@@ -36,10 +40,10 @@ def watch_command(app: AppContext, node: str | None, wait_s: float, instance_id:
     if systemd_unit:
         click.echo(render_unit(app.config.source_path, node), nl=False)
         return
-    del instance_id
     config = app.config
     name = resolve_node_name(config, app.slurm(), explicit=node, wait_s=wait_s)
-    watcher = Watcher(config, name, app.slurm(), source_for(config, name), margin_s=margin_s)
+    watcher = Watcher(config, name, app.slurm(), source_for(config, name), margin_s=margin_s,
+                      instance_id=instance_id)
     outcome = watcher.run(once=once)
     if outcome is None:
         if as_json:

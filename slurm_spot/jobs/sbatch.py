@@ -19,16 +19,7 @@ from dataclasses import dataclass, field
 
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.jobenv import parse_signal
-
-# sbatch options that take no value (everything else that starts with '-' takes one).
-_FLAG_LONG = {
-    "--requeue", "--no-requeue", "--hold", "--wait", "--parsable", "--test-only",
-    "--overcommit", "--contiguous", "--spread-job", "--use-min-nodes", "--ignore-pbs",
-    "--oversubscribe", "--no-kill", "--quiet", "--verbose", "--usage", "--help", "--version",
-    "--exclusive", "--get-user-env", "--reboot", "--nice", "--propagate",
-}
-_OPTIONAL_VALUE_LONG = {"--exclusive", "--get-user-env", "--nice", "--no-kill", "--propagate"}
-_FLAG_SHORT = set("HhIkOQsvVW")
+from slurm_spot.jobs.sbatch_options import canonical_option, parse_command_line
 
 
 @dataclass(frozen=True)
@@ -76,41 +67,17 @@ def read_directives(script: str) -> ScriptDirectives:
 
 
 def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
-    """Split ``[sbatch options] SCRIPT [ARGS]`` into (options, script, script args).
+    """Split ``[sbatch options] SCRIPT [ARGS]`` into (options, script, script args), knowing
+    which of sbatch's options take a value (:mod:`slurm_spot.jobs.sbatch_options`).
 
     Options keep their original form (``-N 2`` stays two words, ``--nodes=2`` one).
     ``script`` is None for ``--wrap`` jobs, which have no script file.
 
     Raises:
-        BadInputError: an option that needs a value is last.
+        BadInputError: an option that needs a value is last; an unknown or ambiguous option.
     """
-    options: list[str] = []
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if word == "--":
-            i += 1
-            break
-        if not word.startswith("-") or word == "-":
-            break
-        options.append(word)
-        if _takes_separate_value(word):
-            if i + 1 >= len(argv):
-                raise BadInputError(f"option {word} needs a value")
-            options.append(argv[i + 1])
-            i += 1
-        i += 1
-    rest = list(argv[i:])
-    if not rest:
-        return options, None, []
-    return options, rest[0], rest[1:]
-
-
-def _takes_separate_value(word: str) -> bool:
-    if word.startswith("--"):
-        return "=" not in word and word not in _FLAG_LONG
-    letters = word[1:]
-    return len(letters) == 1 and letters not in _FLAG_SHORT
+    line = parse_command_line(argv)
+    return line.options, line.script, line.script_args
 
 
 def option_values(options: Sequence[str], long: str, short: str | None = None) -> list[str]:
@@ -126,23 +93,6 @@ def option_values(options: Sequence[str], long: str, short: str | None = None) -
         elif short and word.startswith(short) and len(word) > len(short) and not word.startswith("--"):
             values.append(word[len(short):])
     return values
-
-
-# sbatch (getopt_long) accepts any unambiguous prefix of a long option: the shortest
-# unambiguous prefix of the options slurm-spot must see, among sbatch 22.05-24.11's options.
-_SHORTEST_PREFIX = {"--no-requeue": "--no-r", "--signal": "--si", "--nodes": "--nodes",
-                    "--job-name": "--job-n"}
-
-
-def canonical_option(word: str) -> str:
-    """``--no-req`` -> ``--no-requeue``, ``--sig=USR1`` -> ``--signal=USR1``; others as given."""
-    if not word.startswith("--"):
-        return word
-    name, eq, value = word.partition("=")
-    for full, shortest in _SHORTEST_PREFIX.items():
-        if len(name) >= len(shortest) and full.startswith(name):
-            return f"{full}{eq}{value}"
-    return word
 
 
 def has_flag(options: Sequence[str], *names: str) -> bool:

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,11 +146,13 @@ def _version() -> str:
 
 
 def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
-       reconcile: bool = True, accounting: bool | None = None) -> dict[str, object]:
+       reconcile: bool = True, accounting: bool | None = None,
+       on_step: Callable[[str], None] = lambda _step: None) -> dict[str, object]:
     """Start the local cluster (see the module docstring). Returns the record it writes.
 
     ``accounting``: run a private MariaDB server and slurmdbd so ``sacct`` works
     (:mod:`.accounting`); None means "if mariadb-server and slurmdbd are installed".
+    ``on_step`` is told each step as it starts (``starting slurmctld``), for progress.
 
     Raises:
         SlurmSpotError: Slurm or munge is missing, accounting is asked for but not installed,
@@ -167,10 +170,12 @@ def up(config: SpotConfig, conf_dir: Path, keep_state: bool = False,
                              "mariadb-server slurmdbd (make setup does)")
     conf_dir.mkdir(parents=True, exist_ok=True)
     write_cluster_files(config, paths, dbd.DBD_PORT if accounting else None)
+    on_step("starting munge")
     munge_pid = start_munge()
     record: dict[str, object] = {}
     try:
-        return _start(config, paths, munge_pid, keep_state, reconcile, accounting, record)
+        return _start(config, paths, munge_pid, keep_state, reconcile, accounting, record,
+                      on_step)
     except BaseException:
         _undo_failed_up(config, paths, munge_pid, record)
         raise
@@ -199,7 +204,8 @@ def _undo_failed_up(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int
 
 def _start(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int | None,
            keep_state: bool, reconcile: bool, accounting: bool,
-           record: dict[str, object]) -> dict[str, object]:
+           record: dict[str, object],
+           on_step: Callable[[str], None] = lambda _step: None) -> dict[str, object]:
     env = {**os.environ, "SLURM_CONF": str(paths.slurm_conf)}
     os.environ["SLURM_CONF"] = str(paths.slurm_conf)
     client = SlurmClient(config.slurm_bin_dir)
@@ -210,7 +216,9 @@ def _start(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int | None,
     record.update({"slurm_conf": str(paths.slurm_conf),
                    "spot_yaml": str(config.source_path), "munge_pid": munge_pid})
     if accounting:
+        on_step("starting MariaDB and slurmdbd (accounting)")
         _start_accounting(config, paths, env, record, fresh=not keep_state)
+    on_step("starting slurmctld")
     argv = ["/usr/sbin/slurmctld", "-f", str(paths.slurm_conf)]
     if not keep_state:
         argv.append("-c")
@@ -219,11 +227,14 @@ def _start(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int | None,
         raise SlurmSpotError(f"slurmctld did not start: {started.stderr.strip()} "
                              f"(see {config.log_dir / 'slurmctld.log'})")
     pid_file = config.state_dir / "slurmctld.pid"
+    on_step("waiting for slurmctld to answer")
     deadline = time.monotonic() + 30
     while not (client.ping() and pid_file.exists() and _alive(_read_pid(pid_file))):
         if time.monotonic() > deadline:
             raise SlurmSpotError(f"slurmctld does not answer; see {config.log_dir / 'slurmctld.log'}")
         time.sleep(0.3)
+    if reconcile:
+        on_step("starting the reconciler")
     record.update({
         "slurmctld_pid": int(pid_file.read_text()) if pid_file.exists() else None,
         "reconciler_pid": _start_reconciler(config, paths) if reconcile else None,
