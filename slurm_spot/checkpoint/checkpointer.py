@@ -63,7 +63,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -71,10 +71,13 @@ from torch.utils.data import Sampler
 
 from slurm_spot.checkpoint.files import (
     FORMAT,
+    Candidate,
     Checkpoint,
     CheckpointError,
     find_latest_valid,
+    validate,
 )
+from slurm_spot.checkpoint.hashing import HashingWriter, mapped_digest
 from slurm_spot.checkpoint.store import CheckpointStore, open_store
 
 __all__ = [
@@ -401,10 +404,7 @@ class Checkpointer:
     def latest(self) -> Checkpoint | None:
         """The newest valid checkpoint (resolved on rank 0, shared with all ranks). Writes
         nothing in the store."""
-        found = None
-        if self._rank_world()[0] == 0:
-            found = self.store.latest(self.verify_checksums)
-        return self._from_rank0(found)
+        return self._resolve(self.verify_checksums)
 
     # -- saving -------------------------------------------------------------------------------
     def save(self, state: TrainState, *, sharded: bool | None = None) -> Path | str:
@@ -552,10 +552,11 @@ class Checkpointer:
                 import torch.distributed.checkpoint as dcp
 
                 dcp.save(job.dcp_state, checkpoint_id=staging, process_group=self._pg())
+            known: dict[str, dict[str, Any]] = {}
             if job.rank == 0:
-                _write_file(staging / (STATE_FILE if job.kind == "torch" else META_FILE),
-                            job.payload)
-            files = self.store.upload(staging, job.token)
+                name = STATE_FILE if job.kind == "torch" else META_FILE
+                known[name] = _write_file(staging / name, job.payload)
+            files = self.store.upload(staging, job.token, known=known)
         except Exception as exc:  # disk full, upload error, pickling: every rank must hear it
             problem, files = f"{type(exc).__name__}: {exc}", {}
         gathered = self._gather((problem, files))
@@ -597,8 +598,15 @@ class Checkpointer:
                 restore_rng: bool = True) -> Checkpoint | None:
         """Load the newest valid checkpoint (or ``checkpoint``) into ``state`` in place.
 
+        Each file is read once: the newest checkpoint whose manifest and file sizes are right
+        is chosen, and the sha256 of its data file is verified while it is loaded (hashed
+        through a memory map that ``torch.load(mmap=True)`` then loads from; ``verify_checksums``
+        off skips the hash). Only if that fails (on any rank) is every older candidate hashed
+        before it is used, the newest that verifies is loaded and a warning names the corrupt
+        one. Nothing in ``state`` changes before its checkpoint verified.
+
         Args:
-            checkpoint: load this one (skips resolving).
+            checkpoint: load this one (skips resolving; a corrupt one raises).
             resume_from: a checkpoint directory given on the command line: used on the first
                 run (``SLURM_RESTART_COUNT`` 0 or unset); after a requeue the newest valid
                 checkpoint of the store wins (the job's own progress). A log line says which.
@@ -610,40 +618,39 @@ class Checkpointer:
             CheckpointError: checkpoints exist but none is valid (unless
                 ``start_fresh_if_invalid``); the checkpoint holds a model of another shape
                 (raised before any tensor is changed); it is not a slurm-spot one or holds
-                types that ``weights_only`` loading refuses.
+                types that ``weights_only`` loading refuses; an explicit ``checkpoint`` or
+                ``resume_from`` does not verify.
         """
-        found = checkpoint
+        found, explicit = checkpoint, checkpoint is not None
         if found is None and resume_from is not None:
             from slurm_spot.jobs.jobenv import restart_count
 
             restarts = restart_count(os.environ)
             if restarts == 0:
-                found = self._explicit(Path(resume_from))
+                found, explicit = self._explicit(Path(resume_from)), True
                 log.info("resuming from %s (given on the command line; first run)", found.path)
             else:
                 log.info("restart %d: resuming from the newest valid checkpoint in %s, not "
                          "from %s given on the command line", restarts, self.store.location,
                          resume_from)
         if found is None:
-            found = self.latest()
+            found = self._resolve(verify_checksums=False)  # sha256 below, while loading
+        while True:
             if found is None:
-                exists = self._from_rank0(
-                    self.store.has_committed() if self._rank_world()[0] == 0 else False)
-                if exists:
-                    msg = (f"{self.store.location} holds checkpoints but none is valid "
-                           "(see the warnings above)")
-                    if not self.start_fresh_if_invalid:
-                        raise CheckpointError(
-                            f"{msg}; refusing to start from step 0 (pass "
-                            "start_fresh_if_invalid=True or set "
-                            "SLURM_SPOT_START_FRESH_IF_INVALID=1 to start over)")
-                    log.error("%s; starting from step 0 as configured", msg)
+                self._none_valid()
                 return None
-            log.info("resuming from step %d at %s", found.step, found.path)
-        found = self.store.fetch(found) if not found.path.exists() else found
+            found, payload, problem, corrupt = self._read(found)
+            if not problem:
+                break
+            if explicit or not corrupt:
+                raise CheckpointError(problem)
+            log.warning("checkpoint of step %d in %s is not usable, trying an older one: %s",
+                        found.step, self.store.location, problem)
+            explicit = True  # hash every older candidate first: a second failure is final
+            found = self._resolve(verify_checksums=self.verify_checksums)
+        log.info("resuming from step %d at %s", found.step, found.path)
         rank, world = self._rank_world()
         if found.kind == "dcp":
-            payload = _load(found.path / META_FILE)
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -653,12 +660,14 @@ class Checkpointer:
             set_state_dict(state.model, _optimizers(state), model_state_dict=loaded["model"],
                            optim_state_dict=loaded.get("optim", {}))
         else:
-            payload = _load(found.path / STATE_FILE if found.kind == "torch" else found.path)
             model = _unwrap(state.model)
             _check_shapes(found.path, payload["model"], model.state_dict())
-            model.load_state_dict(payload["model"])
-            if state.optimizer is not None and payload.get("optimizer") is not None:
-                state.optimizer.load_state_dict(payload["optimizer"])
+            model.load_state_dict(payload["model"])  # copies out of the file's pages
+        # what outlives this call gets its own memory, not the file's mapped pages
+        payload = {k: v if k == "model" else _own(v) for k, v in payload.items()}
+        if found.kind != "dcp" and state.optimizer is not None \
+                and payload.get("optimizer") is not None:
+            state.optimizer.load_state_dict(payload["optimizer"])
         if state.scheduler is not None and payload.get("scheduler") is not None:
             state.scheduler.load_state_dict(payload["scheduler"])
         state.step, state.epoch = int(payload["step"]), int(payload["epoch"])
@@ -675,10 +684,73 @@ class Checkpointer:
                 gen.set_state(mine["generators"][name])
         if restore_rng:
             restore_rng_state(mine["rng"])
+        del payload
         if self._dist():
             dist.barrier(group=self._pg())  # every rank has read it (ranks may share a copy)
         self.store.release(found)
         return found
+
+    def _resolve(self, verify_checksums: bool) -> Checkpoint | None:
+        """The newest checkpoint that passes validation on rank 0 (sha256 too with
+        ``verify_checksums``), shared with every rank."""
+        found = None
+        if self._rank_world()[0] == 0:
+            found = self.store.latest(verify_checksums)
+        return self._from_rank0(found)
+
+    def _none_valid(self) -> None:
+        """No usable checkpoint: None for a first run; if the store holds checkpoints (none
+        valid), raise unless ``start_fresh_if_invalid``."""
+        exists = self._from_rank0(
+            self.store.has_committed() if self._rank_world()[0] == 0 else False)
+        if exists:
+            msg = (f"{self.store.location} holds checkpoints but none is valid "
+                   "(see the warnings above)")
+            if not self.start_fresh_if_invalid:
+                raise CheckpointError(
+                    f"{msg}; refusing to start from step 0 (pass "
+                    "start_fresh_if_invalid=True or set "
+                    "SLURM_SPOT_START_FRESH_IF_INVALID=1 to start over)")
+            log.error("%s; starting from step 0 as configured", msg)
+        return None
+
+    def _read(self, found: Checkpoint) -> tuple[Checkpoint, dict[str, Any], str, bool]:
+        """Every rank: fetch ``found`` (a download for S3 on ranks other than 0), verify it
+        while loading its payload, and agree: ``(local checkpoint, payload, problem,
+        corrupt)``. ``problem`` is "" when every rank succeeded; ``corrupt`` says that some
+        rank found it damaged (try an older one) rather than unloadable. On a problem this
+        rank's download is released."""
+        rank = self._rank_world()[0]
+        local, payload, problem, corrupt = found, {}, "", False
+        try:
+            if not found.path.exists():
+                local = self.store.fetch(found)
+            if local.kind == "dcp":
+                if self.verify_checksums and (rank == 0 or local is not found):
+                    why = validate(Candidate(local.path, local.step, "dir"), True)
+                    if why:
+                        raise _Corrupt(f"{local.path}: {why}")
+                payload = _load(local.path / META_FILE)
+            elif local.kind == "torch":
+                entry = (local.manifest or {}).get("files", {}).get(STATE_FILE)
+                payload = _load(local.path / STATE_FILE,
+                                entry if self.verify_checksums else None)
+            else:  # a single archive of other code, given explicitly
+                payload = _load(local.path, mmap=False)
+        except _Corrupt as exc:
+            problem, corrupt = str(exc), True
+        except CheckpointError as exc:
+            problem = str(exc)
+        except OSError as exc:
+            problem, corrupt = f"{found.path}: cannot read it: {exc}", True
+        gathered = self._gather((problem, corrupt))
+        if len(gathered) > 1:
+            problem = "; ".join(f"rank {r}: {p}" for r, (p, _c) in enumerate(gathered) if p)
+        corrupt = any(c for _p, c in gathered)
+        if problem:
+            payload = {}
+            self.store.release(local)
+        return local, payload, problem, corrupt
 
     def _explicit(self, path: Path) -> Checkpoint:
         """A checkpoint named on the command line, validated (rank 0 decides for all).
@@ -686,15 +758,16 @@ class Checkpointer:
         Raises:
             CheckpointError: it is not a valid slurm-spot checkpoint.
         """
-        from slurm_spot.checkpoint.files import Candidate, _as_checkpoint, validate
+        from slurm_spot.checkpoint.files import _as_checkpoint
 
         result: tuple[str, Checkpoint | None] = ("", None)
         if self._rank_world()[0] == 0:
             name = path.name
             step = int(name.removeprefix("step_")) if name.removeprefix("step_").isdigit() else -1
+            # sizes and structure here; the sha256 is verified while it is loaded
             problem = (f"{path}: not a step_<N> checkpoint directory" if step < 0 or
                        not path.is_dir() else
-                       validate(Candidate(path, step, "dir"), self.verify_checksums))
+                       validate(Candidate(path, step, "dir"), verify_checksums=False))
             result = (f"{path}: {problem}" if problem else "",
                       None if problem else _as_checkpoint(Candidate(path, step, "dir")))
         problem, found = self._from_rank0(result)
@@ -796,11 +869,14 @@ def _snapshot(value: Any, pool: dict[str, torch.Tensor] | None = None) -> Any:
     return walk(value, "")
 
 
-def _write_file(path: Path, payload: Any) -> None:
-    with open(path, "wb") as fh:
-        torch.save(payload, fh)
+def _write_file(path: Path, payload: Any) -> dict[str, Any]:
+    """``torch.save`` into ``path`` and fsync it; returns its manifest entry (size, sha256),
+    hashed while it was written."""
+    with open(path, "wb") as fh, HashingWriter(fh) as writer:
+        torch.save(payload, cast(IO[bytes], writer))  # a write-only file object
         fh.flush()
         os.fsync(fh.fileno())
+    return writer.digest()
 
 
 def _rank_state(state: TrainState) -> dict[str, Any]:
@@ -819,9 +895,44 @@ def _dcp_state(state: TrainState) -> dict[str, Any]:
     return {"model": model_sd, "optim": optim_sd} if state.optimizer else {"model": model_sd}
 
 
-def _load(path: Path) -> dict[str, Any]:
+class _Corrupt(CheckpointError):
+    """A checkpoint file does not match its manifest (size or sha256): try an older one."""
+
+
+def _own(value: Any) -> Any:
+    """``value`` with every tensor cloned into memory of its own (out of a memory-mapped
+    checkpoint file, which must not stay mapped once restore returns)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return type(value)((k, _own(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [_own(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_own(v) for v in value)
+    return value
+
+
+def _load(path: Path, expected: Mapping[str, Any] | None = None, *,
+          mmap: bool = True) -> dict[str, Any]:
+    """Load a slurm-spot payload file. With ``expected`` (its manifest entry) the file is
+    first hashed through a memory map (:func:`~slurm_spot.checkpoint.hashing.mapped_digest`);
+    ``torch.load(mmap=True)`` then maps the same page-cache pages, so the file is read from
+    the disk once. Tensors of the result live in that map until copied (:func:`_own`).
+
+    Raises:
+        _Corrupt: size or sha256 differ from ``expected``.
+        CheckpointError: not loadable with ``weights_only=True``, or not a slurm-spot payload.
+    """
+    if expected is not None:
+        size, sha = mapped_digest(path)
+        if size != expected.get("size"):
+            raise _Corrupt(f"{path}: {size} bytes, the manifest says {expected.get('size')}")
+        if sha != expected.get("sha256"):
+            raise _Corrupt(f"{path}: sha256 does not match the manifest (damaged since it "
+                           "was written)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises UnpicklingError/RuntimeError for refused types
         raise CheckpointError(
             f"{path}: cannot load with weights_only=True ({exc}); keep TrainState.extra to "

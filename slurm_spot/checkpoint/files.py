@@ -320,8 +320,14 @@ def build_manifest(
 def write_manifest(
     temp_dir: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
     meta: dict[str, Any] | None = None, started_s: float | None = None,
+    known: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """fsync every file under ``temp_dir``, then write its manifest as the last file.
+
+    ``known`` holds entries (``{relative path: {"size", "sha256"}}``) that the writer computed
+    while writing the file (:class:`~slurm_spot.checkpoint.hashing.HashingWriter`): such a file
+    is not read again, only its size is compared with the file's (a mismatch means the entry is
+    stale, and the file is hashed). Files not in ``known`` (DCP shards) are read and hashed.
 
     The manifest records format, step, kind, world size, ``created_unix_s`` (seconds since the
     epoch), optional ``meta`` (must be JSON-serialisable), ``files``: ``{relative path:
@@ -341,8 +347,14 @@ def write_manifest(
         if not path.is_file() or path.name.startswith(MANIFEST_NAME):
             continue
         fsync_file(path)
+        rel = path.relative_to(temp_dir).as_posix()
+        entry = (known or {}).get(rel)
+        if entry is not None and entry.get("size") == path.stat().st_size \
+                and isinstance(entry.get("sha256"), str):
+            files[rel] = {"size": int(entry["size"]), "sha256": entry["sha256"]}
+            continue
         size, sha = file_digest(path)
-        files[path.relative_to(temp_dir).as_posix()] = {"size": size, "sha256": sha}
+        files[rel] = {"size": size, "sha256": sha}
     if not files:
         raise CheckpointError(f"{temp_dir}: nothing to commit")
     manifest = build_manifest(step, kind, world_size, meta, files, started_s)
