@@ -53,12 +53,13 @@ is valid (``start_fresh_if_invalid``), checks shapes before loading anything, an
 
 from __future__ import annotations
 
-import copy as copy_module
 import logging
 import os
+import queue
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -78,6 +79,7 @@ from slurm_spot.checkpoint.files import (
     validate,
 )
 from slurm_spot.checkpoint.hashing import HashingWriter, mapped_digest
+from slurm_spot.checkpoint.snapshot import PendingCopies, Snapshotter, step_tensors, wait_for
 from slurm_spot.checkpoint.store import CheckpointStore, open_store
 
 __all__ = [
@@ -245,24 +247,25 @@ class SaveHandle:
     Attributes:
         step: the step being saved.
         location: the store's location (for messages).
+        save_s: seconds from the call until it committed or failed (None while running).
     """
 
-    def __init__(self, step: int, location: str, thread: threading.Thread | None,
-                 default_timeout_s: float) -> None:
+    def __init__(self, step: int, location: str, default_timeout_s: float) -> None:
         self.step = step
         self.location = location
-        self._thread = thread
         self._default_timeout_s = default_timeout_s
+        self._finished = threading.Event()
         self._result: str | None = None
         self._error: str | None = None
         self.save_s: float | None = None
 
     def _finish(self, result: str | None, error: str | None, save_s: float) -> None:
         self._result, self._error, self.save_s = result, error, save_s
+        self._finished.set()
 
     def done(self) -> bool:
         """True once the save committed or failed (never blocks)."""
-        return self._thread is None or not self._thread.is_alive()
+        return self._finished.is_set()
 
     def wait(self, timeout_s: float | None = None) -> Path | str:
         """Wait for the save to commit on every rank; returns where it is (a directory, or an
@@ -276,17 +279,46 @@ class SaveHandle:
                 the checkpoint), or the save failed on some rank (nothing was committed).
         """
         limit = self._default_timeout_s if timeout_s is None else timeout_s
-        if self._thread is not None:
-            self._thread.join(max(0.0, limit))
-            if self._thread.is_alive():
-                raise CheckpointError(
-                    f"checkpoint of step {self.step} to {self.location}: the writer did not "
-                    f"finish within {limit:g} s (hung or dead writer; the checkpoint does "
-                    "not count)")
+        if not self._finished.wait(max(0.0, limit)):
+            raise CheckpointError(
+                f"checkpoint of step {self.step} to {self.location}: the writer did not "
+                f"finish within {limit:g} s (hung or dead writer; the checkpoint does "
+                "not count)")
         if self._error is not None:
             raise CheckpointError(self._error)
         assert self._result is not None
         return self._result if self._result.startswith("s3://") else Path(self._result)
+
+
+class _WriterThread:
+    """One long-lived writer thread per checkpointer: handing a save over is a queue put, not
+    a thread start (starting a thread cost milliseconds of the stall on a busy machine). It
+    ends when its checkpointer is garbage-collected."""
+
+    def __init__(self, owner: Checkpointer) -> None:
+        self._queue: queue.SimpleQueue[tuple[_Job, SaveHandle] | None] = queue.SimpleQueue()
+        ref = weakref.ref(owner)
+        self._thread = threading.Thread(target=self._run, args=(ref,), daemon=True,
+                                        name="slurm-spot-checkpoint-writer")
+        self._thread.start()
+        weakref.finalize(owner, self._queue.put, None)
+
+    def _run(self, ref: weakref.ref[Checkpointer]) -> None:
+        while (item := self._queue.get()) is not None:
+            job, handle = item
+            owner = ref()
+            if owner is None:
+                return
+            try:
+                owner._write(job, handle)
+            except BaseException as exc:  # a failed collective or a bug: the save failed
+                handle._finish(None, f"checkpoint of step {job.step} to {handle.location} "
+                               f"failed: {type(exc).__name__}: {exc}",
+                               time.monotonic() - job.started_s)
+            del owner, job, handle, item
+
+    def submit(self, job: _Job, handle: SaveHandle) -> None:
+        self._queue.put((job, handle))
 
 
 @dataclass
@@ -303,6 +335,7 @@ class _Job:
     rank: int
     started_s: float
     rank_state: dict[str, Any]
+    pending: PendingCopies | None = None
 
 
 class Checkpointer:
@@ -328,14 +361,27 @@ class Checkpointer:
         start_fresh_if_invalid: when checkpoints exist but none is valid, start from step 0
             with a warning instead of raising (default False; env
             ``SLURM_SPOT_START_FRESH_IF_INVALID=1`` sets it too).
+        snapshot: how :meth:`save_async` copies the state (:mod:`~slurm_spot.checkpoint.snapshot`):
+            ``eager`` copies every tensor before it returns; ``deferred`` copies the
+            parameters and optimizer state in the writer thread while the next forward and
+            backward run, and the next ``optimizer.step()`` waits for that copy (needs
+            ``TrainState.optimizer``; plain, non-sharded saves; parameters changed outside
+            ``optimizer.step()`` in between fail the save, through ``.data`` go unnoticed).
+
+    Attributes:
+        last_snapshot_wait_s: seconds the last deferred snapshot held up ``optimizer.step()``
+            (or another call of this checkpointer); 0.0 when it was done in time.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | CheckpointStore, keep: int = 2, *,
                  process_group: Any = None, verify_checksums: bool = True,
                  writer_timeout_s: float = 1800.0,
-                 start_fresh_if_invalid: bool | None = None) -> None:
+                 start_fresh_if_invalid: bool | None = None,
+                 snapshot: Literal["eager", "deferred"] = "eager") -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if snapshot not in ("eager", "deferred"):
+            raise ValueError(f"snapshot must be 'eager' or 'deferred', got {snapshot!r}")
         if writer_timeout_s <= 0:
             raise ValueError(f"writer_timeout_s must be > 0, got {writer_timeout_s}")
         if isinstance(directory, (str, os.PathLike)):
@@ -353,8 +399,13 @@ class Checkpointer:
         self.start_fresh_if_invalid = start_fresh_if_invalid
         self._save_group: Any = None
         self._inflight: SaveHandle | None = None
+        self._writer: _WriterThread | None = None
+        self.snapshot = snapshot
         # host buffers of the last snapshot, reused once its writer is done
-        self._pool: dict[str, dict[str, torch.Tensor]] = {}
+        self._snapshots = {"torch": Snapshotter(), "dcp": Snapshotter()}
+        self._pending: PendingCopies | None = None  # a deferred snapshot still copying
+        self._hooked: dict[int, Any] = {}  # optimizer id -> its step pre-hook's handle
+        self.last_snapshot_wait_s = 0.0
         self.last_save_s: float | None = None
 
     # -- collective plumbing -----------------------------------------------------------------
@@ -501,33 +552,41 @@ class Checkpointer:
             raise CheckpointError(f"refusing to save to {self.store.location}: {problem}")
         use_dcp = is_sharded(state.model) if sharded is None else sharded
         kind: Literal["torch", "dcp"] = "dcp" if use_dcp else "torch"
-        handle = SaveHandle(state.step, self.store.location, None, self.writer_timeout_s)
+        handle = SaveHandle(state.step, self.store.location, self.writer_timeout_s)
         # per_rank is filled in by the writer, after gathering every rank's RNG state
         payload = _payload(state, [], world, kind) if rank == 0 else None
         dcp_state = _dcp_state(state) if use_dcp else None
+        pending = None
         if background:  # the snapshot: copies the trainer can no longer change
-            payload = _snapshot(payload, self._pool.setdefault("torch", {}))
-            dcp_state = _snapshot(dcp_state, self._pool.setdefault("dcp", {}))
+            defer = (step_tensors(_unwrap(state.model), state.optimizer)
+                     if self.snapshot == "deferred" and kind == "torch"
+                     and state.optimizer is not None else [])
+            payload, pending = self._snapshots["torch"].take(payload, state.step, defer)
+            dcp_state, _ = self._snapshots["dcp"].take(dcp_state, state.step)
+            if pending is not None and state.optimizer is not None:
+                self._hook(state.optimizer)
+                self._pending = pending
         meta = {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", ""),
                 "async": background}
         job = _Job(state.step, "", kind, payload, dcp_state, meta, world, rank, started_s,
-                   _rank_state(state))
+                   _rank_state(state), pending)
         if not background:
             self._write(job, handle)
             return handle
-        thread = threading.Thread(target=self._write, args=(job, handle), daemon=True,
-                                  name=f"slurm-spot-save-{state.step}")
-        handle._thread = thread
+        if self._writer is None:
+            self._writer = _WriterThread(self)
         self._inflight = handle
-        thread.start()
+        self._writer.submit(job, handle)
         return handle
 
     def _write(self, job: _Job, handle: SaveHandle) -> None:
         """Write, upload, agree, commit (rank 0), prune. Runs in the writer thread for an
         asynchronous save; every collective is on the save group."""
         where = f"checkpoint of step {job.step} to {self.store.location}"
+        if job.pending is not None:
+            job.pending.run()  # first: the next optimizer.step() waits for it
         # the gather and the plan run here, on the save group, so the stall is the snapshot
         per_rank = self._gather(job.rank_state)
         try:
@@ -547,6 +606,8 @@ class Checkpointer:
             job.payload["per_rank"] = per_rank
         problem, staging = "", None
         try:
+            if job.pending is not None and job.pending.error:
+                raise CheckpointError(job.pending.error)
             staging = self.store.local_staging(job.token)
             if job.kind == "dcp":
                 import torch.distributed.checkpoint as dcp
@@ -592,6 +653,35 @@ class Checkpointer:
         self.last_save_s = save_s
         handle._finish(final, None, save_s)
 
+    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``optimizer.step()`` wait for a deferred snapshot (registered once per
+        optimizer; a no-op call when nothing is pending)."""
+        if id(optimizer) in self._hooked:
+            return
+        me = weakref.ref(self)
+
+        def before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            ckpt = me()
+            if ckpt is not None:
+                ckpt._wait_snapshot(f"{type(opt).__name__}.step()")
+
+        self._hooked[id(optimizer)] = optimizer.register_step_pre_hook(before_step)
+
+    def _wait_snapshot(self, what: str) -> None:
+        """Block until the deferred snapshot in flight (if any) copied its tensors.
+
+        Raises:
+            CheckpointError: not within ``writer_timeout_s`` (names the step).
+        """
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            self.last_snapshot_wait_s = wait_for(pending, self.writer_timeout_s, what)
+        except TimeoutError as exc:
+            raise CheckpointError(str(exc)) from None
+        self._pending = None
+
     # -- restoring ----------------------------------------------------------------------------
     def restore(self, state: TrainState, *, checkpoint: Checkpoint | None = None,
                 resume_from: str | os.PathLike[str] | None = None,
@@ -621,6 +711,7 @@ class Checkpointer:
                 types that ``weights_only`` loading refuses; an explicit ``checkpoint`` or
                 ``resume_from`` does not verify.
         """
+        self._wait_snapshot("restore")  # never overwrite what a snapshot still copies
         found, explicit = checkpoint, checkpoint is not None
         if found is None and resume_from is not None:
             from slurm_spot.jobs.jobenv import restart_count
@@ -822,51 +913,6 @@ def _payload(state: TrainState, per_rank: list[Any], world: int,
         payload["model"] = _unwrap(state.model).state_dict()
         payload["optimizer"] = state.optimizer.state_dict() if state.optimizer else None
     return payload
-
-
-def _snapshot(value: Any, pool: dict[str, torch.Tensor] | None = None) -> Any:
-    """A deep copy in which every tensor is a fresh copy in ordinary (non-pinned) host memory
-    (a DTensor is cloned where it lives): nothing the trainer reuses.
-
-    ``pool`` holds the host buffers of the previous snapshot, keyed by their place in
-    ``value``; a buffer of the same shape and dtype is overwritten instead of allocated (a new
-    100 MB allocation costs more in page faults than the copy). The caller reuses a pool only
-    after the writer that read it is done (:meth:`Checkpointer._start` waits for it first).
-    """
-    if value is None:
-        return None
-    from torch.distributed.tensor import DTensor
-
-    memo: dict[int, Any] = {}
-
-    def copy(t: torch.Tensor, where: str) -> torch.Tensor:
-        if isinstance(t, DTensor):
-            return t.detach().clone()
-        buf = pool.get(where) if pool is not None else None
-        if buf is not None and buf.shape == t.shape and buf.dtype == t.dtype \
-                and buf.layout == t.layout == torch.strided:
-            buf.copy_(t.detach())
-        else:
-            buf = t.detach().to("cpu", copy=True)
-        if pool is not None:
-            pool[where] = buf
-        return buf
-
-    def walk(v: Any, where: str) -> Any:
-        if isinstance(v, torch.Tensor):
-            if id(v) not in memo:
-                memo[id(v)] = copy(v, where)
-            return memo[id(v)]
-        if isinstance(v, dict):
-            items = [(k, walk(x, f"{where}/{k!r}")) for k, x in v.items()]
-            return dict(items) if type(v) is dict else type(v)(items)
-        if isinstance(v, list):
-            return [walk(x, f"{where}/{i}") for i, x in enumerate(v)]
-        if isinstance(v, tuple) and not hasattr(v, "_fields"):
-            return tuple(walk(x, f"{where}/{i}") for i, x in enumerate(v))
-        return copy_module.deepcopy(v)
-
-    return walk(value, "")
 
 
 def _write_file(path: Path, payload: Any) -> dict[str, Any]:
