@@ -45,6 +45,12 @@ Asynchronous saves (POSIX or ``s3://`` roots)::
     if preemption.should_stop():
         preemption.checkpoint_and_exit(ckpt, state)   # in-flight save commits, final save
 
+The snapshot is eager by default (every tensor copied before ``save_async`` returns); with
+``Checkpointer(..., snapshot="deferred")`` parameters and optimizer state are copied by the
+writer while the next forward/backward runs and the next ``optimizer.step()`` waits for it
+(conditions in :mod:`slurm_spot.checkpoint.snapshot`). Checksums are computed while the file is
+written and verified while it is loaded: no file is read twice (BENCHMARKS.md, "Checkpoints").
+
 At most one save is in flight; it counts once every rank's part succeeded (agreed on the
 save's own gloo group). Restore refuses to start from step 0 when checkpoints exist but none
 is valid (``start_fresh_if_invalid``), checks shapes before loading anything, and takes a

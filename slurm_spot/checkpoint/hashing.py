@@ -89,12 +89,15 @@ class HashingWriter:
         self.raw = raw
         self.size = 0
         self._sha = hashlib.sha256()
-        self._hasher = _Hasher(self._sha) if parallel and (os.cpu_count() or 1) > 1 else None
+        self._parallel = parallel and (os.cpu_count() or 1) > 1
+        self._hasher: _Hasher | None = None  # started on the first large write
 
     def write(self, data: Any) -> int:
         """Hash ``data`` (bytes-like) and write all of it to ``raw``; returns its length."""
         view = memoryview(data).cast("B")
-        if self._hasher is not None and view.nbytes >= PARALLEL_MIN_BYTES:
+        if self._parallel and view.nbytes >= PARALLEL_MIN_BYTES:
+            if self._hasher is None:
+                self._hasher = _Hasher(self._sha)
             self._hasher.start(view)
             try:
                 self._write_all(view)
