@@ -143,6 +143,16 @@ def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def known_digest(path: Path, entry: Any) -> tuple[int, str] | None:
+    """``(size, sha256)`` of a manifest entry computed while ``path`` was written, if it is
+    one (a dict with an int ``size`` and a str ``sha256``) and ``path`` still has that size;
+    None means: hash the file (:func:`file_digest`)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+            or not isinstance(entry.get("size"), int):
+        return None
+    return (entry["size"], entry["sha256"]) if path.stat().st_size == entry["size"] else None
+
+
 def read_manifest(directory: Path) -> dict[str, Any]:
     """The parsed ``manifest.json`` of a checkpoint directory (not followed if a symlink).
 
@@ -348,12 +358,7 @@ def write_manifest(
             continue
         fsync_file(path)
         rel = path.relative_to(temp_dir).as_posix()
-        entry = (known or {}).get(rel)
-        if entry is not None and entry.get("size") == path.stat().st_size \
-                and isinstance(entry.get("sha256"), str):
-            files[rel] = {"size": int(entry["size"]), "sha256": entry["sha256"]}
-            continue
-        size, sha = file_digest(path)
+        size, sha = known_digest(path, (known or {}).get(rel)) or file_digest(path)
         files[rel] = {"size": size, "sha256": sha}
     if not files:
         raise CheckpointError(f"{temp_dir}: nothing to commit")

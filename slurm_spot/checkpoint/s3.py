@@ -58,6 +58,7 @@ from slurm_spot.checkpoint.files import (
     CheckpointError,
     build_manifest,
     file_digest,
+    known_digest,
     step_dir_name,
     validate,
 )
@@ -324,12 +325,7 @@ class S3Store:
             if not path.is_file() or path.name.startswith(MANIFEST_NAME):
                 continue
             rel = path.relative_to(staging).as_posix()
-            entry = (known or {}).get(rel)
-            if entry is not None and entry.get("size") == path.stat().st_size \
-                    and isinstance(entry.get("sha256"), str):
-                size, sha = int(entry["size"]), str(entry["sha256"])
-            else:
-                size, sha = file_digest(path)
+            size, sha = known_digest(path, (known or {}).get(rel)) or file_digest(path)
             self.client.upload_file(str(path), self.bucket,
                                     self._key(step_dir_name(int(step)), attempt, rel),
                                     Config=self._transfer())
