@@ -54,7 +54,8 @@ class CopyStore:
     def local_staging(self, token: str) -> Path:
         return Path(token)
 
-    def upload(self, staging: Path, token: str) -> dict[str, dict[str, Any]]:
+    def upload(self, staging: Path, token: str,
+               known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
         return {}
 
     def commit_manifest(self, token: str, kind: Literal["torch", "dcp"], world_size: int,

@@ -45,6 +45,12 @@ Asynchronous saves (POSIX or ``s3://`` roots)::
     if preemption.should_stop():
         preemption.checkpoint_and_exit(ckpt, state)   # in-flight save commits, final save
 
+The snapshot is eager by default (every tensor copied before ``save_async`` returns); with
+``Checkpointer(..., snapshot="deferred")`` parameters and optimizer state are copied by the
+writer while the next forward/backward runs and the next ``optimizer.step()`` waits for it
+(conditions in :mod:`slurm_spot.checkpoint.snapshot`). Checksums are computed while the file is
+written and verified while it is loaded: no file is read twice (BENCHMARKS.md, "Checkpoints").
+
 At most one save is in flight; it counts once every rank's part succeeded (agreed on the
 save's own gloo group). Restore refuses to start from step 0 when checkpoints exist but none
 is valid (``start_fresh_if_invalid``), checks shapes before loading anything, and takes a
@@ -53,17 +59,18 @@ is valid (``start_fresh_if_invalid``), checks shapes before loading anything, an
 
 from __future__ import annotations
 
-import copy as copy_module
 import logging
 import os
+import queue
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -71,10 +78,14 @@ from torch.utils.data import Sampler
 
 from slurm_spot.checkpoint.files import (
     FORMAT,
+    Candidate,
     Checkpoint,
     CheckpointError,
     find_latest_valid,
+    validate,
 )
+from slurm_spot.checkpoint.hashing import HashingWriter, mapped_digest
+from slurm_spot.checkpoint.snapshot import PendingCopies, Snapshotter, step_tensors, wait_for
 from slurm_spot.checkpoint.store import CheckpointStore, open_store
 
 __all__ = [
@@ -242,24 +253,25 @@ class SaveHandle:
     Attributes:
         step: the step being saved.
         location: the store's location (for messages).
+        save_s: seconds from the call until it committed or failed (None while running).
     """
 
-    def __init__(self, step: int, location: str, thread: threading.Thread | None,
-                 default_timeout_s: float) -> None:
+    def __init__(self, step: int, location: str, default_timeout_s: float) -> None:
         self.step = step
         self.location = location
-        self._thread = thread
         self._default_timeout_s = default_timeout_s
+        self._finished = threading.Event()
         self._result: str | None = None
         self._error: str | None = None
         self.save_s: float | None = None
 
     def _finish(self, result: str | None, error: str | None, save_s: float) -> None:
         self._result, self._error, self.save_s = result, error, save_s
+        self._finished.set()
 
     def done(self) -> bool:
         """True once the save committed or failed (never blocks)."""
-        return self._thread is None or not self._thread.is_alive()
+        return self._finished.is_set()
 
     def wait(self, timeout_s: float | None = None) -> Path | str:
         """Wait for the save to commit on every rank; returns where it is (a directory, or an
@@ -273,17 +285,46 @@ class SaveHandle:
                 the checkpoint), or the save failed on some rank (nothing was committed).
         """
         limit = self._default_timeout_s if timeout_s is None else timeout_s
-        if self._thread is not None:
-            self._thread.join(max(0.0, limit))
-            if self._thread.is_alive():
-                raise CheckpointError(
-                    f"checkpoint of step {self.step} to {self.location}: the writer did not "
-                    f"finish within {limit:g} s (hung or dead writer; the checkpoint does "
-                    "not count)")
+        if not self._finished.wait(max(0.0, limit)):
+            raise CheckpointError(
+                f"checkpoint of step {self.step} to {self.location}: the writer did not "
+                f"finish within {limit:g} s (hung or dead writer; the checkpoint does "
+                "not count)")
         if self._error is not None:
             raise CheckpointError(self._error)
         assert self._result is not None
         return self._result if self._result.startswith("s3://") else Path(self._result)
+
+
+class _WriterThread:
+    """One long-lived writer thread per checkpointer: handing a save over is a queue put, not
+    a thread start (starting a thread cost milliseconds of the stall on a busy machine). It
+    ends when its checkpointer is garbage-collected."""
+
+    def __init__(self, owner: Checkpointer) -> None:
+        self._queue: queue.SimpleQueue[tuple[_Job, SaveHandle] | None] = queue.SimpleQueue()
+        ref = weakref.ref(owner)
+        self._thread = threading.Thread(target=self._run, args=(ref,), daemon=True,
+                                        name="slurm-spot-checkpoint-writer")
+        self._thread.start()
+        weakref.finalize(owner, self._queue.put, None)
+
+    def _run(self, ref: weakref.ref[Checkpointer]) -> None:
+        while (item := self._queue.get()) is not None:
+            job, handle = item
+            owner = ref()
+            if owner is None:
+                return
+            try:
+                owner._write(job, handle)
+            except BaseException as exc:  # a failed collective or a bug: the save failed
+                handle._finish(None, f"checkpoint of step {job.step} to {handle.location} "
+                               f"failed: {type(exc).__name__}: {exc}",
+                               time.monotonic() - job.started_s)
+            del owner, job, handle, item
+
+    def submit(self, job: _Job, handle: SaveHandle) -> None:
+        self._queue.put((job, handle))
 
 
 @dataclass
@@ -300,6 +341,7 @@ class _Job:
     rank: int
     started_s: float
     rank_state: dict[str, Any]
+    pending: PendingCopies | None = None
 
 
 class Checkpointer:
@@ -325,14 +367,27 @@ class Checkpointer:
         start_fresh_if_invalid: when checkpoints exist but none is valid, start from step 0
             with a warning instead of raising (default False; env
             ``SLURM_SPOT_START_FRESH_IF_INVALID=1`` sets it too).
+        snapshot: how :meth:`save_async` copies the state (:mod:`~slurm_spot.checkpoint.snapshot`):
+            ``eager`` copies every tensor before it returns; ``deferred`` copies the
+            parameters and optimizer state in the writer thread while the next forward and
+            backward run, and the next ``optimizer.step()`` waits for that copy (needs
+            ``TrainState.optimizer``; plain, non-sharded saves; parameters changed outside
+            ``optimizer.step()`` in between fail the save, through ``.data`` go unnoticed).
+
+    Attributes:
+        last_snapshot_wait_s: seconds the last deferred snapshot held up ``optimizer.step()``
+            (or another call of this checkpointer); 0.0 when it was done in time.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | CheckpointStore, keep: int = 2, *,
                  process_group: Any = None, verify_checksums: bool = True,
                  writer_timeout_s: float = 1800.0,
-                 start_fresh_if_invalid: bool | None = None) -> None:
+                 start_fresh_if_invalid: bool | None = None,
+                 snapshot: Literal["eager", "deferred"] = "eager") -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if snapshot not in ("eager", "deferred"):
+            raise ValueError(f"snapshot must be 'eager' or 'deferred', got {snapshot!r}")
         if writer_timeout_s <= 0:
             raise ValueError(f"writer_timeout_s must be > 0, got {writer_timeout_s}")
         if isinstance(directory, (str, os.PathLike)):
@@ -350,8 +405,13 @@ class Checkpointer:
         self.start_fresh_if_invalid = start_fresh_if_invalid
         self._save_group: Any = None
         self._inflight: SaveHandle | None = None
+        self._writer: _WriterThread | None = None
+        self.snapshot = snapshot
         # host buffers of the last snapshot, reused once its writer is done
-        self._pool: dict[str, dict[str, torch.Tensor]] = {}
+        self._snapshots = {"torch": Snapshotter(), "dcp": Snapshotter()}
+        self._pending: PendingCopies | None = None  # a deferred snapshot still copying
+        self._hooked: dict[int, Any] = {}  # optimizer id -> its step pre-hook's handle
+        self.last_snapshot_wait_s = 0.0
         self.last_save_s: float | None = None
 
     # -- collective plumbing -----------------------------------------------------------------
@@ -401,10 +461,7 @@ class Checkpointer:
     def latest(self) -> Checkpoint | None:
         """The newest valid checkpoint (resolved on rank 0, shared with all ranks). Writes
         nothing in the store."""
-        found = None
-        if self._rank_world()[0] == 0:
-            found = self.store.latest(self.verify_checksums)
-        return self._from_rank0(found)
+        return self._resolve(self.verify_checksums)
 
     # -- saving -------------------------------------------------------------------------------
     def save(self, state: TrainState, *, sharded: bool | None = None) -> Path | str:
@@ -501,33 +558,41 @@ class Checkpointer:
             raise CheckpointError(f"refusing to save to {self.store.location}: {problem}")
         use_dcp = is_sharded(state.model) if sharded is None else sharded
         kind: Literal["torch", "dcp"] = "dcp" if use_dcp else "torch"
-        handle = SaveHandle(state.step, self.store.location, None, self.writer_timeout_s)
+        handle = SaveHandle(state.step, self.store.location, self.writer_timeout_s)
         # per_rank is filled in by the writer, after gathering every rank's RNG state
         payload = _payload(state, [], world, kind) if rank == 0 else None
         dcp_state = _dcp_state(state) if use_dcp else None
+        pending = None
         if background:  # the snapshot: copies the trainer can no longer change
-            payload = _snapshot(payload, self._pool.setdefault("torch", {}))
-            dcp_state = _snapshot(dcp_state, self._pool.setdefault("dcp", {}))
+            defer = (step_tensors(_unwrap(state.model), state.optimizer)
+                     if self.snapshot == "deferred" and kind == "torch"
+                     and state.optimizer is not None else [])
+            payload, pending = self._snapshots["torch"].take(payload, state.step, defer)
+            dcp_state, _ = self._snapshots["dcp"].take(dcp_state, state.step)
+            if pending is not None and state.optimizer is not None:
+                self._hook(state.optimizer)
+                self._pending = pending
         meta = {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", ""),
                 "async": background}
         job = _Job(state.step, "", kind, payload, dcp_state, meta, world, rank, started_s,
-                   _rank_state(state))
+                   _rank_state(state), pending)
         if not background:
             self._write(job, handle)
             return handle
-        thread = threading.Thread(target=self._write, args=(job, handle), daemon=True,
-                                  name=f"slurm-spot-save-{state.step}")
-        handle._thread = thread
+        if self._writer is None:
+            self._writer = _WriterThread(self)
         self._inflight = handle
-        thread.start()
+        self._writer.submit(job, handle)
         return handle
 
     def _write(self, job: _Job, handle: SaveHandle) -> None:
         """Write, upload, agree, commit (rank 0), prune. Runs in the writer thread for an
         asynchronous save; every collective is on the save group."""
         where = f"checkpoint of step {job.step} to {self.store.location}"
+        if job.pending is not None:
+            job.pending.run()  # first: the next optimizer.step() waits for it
         # the gather and the plan run here, on the save group, so the stall is the snapshot
         per_rank = self._gather(job.rank_state)
         try:
@@ -547,15 +612,18 @@ class Checkpointer:
             job.payload["per_rank"] = per_rank
         problem, staging = "", None
         try:
+            if job.pending is not None and job.pending.error:
+                raise CheckpointError(job.pending.error)
             staging = self.store.local_staging(job.token)
             if job.kind == "dcp":
                 import torch.distributed.checkpoint as dcp
 
                 dcp.save(job.dcp_state, checkpoint_id=staging, process_group=self._pg())
+            known: dict[str, dict[str, Any]] = {}
             if job.rank == 0:
-                _write_file(staging / (STATE_FILE if job.kind == "torch" else META_FILE),
-                            job.payload)
-            files = self.store.upload(staging, job.token)
+                name = STATE_FILE if job.kind == "torch" else META_FILE
+                known[name] = _write_file(staging / name, job.payload)
+            files = self.store.upload(staging, job.token, known=known)
         except Exception as exc:  # disk full, upload error, pickling: every rank must hear it
             problem, files = f"{type(exc).__name__}: {exc}", {}
         gathered = self._gather((problem, files))
@@ -591,14 +659,50 @@ class Checkpointer:
         self.last_save_s = save_s
         handle._finish(final, None, save_s)
 
+    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``optimizer.step()`` wait for a deferred snapshot (registered once per
+        optimizer; a no-op call when nothing is pending)."""
+        if id(optimizer) in self._hooked:
+            return
+        me = weakref.ref(self)
+
+        def before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            ckpt = me()
+            if ckpt is not None:
+                ckpt._wait_snapshot(f"{type(opt).__name__}.step()")
+
+        self._hooked[id(optimizer)] = optimizer.register_step_pre_hook(before_step)
+
+    def _wait_snapshot(self, what: str) -> None:
+        """Block until the deferred snapshot in flight (if any) copied its tensors.
+
+        Raises:
+            CheckpointError: not within ``writer_timeout_s`` (names the step).
+        """
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            self.last_snapshot_wait_s = wait_for(pending, self.writer_timeout_s, what)
+        except TimeoutError as exc:
+            raise CheckpointError(str(exc)) from None
+        self._pending = None
+
     # -- restoring ----------------------------------------------------------------------------
     def restore(self, state: TrainState, *, checkpoint: Checkpoint | None = None,
                 resume_from: str | os.PathLike[str] | None = None,
                 restore_rng: bool = True) -> Checkpoint | None:
         """Load the newest valid checkpoint (or ``checkpoint``) into ``state`` in place.
 
+        Each file is read once: the newest checkpoint whose manifest and file sizes are right
+        is chosen, and the sha256 of its data file is verified while it is loaded (hashed
+        through a memory map that ``torch.load(mmap=True)`` then loads from; ``verify_checksums``
+        off skips the hash). Only if that fails (on any rank) is every older candidate hashed
+        before it is used, the newest that verifies is loaded and a warning names the corrupt
+        one. Nothing in ``state`` changes before its checkpoint verified.
+
         Args:
-            checkpoint: load this one (skips resolving).
+            checkpoint: load this one (skips resolving; a corrupt one raises).
             resume_from: a checkpoint directory given on the command line: used on the first
                 run (``SLURM_RESTART_COUNT`` 0 or unset); after a requeue the newest valid
                 checkpoint of the store wins (the job's own progress). A log line says which.
@@ -610,40 +714,40 @@ class Checkpointer:
             CheckpointError: checkpoints exist but none is valid (unless
                 ``start_fresh_if_invalid``); the checkpoint holds a model of another shape
                 (raised before any tensor is changed); it is not a slurm-spot one or holds
-                types that ``weights_only`` loading refuses.
+                types that ``weights_only`` loading refuses; an explicit ``checkpoint`` or
+                ``resume_from`` does not verify.
         """
-        found = checkpoint
+        self._wait_snapshot("restore")  # never overwrite what a snapshot still copies
+        found, explicit = checkpoint, checkpoint is not None
         if found is None and resume_from is not None:
             from slurm_spot.jobs.jobenv import restart_count
 
             restarts = restart_count(os.environ)
             if restarts == 0:
-                found = self._explicit(Path(resume_from))
+                found, explicit = self._explicit(Path(resume_from)), True
                 log.info("resuming from %s (given on the command line; first run)", found.path)
             else:
                 log.info("restart %d: resuming from the newest valid checkpoint in %s, not "
                          "from %s given on the command line", restarts, self.store.location,
                          resume_from)
         if found is None:
-            found = self.latest()
+            found = self._resolve(verify_checksums=False)  # sha256 below, while loading
+        while True:
             if found is None:
-                exists = self._from_rank0(
-                    self.store.has_committed() if self._rank_world()[0] == 0 else False)
-                if exists:
-                    msg = (f"{self.store.location} holds checkpoints but none is valid "
-                           "(see the warnings above)")
-                    if not self.start_fresh_if_invalid:
-                        raise CheckpointError(
-                            f"{msg}; refusing to start from step 0 (pass "
-                            "start_fresh_if_invalid=True or set "
-                            "SLURM_SPOT_START_FRESH_IF_INVALID=1 to start over)")
-                    log.error("%s; starting from step 0 as configured", msg)
+                self._none_valid()
                 return None
-            log.info("resuming from step %d at %s", found.step, found.path)
-        found = self.store.fetch(found) if not found.path.exists() else found
+            found, payload, problem, corrupt = self._read(found)
+            if not problem:
+                break
+            if explicit or not corrupt:
+                raise CheckpointError(problem)
+            log.warning("checkpoint of step %d in %s is not usable, trying an older one: %s",
+                        found.step, self.store.location, problem)
+            explicit = True  # hash every older candidate first: a second failure is final
+            found = self._resolve(verify_checksums=self.verify_checksums)
+        log.info("resuming from step %d at %s", found.step, found.path)
         rank, world = self._rank_world()
         if found.kind == "dcp":
-            payload = _load(found.path / META_FILE)
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -653,12 +757,14 @@ class Checkpointer:
             set_state_dict(state.model, _optimizers(state), model_state_dict=loaded["model"],
                            optim_state_dict=loaded.get("optim", {}))
         else:
-            payload = _load(found.path / STATE_FILE if found.kind == "torch" else found.path)
             model = _unwrap(state.model)
             _check_shapes(found.path, payload["model"], model.state_dict())
-            model.load_state_dict(payload["model"])
-            if state.optimizer is not None and payload.get("optimizer") is not None:
-                state.optimizer.load_state_dict(payload["optimizer"])
+            model.load_state_dict(payload["model"])  # copies out of the file's pages
+        # what outlives this call gets its own memory, not the file's mapped pages
+        payload = {k: v if k == "model" else _own(v) for k, v in payload.items()}
+        if found.kind != "dcp" and state.optimizer is not None \
+                and payload.get("optimizer") is not None:
+            state.optimizer.load_state_dict(payload["optimizer"])
         if state.scheduler is not None and payload.get("scheduler") is not None:
             state.scheduler.load_state_dict(payload["scheduler"])
         state.step, state.epoch = int(payload["step"]), int(payload["epoch"])
@@ -675,10 +781,73 @@ class Checkpointer:
                 gen.set_state(mine["generators"][name])
         if restore_rng:
             restore_rng_state(mine["rng"])
+        del payload
         if self._dist():
             dist.barrier(group=self._pg())  # every rank has read it (ranks may share a copy)
         self.store.release(found)
         return found
+
+    def _resolve(self, verify_checksums: bool) -> Checkpoint | None:
+        """The newest checkpoint that passes validation on rank 0 (sha256 too with
+        ``verify_checksums``), shared with every rank."""
+        found = None
+        if self._rank_world()[0] == 0:
+            found = self.store.latest(verify_checksums)
+        return self._from_rank0(found)
+
+    def _none_valid(self) -> None:
+        """No usable checkpoint: None for a first run; if the store holds checkpoints (none
+        valid), raise unless ``start_fresh_if_invalid``."""
+        exists = self._from_rank0(
+            self.store.has_committed() if self._rank_world()[0] == 0 else False)
+        if exists:
+            msg = (f"{self.store.location} holds checkpoints but none is valid "
+                   "(see the warnings above)")
+            if not self.start_fresh_if_invalid:
+                raise CheckpointError(
+                    f"{msg}; refusing to start from step 0 (pass "
+                    "start_fresh_if_invalid=True or set "
+                    "SLURM_SPOT_START_FRESH_IF_INVALID=1 to start over)")
+            log.error("%s; starting from step 0 as configured", msg)
+        return None
+
+    def _read(self, found: Checkpoint) -> tuple[Checkpoint, dict[str, Any], str, bool]:
+        """Every rank: fetch ``found`` (a download for S3 on ranks other than 0), verify it
+        while loading its payload, and agree: ``(local checkpoint, payload, problem,
+        corrupt)``. ``problem`` is "" when every rank succeeded; ``corrupt`` says that some
+        rank found it damaged (try an older one) rather than unloadable. On a problem this
+        rank's download is released."""
+        rank = self._rank_world()[0]
+        local, payload, problem, corrupt = found, {}, "", False
+        try:
+            if not found.path.exists():
+                local = self.store.fetch(found)
+            if local.kind == "dcp":
+                if self.verify_checksums and (rank == 0 or local is not found):
+                    why = validate(Candidate(local.path, local.step, "dir"), True)
+                    if why:
+                        raise _Corrupt(f"{local.path}: {why}")
+                payload = _load(local.path / META_FILE)
+            elif local.kind == "torch":
+                entry = (local.manifest or {}).get("files", {}).get(STATE_FILE)
+                payload = _load(local.path / STATE_FILE,
+                                entry if self.verify_checksums else None)
+            else:  # a single archive of other code, given explicitly
+                payload = _load(local.path, mmap=False)
+        except _Corrupt as exc:
+            problem, corrupt = str(exc), True
+        except CheckpointError as exc:
+            problem = str(exc)
+        except OSError as exc:
+            problem, corrupt = f"{found.path}: cannot read it: {exc}", True
+        gathered = self._gather((problem, corrupt))
+        if len(gathered) > 1:
+            problem = "; ".join(f"rank {r}: {p}" for r, (p, _c) in enumerate(gathered) if p)
+        corrupt = any(c for _p, c in gathered)
+        if problem:
+            payload = {}
+            self.store.release(local)
+        return local, payload, problem, corrupt
 
     def _explicit(self, path: Path) -> Checkpoint:
         """A checkpoint named on the command line, validated (rank 0 decides for all).
@@ -686,15 +855,16 @@ class Checkpointer:
         Raises:
             CheckpointError: it is not a valid slurm-spot checkpoint.
         """
-        from slurm_spot.checkpoint.files import Candidate, _as_checkpoint, validate
+        from slurm_spot.checkpoint.files import _as_checkpoint
 
         result: tuple[str, Checkpoint | None] = ("", None)
         if self._rank_world()[0] == 0:
             name = path.name
             step = int(name.removeprefix("step_")) if name.removeprefix("step_").isdigit() else -1
+            # sizes and structure here; the sha256 is verified while it is loaded
             problem = (f"{path}: not a step_<N> checkpoint directory" if step < 0 or
                        not path.is_dir() else
-                       validate(Candidate(path, step, "dir"), self.verify_checksums))
+                       validate(Candidate(path, step, "dir"), verify_checksums=False))
             result = (f"{path}: {problem}" if problem else "",
                       None if problem else _as_checkpoint(Candidate(path, step, "dir")))
         problem, found = self._from_rank0(result)
@@ -751,56 +921,14 @@ def _payload(state: TrainState, per_rank: list[Any], world: int,
     return payload
 
 
-def _snapshot(value: Any, pool: dict[str, torch.Tensor] | None = None) -> Any:
-    """A deep copy in which every tensor is a fresh copy in ordinary (non-pinned) host memory
-    (a DTensor is cloned where it lives): nothing the trainer reuses.
-
-    ``pool`` holds the host buffers of the previous snapshot, keyed by their place in
-    ``value``; a buffer of the same shape and dtype is overwritten instead of allocated (a new
-    100 MB allocation costs more in page faults than the copy). The caller reuses a pool only
-    after the writer that read it is done (:meth:`Checkpointer._start` waits for it first).
-    """
-    if value is None:
-        return None
-    from torch.distributed.tensor import DTensor
-
-    memo: dict[int, Any] = {}
-
-    def copy(t: torch.Tensor, where: str) -> torch.Tensor:
-        if isinstance(t, DTensor):
-            return t.detach().clone()
-        buf = pool.get(where) if pool is not None else None
-        if buf is not None and buf.shape == t.shape and buf.dtype == t.dtype \
-                and buf.layout == t.layout == torch.strided:
-            buf.copy_(t.detach())
-        else:
-            buf = t.detach().to("cpu", copy=True)
-        if pool is not None:
-            pool[where] = buf
-        return buf
-
-    def walk(v: Any, where: str) -> Any:
-        if isinstance(v, torch.Tensor):
-            if id(v) not in memo:
-                memo[id(v)] = copy(v, where)
-            return memo[id(v)]
-        if isinstance(v, dict):
-            items = [(k, walk(x, f"{where}/{k!r}")) for k, x in v.items()]
-            return dict(items) if type(v) is dict else type(v)(items)
-        if isinstance(v, list):
-            return [walk(x, f"{where}/{i}") for i, x in enumerate(v)]
-        if isinstance(v, tuple) and not hasattr(v, "_fields"):
-            return tuple(walk(x, f"{where}/{i}") for i, x in enumerate(v))
-        return copy_module.deepcopy(v)
-
-    return walk(value, "")
-
-
-def _write_file(path: Path, payload: Any) -> None:
-    with open(path, "wb") as fh:
-        torch.save(payload, fh)
+def _write_file(path: Path, payload: Any) -> dict[str, Any]:
+    """``torch.save`` into ``path`` and fsync it; returns its manifest entry (size, sha256),
+    hashed while it was written."""
+    with open(path, "wb") as fh, HashingWriter(fh) as writer:
+        torch.save(payload, cast(IO[bytes], writer))  # a write-only file object
         fh.flush()
         os.fsync(fh.fileno())
+    return writer.digest()
 
 
 def _rank_state(state: TrainState) -> dict[str, Any]:
@@ -819,9 +947,44 @@ def _dcp_state(state: TrainState) -> dict[str, Any]:
     return {"model": model_sd, "optim": optim_sd} if state.optimizer else {"model": model_sd}
 
 
-def _load(path: Path) -> dict[str, Any]:
+class _Corrupt(CheckpointError):
+    """A checkpoint file does not match its manifest (size or sha256): try an older one."""
+
+
+def _own(value: Any) -> Any:
+    """``value`` with every tensor cloned into memory of its own (out of a memory-mapped
+    checkpoint file, which must not stay mapped once restore returns)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return type(value)((k, _own(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [_own(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_own(v) for v in value)
+    return value
+
+
+def _load(path: Path, expected: Mapping[str, Any] | None = None, *,
+          mmap: bool = True) -> dict[str, Any]:
+    """Load a slurm-spot payload file. With ``expected`` (its manifest entry) the file is
+    first hashed through a memory map (:func:`~slurm_spot.checkpoint.hashing.mapped_digest`);
+    ``torch.load(mmap=True)`` then maps the same page-cache pages, so the file is read from
+    the disk once. Tensors of the result live in that map until copied (:func:`_own`).
+
+    Raises:
+        _Corrupt: size or sha256 differ from ``expected``.
+        CheckpointError: not loadable with ``weights_only=True``, or not a slurm-spot payload.
+    """
+    if expected is not None:
+        size, sha = mapped_digest(path)
+        if size != expected.get("size"):
+            raise _Corrupt(f"{path}: {size} bytes, the manifest says {expected.get('size')}")
+        if sha != expected.get("sha256"):
+            raise _Corrupt(f"{path}: sha256 does not match the manifest (damaged since it "
+                           "was written)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises UnpicklingError/RuntimeError for refused types
         raise CheckpointError(
             f"{path}: cannot load with weights_only=True ({exc}); keep TrainState.extra to "

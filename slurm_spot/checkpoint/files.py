@@ -143,6 +143,16 @@ def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def known_digest(path: Path, entry: Any) -> tuple[int, str] | None:
+    """``(size, sha256)`` of a manifest entry computed while ``path`` was written, if it is
+    one (a dict with an int ``size`` and a str ``sha256``) and ``path`` still has that size;
+    None means: hash the file (:func:`file_digest`)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+            or not isinstance(entry.get("size"), int):
+        return None
+    return (entry["size"], entry["sha256"]) if path.stat().st_size == entry["size"] else None
+
+
 def read_manifest(directory: Path) -> dict[str, Any]:
     """The parsed ``manifest.json`` of a checkpoint directory (not followed if a symlink).
 
@@ -320,8 +330,14 @@ def build_manifest(
 def write_manifest(
     temp_dir: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
     meta: dict[str, Any] | None = None, started_s: float | None = None,
+    known: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """fsync every file under ``temp_dir``, then write its manifest as the last file.
+
+    ``known`` holds entries (``{relative path: {"size", "sha256"}}``) that the writer computed
+    while writing the file (:class:`~slurm_spot.checkpoint.hashing.HashingWriter`): such a file
+    is not read again, only its size is compared with the file's (a mismatch means the entry is
+    stale, and the file is hashed). Files not in ``known`` (DCP shards) are read and hashed.
 
     The manifest records format, step, kind, world size, ``created_unix_s`` (seconds since the
     epoch), optional ``meta`` (must be JSON-serialisable), ``files``: ``{relative path:
@@ -341,8 +357,9 @@ def write_manifest(
         if not path.is_file() or path.name.startswith(MANIFEST_NAME):
             continue
         fsync_file(path)
-        size, sha = file_digest(path)
-        files[path.relative_to(temp_dir).as_posix()] = {"size": size, "sha256": sha}
+        rel = path.relative_to(temp_dir).as_posix()
+        size, sha = known_digest(path, (known or {}).get(rel)) or file_digest(path)
+        files[rel] = {"size": size, "sha256": sha}
     if not files:
         raise CheckpointError(f"{temp_dir}: nothing to commit")
     manifest = build_manifest(step, kind, world_size, meta, files, started_s)

@@ -58,6 +58,7 @@ from slurm_spot.checkpoint.files import (
     CheckpointError,
     build_manifest,
     file_digest,
+    known_digest,
     step_dir_name,
     validate,
 )
@@ -305,10 +306,12 @@ class S3Store:
         path.mkdir(parents=True)
         return path
 
-    def upload(self, staging: Path, token: str) -> dict[str, dict[str, Any]]:
+    def upload(self, staging: Path, token: str,
+               known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
         """Upload every file of this rank's ``staging`` directory (parallel multipart) into
         the attempt's prefix; returns ``{relative path: {"size", "sha256"}}`` for the
-        manifest. Does not commit anything.
+        manifest. Files in ``known`` (hashed while they were written, same size now) are not
+        read to hash them; the upload is their only read. Does not commit anything.
 
         Raises:
             CheckpointError: a symlink in ``staging``.
@@ -322,7 +325,7 @@ class S3Store:
             if not path.is_file() or path.name.startswith(MANIFEST_NAME):
                 continue
             rel = path.relative_to(staging).as_posix()
-            size, sha = file_digest(path)
+            size, sha = known_digest(path, (known or {}).get(rel)) or file_digest(path)
             self.client.upload_file(str(path), self.bucket,
                                     self._key(step_dir_name(int(step)), attempt, rel),
                                     Config=self._transfer())
@@ -400,11 +403,12 @@ class S3Store:
         shutil.rmtree(staging, ignore_errors=True)
 
     def fetch(self, checkpoint: Checkpoint) -> Checkpoint:
-        """``checkpoint`` as resolved on rank 0, downloaded and verified on this rank too (a
-        rank on another node has no copy of rank 0's download).
+        """``checkpoint`` as resolved on rank 0, downloaded on this rank too (a rank on another
+        node has no copy of rank 0's download); sizes are checked here, the sha256 by the
+        checkpointer while it loads the files (each file is read once).
 
         Raises:
-            CheckpointError: the manifest is gone or the download does not verify.
+            CheckpointError: the manifest is gone or a downloaded size is wrong.
         """
         if checkpoint.path.is_dir() and checkpoint.manifest is not None:
             return checkpoint
@@ -413,7 +417,7 @@ class S3Store:
             raise CheckpointError(f"{self.url}: step {checkpoint.step} is no longer committed")
         local = Path(tempfile.mkdtemp(prefix=f"{step_dir_name(checkpoint.step)}.restore-",
                                       dir=self._staging_root()))
-        problem = self._download(checkpoint.step, manifest, local, True)
+        problem = self._download(checkpoint.step, manifest, local, False)
         if problem:
             shutil.rmtree(local, ignore_errors=True)
             raise CheckpointError(f"{self.url} step {checkpoint.step}: {problem}")

@@ -86,9 +86,13 @@ class CheckpointStore(Protocol):
         """Every rank: the directory this rank writes its files of save ``token`` into."""
         ...
 
-    def upload(self, staging: Path, token: str) -> dict[str, dict[str, Any]]:
+    def upload(self, staging: Path, token: str,
+               known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
         """Every rank: make this rank's files durable in the store; returns
-        ``{relative path: {"size": bytes, "sha256": hex}}`` ({} when the commit hashes them)."""
+        ``{relative path: {"size": bytes, "sha256": hex}}`` (entries the commit computes itself
+        may be left out). ``known``: entries of files this rank hashed while writing them
+        (:class:`~slurm_spot.checkpoint.hashing.HashingWriter`), so that no file is read again
+        only to hash it."""
         ...
 
     def commit_manifest(self, token: str, kind: Literal["torch", "dcp"], world_size: int,
@@ -179,15 +183,20 @@ class LocalStore:
     def local_staging(self, token: str) -> Path:
         return Path(token)
 
-    def upload(self, staging: Path, token: str) -> dict[str, dict[str, Any]]:
-        return {}
+    def upload(self, staging: Path, token: str,
+               known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+        # the files stay where they are; the commit hashes what the writers did not
+        return dict(known or {})
 
     def commit_manifest(self, token: str, kind: Literal["torch", "dcp"], world_size: int,
                         meta: dict[str, Any], files: dict[str, dict[str, Any]],
                         started_s: float | None = None) -> str:
         staging = Path(token)
         step = int(staging.name.split(".", 1)[0].removeprefix("step_"))
-        return self.commit(staging, step, kind, world_size, meta, started_s)
+        if staging.parent != self.directory:
+            raise CheckpointError(f"{staging} is not a staging directory of {self.directory}")
+        write_manifest(staging, step, kind, world_size, meta, started_s=started_s, known=files)
+        return str(commit(staging, step))
 
     def abort(self, token: str) -> None:
         remove_checkpoint_dir(Path(token))

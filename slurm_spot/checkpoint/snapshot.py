@@ -1,0 +1,220 @@
+"""The snapshot an asynchronous save writes: copies of the state's tensors that the training
+loop can no longer change, in host buffers reused from one save to the next.
+
+Two ways to take it (:class:`~slurm_spot.checkpoint.checkpointer.Checkpointer`'s ``snapshot``):
+
+- ``eager`` (the default): every tensor is copied before ``save_async`` returns. The training
+  loop is blocked for one copy of the state (memory bandwidth; for CUDA tensors a device-to-host
+  copy into pinned buffers).
+- ``deferred``: only what the forward and backward passes can change (module buffers such as
+  BatchNorm statistics, ``extra``, the scheduler) is copied before ``save_async`` returns. The
+  parameters and the optimizer's state tensors change only in ``optimizer.step()``: they are
+  copied by the writer thread while the next forward/backward runs, and an optimizer-step
+  pre-hook (``torch.optim.Optimizer.register_step_pre_hook``) blocks the next step until that
+  copy is done. Every deferred tensor's version counter (bumped by every in-place operation on
+  it) is compared after its copy: a parameter changed in place outside ``optimizer.step()``
+  fails the save (nothing is committed) instead of committing a torn state. Writes through
+  ``tensor.data`` bypass the version counter and are not caught: code that changes parameters
+  that way between ``save_async`` and the next ``optimizer.step()`` must use ``eager``.
+
+Either way the writer owns its buffers (a thread, never a forked process: field case
+async-pinned-memory-fork), and a buffer is reused only after the writer that read it is done.
+"""
+
+from __future__ import annotations
+
+import copy as copy_module
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class _Copy:
+    where: str
+    source: torch.Tensor
+    target: torch.Tensor
+    version: int
+
+
+@dataclass
+class PendingCopies:
+    """The deferred part of a snapshot: run by the writer thread (:meth:`run`), waited for by
+    the training loop (:meth:`wait`).
+
+    Attributes:
+        error: why the snapshot is not consistent ("" when it is), set by :meth:`run`.
+        step: the step being saved (for messages).
+    """
+
+    step: int
+    copies: list[_Copy] = field(default_factory=list)
+    error: str = ""
+    _done: threading.Event = field(default_factory=threading.Event)
+    _event: Any = None  # a CUDA event recorded on the trainer's stream at the hand-off
+
+    def run(self) -> None:
+        """Copy every pending tensor (writer thread), then release :meth:`wait`. A source
+        whose version changed while it was pending makes ``error`` name it."""
+        try:
+            changed: list[str] = []
+            cuda = [c for c in self.copies if c.source.is_cuda]
+            stream = torch.cuda.Stream(device=cuda[0].source.device) if cuda else None
+            if stream is not None and self._event is not None:
+                stream.wait_event(self._event)
+            for item in self.copies:
+                if item.source.is_cuda and stream is not None:
+                    with torch.cuda.stream(stream):
+                        item.target.copy_(item.source, non_blocking=True)
+                else:
+                    item.target.copy_(item.source)
+                if item.source._version != item.version:
+                    changed.append(item.where)
+            if stream is not None:
+                stream.synchronize()
+            for item in cuda:  # a change enqueued before the copy ran
+                if item.source._version != item.version and item.where not in changed:
+                    changed.append(item.where)
+            if changed:
+                names = ", ".join(w.strip("/").replace("'", "") for w in changed[:3])
+                self.error = (
+                    f"step {self.step}: {names}"
+                    f"{' and others' if len(changed) > 3 else ''} changed in place after "
+                    "save_async returned and before the deferred snapshot copied it; only "
+                    "optimizer.step() waits for that copy (use snapshot='eager' when other "
+                    "code changes parameters between a save and the next step)")
+        except Exception as exc:  # the save fails; training must never hang on it
+            self.error = f"step {self.step}: the deferred snapshot failed: {exc}"
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until :meth:`run` finished; False if it did not within ``timeout_s``."""
+        return self._done.wait(max(0.0, timeout_s))
+
+
+class Snapshotter:
+    """Takes snapshots of a payload (nested dicts, lists, tuples of tensors and plain values)
+    into host buffers kept between saves.
+
+    Each buffer is keyed by its place in the payload; a buffer of the same shape, dtype and
+    layout is overwritten instead of allocated again (a fresh 100 MB allocation costs more in
+    page faults than the copy). For CUDA tensors the buffers are pinned host memory and the
+    copies asynchronous (one synchronisation at the end). The caller reuses a Snapshotter
+    only after the writer that read its previous snapshot is done.
+    """
+
+    def __init__(self) -> None:
+        self._pool: dict[str, torch.Tensor] = {}
+
+    def _buffer(self, where: str, t: torch.Tensor) -> torch.Tensor:
+        buf = self._pool.get(where)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype \
+                or t.layout != torch.strided:
+            if t.layout != torch.strided:
+                return t.detach().to("cpu", copy=True)
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+            self._pool[where] = buf
+        return buf
+
+    def take(self, value: Any, step: int, defer: Iterable[torch.Tensor] = ()) -> tuple[
+            Any, PendingCopies | None]:
+        """A copy of ``value`` the trainer cannot change, and the copies left to the writer.
+
+        Args:
+            value: the payload (None gives None).
+            step: the step being saved (for messages).
+            defer: tensors (parameters, optimizer state) whose copy may wait for the writer
+                thread; matched by storage, so a ``state_dict()`` view of a parameter counts.
+
+        Returns:
+            ``(snapshot, pending)``: ``pending`` (None when nothing was deferred) must be run
+            before the snapshot is read, and waited for before anything changes a deferred
+            tensor.
+        """
+        if value is None:
+            return None, None
+        from torch.distributed.tensor import DTensor
+
+        deferred = {_storage_key(t) for t in defer if t.numel()}
+        pending = PendingCopies(step)
+        memo: dict[int, Any] = {}
+        cuda_copies = False
+
+        def copy(t: torch.Tensor, where: str) -> torch.Tensor:
+            nonlocal cuda_copies
+            if isinstance(t, DTensor):
+                return t.detach().clone()
+            t = t.detach()
+            buf = self._buffer(where, t)
+            if buf.layout != torch.strided:  # a sparse tensor: copied as it is
+                return buf
+            if t.numel() and _storage_key(t) in deferred:
+                pending.copies.append(_Copy(where, t, buf, t._version))
+            elif t.is_cuda:
+                buf.copy_(t, non_blocking=True)
+                cuda_copies = True
+            else:
+                buf.copy_(t)
+            return buf
+
+        def walk(v: Any, where: str) -> Any:
+            if isinstance(v, torch.Tensor):
+                if id(v) not in memo:
+                    memo[id(v)] = copy(v, where)
+                return memo[id(v)]
+            if isinstance(v, dict):
+                items = [(k, walk(x, f"{where}/{k!r}")) for k, x in v.items()]
+                return dict(items) if type(v) is dict else type(v)(items)
+            if isinstance(v, list):
+                return [walk(x, f"{where}/{i}") for i, x in enumerate(v)]
+            if isinstance(v, tuple) and not hasattr(v, "_fields"):
+                return tuple(walk(x, f"{where}/{i}") for i, x in enumerate(v))
+            return copy_module.deepcopy(v)
+
+        snapshot = walk(value, "")
+        if cuda_copies:
+            torch.cuda.synchronize()  # the eager device-to-host copies have landed
+        if not pending.copies:
+            return snapshot, None
+        if any(c.source.is_cuda for c in pending.copies):
+            pending._event = torch.cuda.current_stream(
+                next(c.source.device for c in pending.copies if c.source.is_cuda)).record_event()
+        return snapshot, pending
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def step_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """What only ``optimizer.step()`` changes: the model's parameters that ``optimizer``
+    updates and the optimizer's state tensors (the rest of a payload is copied eagerly)."""
+    owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    out: list[torch.Tensor] = [p for p in model.parameters() if id(p) in owned]
+    for per_param in optimizer.state.values():
+        out.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
+    return out
+
+
+def wait_for(pending: PendingCopies | None, timeout_s: float, what: str) -> float:
+    """Block ``what`` (e.g. ``optimizer.step()``) until ``pending`` copied its tensors;
+    returns the seconds waited.
+
+    Raises:
+        TimeoutError: not done within ``timeout_s`` (a hung writer).
+    """
+    if pending is None or pending.done():
+        return 0.0
+    started = time.monotonic()
+    if not pending.wait(timeout_s):
+        raise TimeoutError(f"{what}: the snapshot of step {pending.step} was not copied within "
+                           f"{timeout_s:g} s (hung writer)")
+    return time.monotonic() - started
