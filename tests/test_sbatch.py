@@ -54,13 +54,23 @@ def test_user_choices_are_kept() -> None:
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (["--signal=USR1@60"], "listens for SIGUSR2"),
-    (["--signal=B:USR2@60"], "only the batch shell"),
     (["--no-requeue"], "requeueable"),
 ])
 def test_conflicting_options_are_refused(options: list[str], message: str) -> None:
     with pytest.raises(BadInputError, match=message):
         plan_submission("#!/bin/sh\nsrun true\n", "a.sh", options, [], "USR2", 90)
+
+
+@pytest.mark.parametrize("value", ["USR1@60", "B:USR2@60", "TERM@120"])
+def test_the_jobs_own_signal_is_kept(value: str) -> None:
+    """A job written for another framework (Lightning's SIGUSR1, a batch shell trapping with
+    'B:', a SIGTERM-only stack) is submitted with its own --signal, never ours as well."""
+    plan = plan_submission(f"#!/bin/sh\n#SBATCH --signal={value}\nsrun true\n", "a.sh", [], [],
+                           "USR2", 90)
+    assert "--signal=USR2@90" not in plan.script
+    assert f"#SBATCH --signal={value}" in plan.script
+    if not value.startswith("B:"):
+        assert any("listens for SIGUSR2" in w for w in plan.warnings)
 
 
 def test_script_without_shebang_is_refused() -> None:
@@ -116,12 +126,13 @@ def test_requeue_cannot_be_turned_off_by_abbreviation_or_env(options: list[str],
         plan_submission("#!/bin/sh\nsrun true\n", "a.sh", options, [], "USR2", 90, env=env)
 
 
-def test_signal_checks_see_abbreviations_env_and_only_column_0_directives() -> None:
-    with pytest.raises(BadInputError, match="SIGUSR1"):
-        plan_submission("#!/bin/sh\nsrun true\n", "a.sh", ["--sig=USR1@60"], [], "USR2", 90)
-    with pytest.raises(BadInputError, match="SIGUSR1"):
-        plan_submission("#!/bin/sh\nsrun true\n", "a.sh", [], [], "USR2", 90,
-                        env={"SBATCH_SIGNAL": "USR1@30"})
+def test_signal_is_seen_through_abbreviations_env_and_only_column_0_directives() -> None:
+    # The job's own signal, however given, is seen (and kept: ours is not added on top).
+    plan = plan_submission("#!/bin/sh\nsrun true\n", "a.sh", ["--sig=USR1@60"], [], "USR2", 90)
+    assert "--signal=USR2" not in plan.script and "SIGUSR1" in plan.warnings[0]
+    plan = plan_submission("#!/bin/sh\nsrun true\n", "a.sh", [], [], "USR2", 90,
+                           env={"SBATCH_SIGNAL": "USR1@30"})
+    assert "--signal=USR2" not in plan.script and "SIGUSR1" in plan.warnings[0]
     # sbatch ignores an indented #SBATCH, so slurm-spot must still add its own --signal.
     plan = plan_submission("#!/bin/sh\n   #SBATCH --signal=USR2@1\nsrun true\n", "a.sh", [],
                            [], "USR2", 90)

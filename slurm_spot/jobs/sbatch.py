@@ -138,9 +138,9 @@ def plan_submission(
     options, so the user's still win.
 
     Raises:
-        BadInputError: ``--no-requeue``; a ``--signal`` naming another signal than the one
-            the training handler listens on (``signal``), or one with ``B:`` (the batch shell
-            only: the training processes would never see it); a script without ``#!``.
+        BadInputError: ``--no-requeue``; a script without ``#!``. A ``--signal`` of the job's
+            own (another signal than ``signal``, or ``B:``) is kept, with a warning saying
+            what slurm-spot's checkpoint library listens for.
     """
     if not is_script(script_text):
         raise BadInputError(f"{script_name!r}: a batch script must start with '#!' (sbatch(1))")
@@ -161,16 +161,16 @@ def plan_submission(
     given = option_values(options, "--signal")
     for value in given:
         spec = parse_signal(value)
+        # The job's own choice is kept: the watcher reads it from the script's directives and
+        # sends it to the processes that catch it (jobs/signal_choice.py), the batch shell
+        # included for 'B:', so a job written for another framework (Lightning: SIGUSR1)
+        # is submitted as its users wrote it. Only say what slurm-spot's library will do.
         if spec.number != wanted.number:
-            raise BadInputError(
-                f"--signal={value} sends SIG{spec.name}, but the training handler listens for "
-                f"SIG{wanted.name} (preemption.signal in spot.yaml); use the same signal"
-            )
-        if spec.batch_only:
-            raise BadInputError(
-                f"--signal={value}: 'B:' signals only the batch shell, so the training "
-                "processes never see it; drop the 'B:'"
-            )
+            warnings.append(
+                f"--signal={value}: the job asks for SIG{spec.name}; on a notice the watcher "
+                f"sends SIG{spec.name} to the processes that catch it. slurm-spot's checkpoint "
+                f"library, if the job uses it, listens for SIG{wanted.name} "
+                "(preemption.signal) and SIGTERM")
     if not given:
         added.append(f"--signal={wanted.name}@{lead_s}")
     if not option_values(options, "--nodes", "-N"):
