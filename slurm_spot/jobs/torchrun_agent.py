@@ -74,12 +74,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
     # The workers inherit SIG_IGN until they install their own handler: a signal that comes
     # before that is lost rather than fatal; the watcher's power-down still requeues the job.
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     requeue_code = jobenv.requeue_exit_code(env)
     try:
         torchrun_main(targs)
+    except SignalException as exc:
+        # Slurm ends the step (requeue, cancel, power-down): torchrun stops its workers and
+        # raises; one line says so instead of a traceback that reads like a crash.
+        number = int(exc.sigval)
+        print(f"slurm-spot: torchrun agent stopped by signal {number} "
+              f"({signal.Signals(number).name}); its workers were stopped with it",
+              file=sys.stderr, flush=True)
+        return 128 + number
     except ChildFailedError as exc:
         codes = {failure.exitcode for failure in exc.failures.values()}
         if requeue_code in codes:
