@@ -72,6 +72,14 @@ def _partitions(value: object) -> tuple[str, ...]:
     return ()
 
 
+def _local_time(text: str) -> float | None:
+    """scontrol's local ``2026-03-01T08:22:00`` as Unix seconds; None for None/Unknown."""
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
 def _unset(value: str) -> str:
     """An unset string field, as scontrol prints it (``(null)``, ``N/A``), is ``""``."""
     return "" if value in ("(null)", "N/A", "None") else value
@@ -109,6 +117,7 @@ def node_fields_json(obj: Mapping[str, Any]) -> dict[str, Any]:
         "weight": _weight(obj.get("weight")),
         "instance_id": _unset(str(obj.get("instance_id") or "")),
         "instance_type": _unset(str(obj.get("instance_type") or "")),
+        "slurmd_start_time": _number(obj.get("slurmd_start_time")) or None,
     }
 
 
@@ -185,4 +194,5 @@ def node_fields_text(line: str) -> dict[str, Any]:
         "weight": _weight(fields.get("Weight")),
         "instance_id": _unset(fields.get("InstanceId", "")),
         "instance_type": _unset(fields.get("InstanceType", "")),
+        "slurmd_start_time": _local_time(fields.get("SlurmdStartTime", "")),
     }
