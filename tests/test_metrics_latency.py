@@ -57,6 +57,13 @@ def test_launch_latency_is_request_to_slurmd_registration_counted_once() -> None
     found = tracker.observe(launched, [node("spot-1", T0 + 47)], [], SETS, ["spot"], T0 + 60)
     assert found == [Observation(LAUNCH, "spot", 47.0)]
     assert tracker.observe(launched, [node("spot-1", T0 + 47)], [], SETS, ["spot"], T0 + 90) == []
+    # an earlier launch whose instance never registered is not counted with this registration
+    relaunched = [{"action": "launched", "source": "resume", "node": "spot-2", "instance": "i-2",
+                   "time": at(0)},
+                  {"action": "launched", "source": "resume", "node": "spot-2", "instance": "i-3",
+                   "time": at(300)}]
+    assert tracker.observe(relaunched, [node("spot-2", T0 + 340)], [], SETS, ["spot"], T0 + 400) == [
+        Observation(LAUNCH, "spot", 40.0)]
 
 
 def test_time_to_running_counts_first_starts_of_our_partitions_after_the_reconciler_started() -> None:

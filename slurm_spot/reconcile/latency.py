@@ -98,7 +98,9 @@ class LatencyTracker:
 
     def _launches(self, events: Iterable[Mapping[str, object]], nodes: Mapping[str, Node],
                   node_set_of: Mapping[str, str], now: float) -> list[Observation]:
-        found = []
+        # node -> the latest launch request before its slurmd started (an earlier launch of
+        # the same node, whose instance never registered, is not this registration's)
+        latest: dict[str, tuple[float, object]] = {}
         for event in events:
             if event.get("action") != Action.LAUNCHED:
                 continue
@@ -112,7 +114,12 @@ class LatencyTracker:
             up = node.slurmd_start_time
             if up is None or up < requested:
                 continue  # not registered since this launch (yet)
-            if self._once((LAUNCH, name, event.get("instance"), requested), now):
+            if name not in latest or latest[name][0] < requested:
+                latest[name] = (requested, event.get("instance"))
+        found = []
+        for name, (requested, instance) in latest.items():
+            if self._once((LAUNCH, name, instance, requested), now):
+                up = nodes[name].slurmd_start_time or requested
                 found.append(Observation(LAUNCH, node_set_of.get(name, "unknown"), up - requested))
         return found
 
