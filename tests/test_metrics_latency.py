@@ -66,16 +66,20 @@ def test_launch_latency_is_request_to_slurmd_registration_counted_once() -> None
         Observation(LAUNCH, "spot", 40.0)]
 
 
-def test_time_to_running_counts_first_starts_of_our_partitions_after_the_reconciler_started() -> None:
+def test_time_to_running_counts_each_job_of_our_partitions_once_after_the_reconciler_started() -> None:
     tracker = LatencyTracker(started=T0)
     jobs = [job(1, "RUNNING", T0 - 20, T0 + 25),                   # ours: 45 s
             job(2, "RUNNING", T0 - 900, T0 - 100),                  # started before us
             job(3, "RUNNING", T0, T0 + 5, partition="cpu"),         # not a spot partition
-            job(4, "RUNNING", T0, T0 + 5, restarts=1),              # a restart: recovery's
+            job(4, "RUNNING", T0, T0 + 5, restarts=1),              # requeued before it was seen
             job(5, "PENDING", T0, T0 + 500)]                        # squeue's estimate only
     found = tracker.observe([], [], jobs, SETS, ["spot"], T0 + 30)
-    assert found == [Observation(TIME_TO_RUNNING, "spot", 45.0)]
+    assert found == [Observation(TIME_TO_RUNNING, "spot", 45.0),
+                     Observation(TIME_TO_RUNNING, "spot", 5.0)]
     assert tracker.observe([], [], jobs, SETS, ["spot"], T0 + 60) == []
+    # once per job: its next run after a requeue is recovery's, not a second start
+    again = [job(1, "RUNNING", T0 + 100, T0 + 130, restarts=1)]
+    assert tracker.observe([], [], again, SETS, ["spot"], T0 + 140) == []
 
 
 def test_recovery_is_from_the_earliest_event_of_each_interruption() -> None:
@@ -127,8 +131,9 @@ def test_a_pass_fills_the_histograms_and_counts_hook_and_watcher_events(tmp_path
                  'slurm_spot_launch_latency_seconds_sum{node_set="spot"} 110.0',   # 60 + 50
                  'slurm_spot_launch_latency_seconds_bucket{le="60.0",node_set="spot"} 2.0',
                  'slurm_spot_launch_latency_seconds_bucket{le="45.0",node_set="spot"} 0.0',
-                 'slurm_spot_time_to_running_seconds_sum{partition="spot"} 70.0',
-                 'slurm_spot_time_to_running_seconds_count{partition="spot"} 1.0',
+                 # job 11: 70 s; job 12 is first seen in its second run: 2860 s from its submission
+                 'slurm_spot_time_to_running_seconds_sum{partition="spot"} 2930.0',
+                 'slurm_spot_time_to_running_seconds_count{partition="spot"} 2.0',
                  'slurm_spot_recovery_seconds_sum{node_set="unknown"} 120.0',
                  'slurm_spot_events_total{action="launched",source="resume"} 2.0',
                  'slurm_spot_events_total{action="notice",source="watch"} 1.0',

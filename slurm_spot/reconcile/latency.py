@@ -7,9 +7,11 @@ Three durations, each observed once (seconds), for the histograms in
   event's ``extra.requested``, else its time) -> the node's slurmd up and registered
   (``SlurmdStartTime``, which slurmctld learns at registration; slurm.conf(5)/scontrol(1) of
   Slurm 22.05). Observed on the first pass that sees a SlurmdStartTime at or after the request.
-- **time to running** (per partition): a job's submission -> its first start (squeue's
-  ``submit_time``/``start_time``), for jobs of slurm-spot's partitions that started after the
-  reconciler did (a restarted reconciler does not count old jobs twice).
+- **time to running** (per partition): a job's submission -> its start (squeue's
+  ``submit_time``/``start_time``), once per job, the first time a pass sees it RUNNING, for
+  jobs of slurm-spot's partitions that started after the reconciler did (a restarted
+  reconciler does not count old jobs twice). A job requeued before a pass saw it run (its
+  node lost while booting) counts with the times squeue shows for the run that is seen.
 - **recovery time** (per node set of the interrupted node): an interruption (the watcher's
   ``notice`` or the reconciler's ``reclaimed`` event naming the job) -> the job running
   again (its ``start_time`` after the interruption). Several events of one interruption
@@ -127,7 +129,7 @@ class LatencyTracker:
         found = []
         for job in jobs:
             partitions = set(job.partition.split(",")) & ours
-            if (job.state.base != "RUNNING" or job.restarts or not partitions
+            if (job.state.base != "RUNNING" or not partitions
                     or job.submit_time is None or job.start_time is None
                     or job.start_time < self.started):
                 continue

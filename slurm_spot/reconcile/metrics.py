@@ -16,7 +16,7 @@ collide. Names follow Prometheus conventions (``_total`` counters, ``_seconds`` 
 - ``slurm_spot_reconcile_pass_duration_seconds``: histogram of pass durations;
 - ``slurm_spot_reconcile_last_pass_timestamp_seconds``: end of the last complete pass;
 - ``slurm_spot_launch_latency_seconds{node_set}``: histogram, resume request -> slurmd up;
-- ``slurm_spot_time_to_running_seconds{partition}``: histogram, submission -> first start;
+- ``slurm_spot_time_to_running_seconds{partition}``: histogram, submission -> start, once per job;
 - ``slurm_spot_recovery_seconds{node_set}``: histogram, interruption -> job running again
   (the three are measured as :mod:`slurm_spot.reconcile.latency` says);
 - ``slurm_spot_events_total{source,action}``: events written by the hooks (resume, suspend,
@@ -102,7 +102,7 @@ class ReconcileMetrics:
             "Resume request to the node's slurmd registered (SlurmdStartTime)",
             ["node_set"], buckets=LAUNCH_BUCKETS_S, registry=r)
         self.time_to_running = Histogram(
-            "slurm_spot_time_to_running_seconds", "Job submission to its first start",
+            "slurm_spot_time_to_running_seconds", "Job submission to its start (once per job)",
             ["partition"], buckets=RUNNING_BUCKETS_S, registry=r)
         self.recovery = Histogram(
             "slurm_spot_recovery_seconds",
