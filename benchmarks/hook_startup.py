@@ -3,7 +3,7 @@
 slurmctld runs ResumeProgram/SuspendProgram, and slurmd runs Prolog, TaskProlog (once per task
 of every job) and Epilog, each as a fresh Python process; what a hook imports before it does
 anything is paid on every call. This script times each hook as Slurm runs it: the installed
-``resume_scripts/slurm-spot-*`` executable, an empty environment but ``SLURM_CONF`` (spot.yaml
+``slurm-spot-*`` executable (console_scripts entry point), an empty environment but ``SLURM_CONF`` (spot.yaml
 beside it), the job variables slurmd sets for the job hooks.
 
 Method: each tree (the baseline git ref and ``--current``, default HEAD, both checked out as

@@ -224,6 +224,22 @@ class PreemptionConfig(_Model):
         return name
 
 
+def check_listen_address(value: str) -> str:
+    """An IPv4/IPv6 address to listen on (``127.0.0.1``, ``0.0.0.0``, ``::``), normalised.
+
+    Raises:
+        ValueError: not an IP address (a host name is refused: which of its addresses would
+            be meant is ambiguous).
+    """
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value.strip().strip("[]")))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 or IPv6 address (e.g. 127.0.0.1, "
+                         "0.0.0.0 for every interface, ::)") from None
+
+
 S3_ROOT_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 
 
@@ -284,7 +300,22 @@ class ReconcileConfig(_Model):
         60, ge=0, le=3600,
         description="an up node with no instance at all in successful listings is declared "
         "reclaimed only after this many seconds (listings are eventually consistent)")
-    metrics_file: Path | None = None
+    metrics_file: Path | None = Field(
+        None, description="write the Prometheus metrics here after every pass, atomically "
+        "(node-exporter's textfile collector: <dir>/slurm_spot.prom)")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="serve the Prometheus metrics over HTTP on this port "
+        "(`reconcile --metrics-port` overrides it); unset: no HTTP endpoint")
+    metrics_addr: str = Field(
+        "127.0.0.1", description="address the metrics endpoint listens on (`reconcile "
+        "--metrics-addr` overrides it): 127.0.0.1 keeps it on the controller (a local "
+        "Prometheus or node-exporter); the controller's own address, or 0.0.0.0 / :: for "
+        "every interface, lets a Prometheus elsewhere scrape it")
+
+    @field_validator("metrics_addr")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        return check_listen_address(value)
 
 
 class CostConfig(_Model):

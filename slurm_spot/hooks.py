@@ -1,8 +1,10 @@
-"""Entry point of the executables in ``resume_scripts/`` that slurm.conf points at.
+"""Entry points of the ``slurm-spot-*`` executables that slurm.conf points at.
 
 slurmctld (power saving) and slurmd (Prolog/Epilog/TaskProlog) run them with an almost empty
 environment, so each is installed with an absolute interpreter path, and the config is found
-through ``SLURM_CONF`` (see :func:`slurm_spot.config.config_path`).
+through ``SLURM_CONF`` (see :func:`slurm_spot.config.config_path`). They are the package's
+``console_scripts`` (pyproject.toml): :func:`resume`, :func:`suspend`, :func:`resume_fail`,
+:func:`prolog`, :func:`task_prolog`, :func:`epilog`.
 
 A hook is started for every resume and suspend and, on every compute node, for every job
 (Prolog, Epilog) and every task (TaskProlog), so it imports only what it runs: the config,
@@ -70,6 +72,36 @@ def main(name: str, argv: list[str] | None = None) -> int:
         print(f"slurm-spot: failed: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def resume() -> int:
+    """``slurm-spot-resume HOSTLIST`` (ResumeProgram). Returns the exit code."""
+    return main("resume")
+
+
+def suspend() -> int:
+    """``slurm-spot-suspend HOSTLIST`` (SuspendProgram). Returns the exit code."""
+    return main("suspend")
+
+
+def resume_fail() -> int:
+    """``slurm-spot-resume-fail HOSTLIST`` (ResumeFailProgram). Returns the exit code."""
+    return main("resume-fail")
+
+
+def prolog() -> int:
+    """``slurm-spot-prolog`` (Prolog, as root on the node). Returns the exit code."""
+    return main("prolog")
+
+
+def task_prolog() -> int:
+    """``slurm-spot-task-prolog`` (TaskProlog: prints ``export`` lines). Returns the exit code."""
+    return main("task-prolog")
+
+
+def epilog() -> int:
+    """``slurm-spot-epilog`` (Epilog, as root on the node). Returns the exit code."""
+    return main("epilog")
 
 
 def _full_cli(name: str, args: list[str]) -> int:

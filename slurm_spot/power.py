@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from slurm_spot import events
 from slurm_spot.config import NodeSetConfig, SpotConfig
@@ -241,6 +242,8 @@ def _resume_node_set(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     request = LaunchRequest(config.cluster, node_set, tuple(nodes), client_token(config.cluster, nodes))
+    # the start of the launch latency the reconciler measures (reconcile/latency.py)
+    requested = datetime.now(timezone.utc).isoformat()
     try:
         outcome = providers(config, node_set.provider).launch(request)
         failures = list(outcome.failed)
@@ -254,7 +257,8 @@ def _resume_node_set(
     for inst in launched:
         events.emit(config.log_dir, events.Event(
             events.Action.LAUNCHED, "resume", node=inst.node, instance=inst.instance_id,
-            extra={"market": inst.market, "type": inst.instance_type, "zone": inst.zone}))
+            extra={"market": inst.market, "type": inst.instance_type, "zone": inst.zone,
+                   "requested": requested}))
     addresses = {
         i.node: (i.private_ip, i.hostname or i.node)
         for i in launched

@@ -1,7 +1,9 @@
-"""The Ansible role (issue 7): ``ansible/tests/run.sh`` applies ``ansible/roles/slurm_spot`` to
-localhost in a scratch prefix twice (the second run must change nothing), checks what it wrote
+"""The Ansible role (issue 7): ``ansible/tests/run.sh`` runs ``ansible/roles/slurm_spot`` in
+check mode on a fresh scratch prefix (issue 16: no failure, nothing written), applies it to
+localhost there twice (the second run must change nothing), checks what it wrote
 (``slurm-spot config check``, a real slurmctld on the rendered fragment) and runs ansible-lint
-with the production profile on ``ansible/``.
+with the production profile on ``ansible/``. An OS family the role is not tested on is refused
+before anything changes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "ansible" / "tests" / "run.sh"
 RUN_MARK = "=== ansible-playbook tests/test.yml: run "
+CHECK_MARK = "=== ansible-playbook --check tests/check.yml: fresh host"
 RECAP_LINE = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$")
 
 
@@ -70,7 +73,11 @@ def test_role_converges_is_idempotent_and_lints() -> None:
                           timeout=1700, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"ansible/tests/run.sh failed:\n{output[-12000:]}"
-    runs = output.split(RUN_MARK)[1:]
+    check, _, rest = output.partition(CHECK_MARK)[2].partition(RUN_MARK)
+    check_recap = play_recap(check)["localhost"]
+    assert check_recap["failed"] == 0 and check_recap["changed"] > 0, check
+    assert "=== check mode wrote nothing" in check
+    runs = (RUN_MARK + rest).split(RUN_MARK)[1:]
     assert len(runs) == 2, output[-4000:]
     first, second = play_recap(runs[0]), play_recap(runs[1])
     assert first["localhost"]["failed"] == 0 and first["localhost"]["changed"] > 0, runs[0]
@@ -209,3 +216,26 @@ def test_slurmd_drop_in_of_a_local_only_cluster_asks_no_metadata(tmp_path: Path)
     assert "--slurmd" not in _exec_start(node_unit)
     argv = _systemd_argv(_exec_start(drop_in), {"SLURM_SPOT_NODE": "spot-1"})
     assert argv == ["/usr/sbin/slurmd", "-D", "-s", "-N", "spot-1"]
+
+
+def test_role_refuses_an_os_family_it_is_not_tested_on(tmp_path: Path) -> None:
+    """RHEL-family hosts are refused with a message saying why and what to set, before the
+    role changes anything (here: the facts of a Rocky 9 host, in check mode)."""
+    env = {**_environment(), "SLURM_SPOT_ANSIBLE_PREFIX": str(tmp_path / "prefix"),
+           "ANSIBLE_CONFIG": str(ROOT / "ansible" / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    if shutil.which("ansible-playbook", path=env["PATH"]) is None:
+        pytest.fail("ansible-playbook not found: pip install -e '.[dev]'")
+    proc = subprocess.run(
+        ["ansible-playbook", "--check", "-i", "tests/inventory.ini", "tests/check.yml",
+         "-e", "__slurm_spot_os_family=RedHat", "-e", "__slurm_spot_os_distribution=Rocky"],
+        cwd=ROOT / "ansible", env=env, capture_output=True, text=True, timeout=600, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-4000:]
+    assert "Check that the OS is one the role is tested on" in output
+    assert "runs Rocky (RedHat family): the slurm_spot role is tested on Debian and Ubuntu" in output
+    assert "slurm_spot_allow_untested_os=true" in output
+    assert play_recap(output)["localhost"]["failed"] == 1, output[-4000:]
+    # only the test's own Slurm install (prepared for real) is there, nothing of the role's
+    prefix = tmp_path / "prefix"
+    assert sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*") if p.is_file()) == [
+        "etc/slurm/slurm.conf"]

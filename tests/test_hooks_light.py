@@ -9,7 +9,6 @@ timing figures are in BENCHMARKS.md (benchmarks/hook_startup.py), not here.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,11 +114,12 @@ def test_other_arguments_go_through_the_full_command_line(site: Path) -> None:
     assert "SuspendProgram" in printed and "--json" in printed
 
 
-def test_hook_script_is_a_thin_wrapper(site: Path) -> None:
-    script = ROOT / "resume_scripts" / "slurm-spot-task-prolog"
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, check=False,
-                          env={"PATH": os.defpath, "SLURM_CONF": str(site / "slurm.conf"),
-                               "PYTHONPATH": str(ROOT), **JOB_ENV})
+def test_installed_hook_entry_point_runs_with_an_empty_environment(site: Path) -> None:
+    # The console_scripts executable pip wrote beside this interpreter (make setup), run as
+    # slurmd runs it: by absolute path, no PATH to find python, no PYTHONPATH.
+    script = Path(sys.executable).parent / "slurm-spot-task-prolog"
+    assert script.read_text().startswith(f"#!{sys.executable}")
+    proc = subprocess.run([str(script)], capture_output=True, text=True, timeout=120,
+                          check=False, env={"SLURM_CONF": str(site / "slurm.conf"), **JOB_ENV})
     assert proc.returncode == 0, proc.stderr
     assert "export SLURM_SPOT_PREEMPT_SIGNAL=USR2" in proc.stdout

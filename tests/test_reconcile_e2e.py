@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,10 @@ def test_killed_instance_job_runs_again_well_before_slurmd_timeout(rc: Cluster) 
     job = rc.sbatch("-p", "spot", "-N", "2", "--requeue", "-o", "/dev/null",
                     "--wrap", "srun sleep 600")
     wait_for(lambda: rc.job(job).get("JobState") == "RUNNING", timeout=90, what="job running")
+    # Issue 16: a pass sees it running: submission -> start goes into its histogram
+    wait_for(lambda: 'slurm_spot_time_to_running_seconds_count{partition="spot"} 1.0'
+             in (rc.root / "metrics" / "slurm_spot.prom").read_text(), timeout=30,
+             what="time to running in the metrics file")
     victim = expand(rc.job(job)["NodeList"])[0]
     rc.spot("local", "preempt", victim, "--notice", "0", "--conf-dir", str(rc.conf_dir))
     killed = time.monotonic()
@@ -96,6 +101,24 @@ def test_killed_instance_job_runs_again_well_before_slurmd_timeout(rc: Cluster) 
     assert len(running) == 2 and all(r["instance"] and r["market"] == "spot" for r in running)
     metrics = (rc.root / "metrics" / "slurm_spot.prom").read_text()
     assert 'slurm_spot_interruptions_total{node_set="spot"} 1.0' in metrics
+    # Issue 16: the latency histograms, from what the reconciler saw (events, SlurmdStartTime,
+    # squeue's submit/start times), once a pass has run after the job is back.
+    def histograms() -> dict[str, float] | None:
+        text = (rc.root / "metrics" / "slurm_spot.prom").read_text()
+        found = {name: float(m.group(1)) for name in (
+            'slurm_spot_launch_latency_seconds_count{node_set="spot"}',
+            'slurm_spot_time_to_running_seconds_count{partition="spot"}',
+            'slurm_spot_recovery_seconds_count{node_set="spot"}',
+            'slurm_spot_recovery_seconds_sum{node_set="spot"}')
+            if (m := re.search(re.escape(name) + r" (\S+)", text))}
+        return found if len(found) == 4 else None
+
+    seen = wait_for(histograms, timeout=30, what="latency histograms in the metrics file")
+    assert isinstance(seen, dict)
+    assert seen['slurm_spot_launch_latency_seconds_count{node_set="spot"}'] >= 2  # 2 nodes + replacement
+    assert seen['slurm_spot_time_to_running_seconds_count{partition="spot"}'] == 1
+    assert seen['slurm_spot_recovery_seconds_count{node_set="spot"}'] == 1
+    assert 0 < seen['slurm_spot_recovery_seconds_sum{node_set="spot"}'] <= running_s + 1
     subprocess.run(["scancel", str(job)], env=rc.env, check=False)
 
 

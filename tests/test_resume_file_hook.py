@@ -1,7 +1,7 @@
 """The resume hook reads ``SLURM_RESUME_FILE`` as slurmctld hands it over (issue 11, section 2:
 all-or-nothing per job).
 
-The hook runs as slurmctld runs it: ``resume_scripts/slurm-spot-resume <hostlist>`` in a fresh
+The hook runs as slurmctld runs it: ``slurm-spot-resume <hostlist>`` (the installed entry point) in a fresh
 interpreter with an almost empty environment, ``SLURM_CONF`` (spot.yaml beside it) and
 ``SLURM_RESUME_FILE`` a ``/proc/<pid>/fd/<n>`` path of a file the caller holds open, in the
 format of slurm.conf(5) (22.05), ResumeProgram. The cloud is the fake Compute API (the real
@@ -98,7 +98,8 @@ class Site:
                "PYTHONPATH": str(ROOT)}
         if resume_file is not None:
             env["SLURM_RESUME_FILE"] = resume_file
-        proc = subprocess.run([sys.executable, str(ROOT / "resume_scripts" / "slurm-spot-resume"),
+        # The installed entry point slurm.conf's ResumeProgram names (pyproject's scripts).
+        proc = subprocess.run([str(Path(sys.executable).parent / "slurm-spot-resume"),
                                hostlist], env=env, capture_output=True, text=True, timeout=120,
                               check=False)
         log = self.root / "log" / "hooks.log"

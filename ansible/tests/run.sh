@@ -1,7 +1,8 @@
 #!/bin/bash
 # The Ansible role test (issue 7), run by tests/test_ansible.py and so by `make test`:
-#   1. tests/test.yml twice on a fresh scratch prefix: the second run must report changed=0;
-#   2. ansible-lint with the production profile on ansible/.
+#   1. tests/check.yml with --check on a fresh scratch prefix: no failure, nothing written;
+#   2. tests/test.yml twice on that prefix: the second run must report changed=0;
+#   3. ansible-lint with the production profile on ansible/.
 # Needs root, Slurm (slurmctld, scontrol) and munge, ansible-playbook and ansible-lint on PATH.
 # SLURM_SPOT_ANSIBLE_PREFIX: the scratch prefix (default /tmp/slurm-spot-ansible-test).
 set -euo pipefail
@@ -19,6 +20,18 @@ done
 rm -rf "$SLURM_SPOT_ANSIBLE_PREFIX"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+
+# Check mode on a fresh host (the README says --check works): no failure, changes announced,
+# and nothing of slurm-spot written (no virtualenv, no spot.yaml).
+echo "=== ansible-playbook --check tests/check.yml: fresh host"
+ansible-playbook --check -i tests/inventory.ini tests/check.yml 2>&1
+for written in opt/slurm-spot etc/slurm/spot.yaml etc/slurm/slurm-spot.conf etc/systemd; do
+  if [ -e "$SLURM_SPOT_ANSIBLE_PREFIX/$written" ]; then
+    echo "run.sh: FAIL: check mode wrote $SLURM_SPOT_ANSIBLE_PREFIX/$written" >&2
+    exit 1
+  fi
+done
+echo "=== check mode wrote nothing"
 for run in 1 2; do
   echo "=== ansible-playbook tests/test.yml: run $run"
   start=$SECONDS

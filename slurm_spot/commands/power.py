@@ -1,6 +1,6 @@
 """``slurm-spot resume|suspend|resume-fail HOSTLIST``: the power-saving hooks.
 
-slurmctld runs them through ``resume_scripts/`` with ``--detach``: the hook validates its
+slurmctld runs them as the ``slurm-spot-*`` entry points (``--detach``): the hook validates its
 input, copies ``SLURM_RESUME_FILE`` (a /proc fd path that vanishes with the hook), then
 returns at once while a detached child does the slow work (Slurm 23.02+ kills the hook's
 process group at ResumeTimeout) and logs to ``<log_dir>/hooks.log``.

@@ -11,7 +11,7 @@ import click
 
 from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.config import SpotConfig
+from slurm_spot.config import SpotConfig, check_listen_address
 from slurm_spot.errors import BadInputError
 from slurm_spot.providers import get_provider
 from slurm_spot.reconcile.loop import ConfigSource, Loop, single_instance, summarize
@@ -29,6 +29,7 @@ def render_unit(
     slurm_conf: str | None = None,
     metrics_port: int | None = None,
     user: str = "root",
+    metrics_addr: str | None = None,
 ) -> str:
     """The systemd unit that runs the reconciler for ``config`` (pure: writes nothing).
 
@@ -43,6 +44,7 @@ def render_unit(
             str(beside) if beside.exists() and str(beside) != "/etc/slurm/slurm.conf" else "")
     folder = scripts_dir or Path(sysconfig.get_path("scripts"))
     port = f" --metrics-port {metrics_port}" if metrics_port else ""
+    port += f" --metrics-addr {metrics_addr}" if metrics_addr else ""
     return systemd_unit(
         UNIT_NAME,
         header=f"Managed by slurm-spot ({__version__}): `slurm-spot reconcile --systemd-unit` "
@@ -67,17 +69,30 @@ def _print_pass(result: PassResult, as_json: bool) -> None:
     click.echo(summarize(result))
 
 
+def _listen_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_listen_address(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command("reconcile")
 @click.option("--once", is_flag=True,
               help="Run one pass and exit (exit code 1 if an action or a listing failed).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
-              help="Also serve Prometheus metrics over HTTP on this port.")
+              help="Also serve Prometheus metrics over HTTP on this port "
+                   "[default: reconcile.metrics_port; unset: none].")
+@click.option("--metrics-addr", callback=_listen_address, default=None, metavar="ADDRESS",
+              help="Address the metrics endpoint listens on: 0.0.0.0 or :: for every "
+                   "interface [default: reconcile.metrics_addr, 127.0.0.1].")
 @click.option("--systemd-unit", is_flag=True,
               help="Print the systemd unit that runs this reconciler, and exit.")
 @json_option
 @pass_app
 def reconcile_command(app: AppContext, once: bool, metrics_port: int | None,
-                      systemd_unit: bool, as_json: bool) -> None:
+                      metrics_addr: str | None, systemd_unit: bool, as_json: bool) -> None:
     """Compare Slurm's cloud nodes with the providers' instances and repair the difference.
 
     Reclaimed instances: node powered down, jobs requeued at once. Orphan instances:
@@ -87,18 +102,23 @@ def reconcile_command(app: AppContext, once: bool, metrics_port: int | None,
     """
     config = app.config
     if systemd_unit:
-        click.echo(render_unit(config, metrics_port=metrics_port), nl=False)
+        click.echo(render_unit(config, metrics_port=metrics_port, metrics_addr=metrics_addr),
+                   nl=False)
         return
+    port = metrics_port or config.reconcile.metrics_port
+    addr = metrics_addr or config.reconcile.metrics_addr
     with single_instance(config.state_dir):
         metrics = ReconcileMetrics()
-        if metrics_port is not None:
+        if port is not None:
+            where = "--metrics-port" if metrics_port else "reconcile.metrics_port"
+            shown = f"[{addr}]" if ":" in addr else addr
             try:
-                metrics.serve(metrics_port)
-            except OSError as exc:  # EADDRINUSE, EACCES: the operator's choice of port
+                metrics.serve(port, addr)
+            except OSError as exc:  # EADDRINUSE, EACCES, EADDRNOTAVAIL: the operator's choice
                 raise BadInputError(
-                    f"--metrics-port {metrics_port}: cannot listen on 0.0.0.0:{metrics_port}: "
-                    f"{exc.strerror or exc}; pick a free port (see 'ss -ltnp "
-                    f"sport = :{metrics_port}')") from None
+                    f"{where} {port}: cannot listen on {shown}:{port}: "
+                    f"{exc.strerror or exc}; pick a free port and an address of this host "
+                    f"(see 'ss -ltnp sport = :{port}')") from None
 
         def make(cfg: SpotConfig) -> Reconciler:
             return Reconciler(cfg, SlurmClient(cfg.slurm_bin_dir), providers=get_provider,

@@ -1,7 +1,9 @@
 """Prometheus metrics of the reconciler (prometheus-client).
 
 Exposed as a node-exporter textfile-collector file (``reconcile.metrics_file``, rewritten
-atomically after every pass) and/or an HTTP endpoint (``slurm-spot reconcile --metrics-port``).
+atomically after every pass) and/or an HTTP endpoint (``reconcile.metrics_port`` /
+``slurm-spot reconcile --metrics-port``, on ``reconcile.metrics_addr`` / ``--metrics-addr``,
+127.0.0.1 unless set).
 Every metric is in its own registry, so tests and several reconcilers in one process do not
 collide. Names follow Prometheus conventions (``_total`` counters, ``_seconds`` units):
 
@@ -12,11 +14,22 @@ collide. Names follow Prometheus conventions (``_total`` counters, ``_seconds`` 
 - ``slurm_spot_launch_failures_total{node_set,code}``: failed launches seen in the events;
 - ``slurm_spot_reconcile_actions_total{action,outcome}``: actions, ``ok`` or ``error``;
 - ``slurm_spot_reconcile_pass_duration_seconds``: histogram of pass durations;
-- ``slurm_spot_reconcile_last_pass_timestamp_seconds``: end of the last complete pass.
+- ``slurm_spot_reconcile_last_pass_timestamp_seconds``: end of the last complete pass;
+- ``slurm_spot_launch_latency_seconds{node_set}``: histogram, resume request -> slurmd up;
+- ``slurm_spot_time_to_running_seconds{partition}``: histogram, submission -> start, once per job;
+- ``slurm_spot_recovery_seconds{node_set}``: histogram, interruption -> job running again
+  (the three are measured as :mod:`slurm_spot.reconcile.latency` says);
+- ``slurm_spot_events_total{source,action}``: events written by the hooks (resume, suspend,
+  epilog...), the watchers (watch) and the reconciler, read from the events file (the watchers'
+  count when ``log_dir`` is shared with the compute nodes, as the notice history needs).
+
+:data:`METRIC_NAMES` lists every family (the names Prometheus shows, with ``_total`` for
+counters); the example Grafana dashboard uses only these (tests/test_metrics_latency.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter as Tally
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,10 +37,30 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
 
 from slurm_spot.providers.base import Instance
+from slurm_spot.reconcile.latency import (
+    LAUNCH,
+    RECOVERY,
+    TIME_TO_RUNNING,
+    LatencyTracker,
+    Observation,
+)
 from slurm_spot.reconcile.reasons import short_state
 from slurm_spot.slurm.client import Node
 
 PASS_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# Cloud instances take ~30 s to several minutes to boot and register; ResumeTimeout caps it.
+LAUNCH_BUCKETS_S = (5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900)
+# Includes queueing behind other jobs: from seconds (node up) to hours.
+RUNNING_BUCKETS_S = (5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
+# The figure to beat without notice is ~700 s (plain Slurm; docs/local-slurm.md).
+RECOVERY_BUCKETS_S = (10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600)
+METRIC_NAMES = (
+    "slurm_spot_nodes", "slurm_spot_instances", "slurm_spot_interruptions_total",
+    "slurm_spot_orphans_terminated_total", "slurm_spot_launch_failures_total",
+    "slurm_spot_reconcile_actions_total", "slurm_spot_reconcile_pass_duration_seconds",
+    "slurm_spot_reconcile_last_pass_timestamp_seconds", "slurm_spot_launch_latency_seconds",
+    "slurm_spot_time_to_running_seconds", "slurm_spot_recovery_seconds", "slurm_spot_events_total",
+)
 
 
 class ReconcileMetrics:
@@ -35,10 +68,14 @@ class ReconcileMetrics:
 
     Args:
         registry: where to register (default: a new one).
+
+    ``latency`` is the process's :class:`~slurm_spot.reconcile.latency.LatencyTracker`: what
+    the histograms already counted survives a configuration reload (a new Reconciler).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.latency = LatencyTracker(started=time.time())
         r = self.registry
         self.nodes = Gauge("slurm_spot_nodes", "Cloud nodes by node set and Slurm state",
                            ["node_set", "state"], registry=r)
@@ -60,6 +97,19 @@ class ReconcileMetrics:
                                        registry=r)
         self.last_pass = Gauge("slurm_spot_reconcile_last_pass_timestamp_seconds",
                                "Unix time at which the last complete pass ended", registry=r)
+        self.launch_latency = Histogram(
+            "slurm_spot_launch_latency_seconds",
+            "Resume request to the node's slurmd registered (SlurmdStartTime)",
+            ["node_set"], buckets=LAUNCH_BUCKETS_S, registry=r)
+        self.time_to_running = Histogram(
+            "slurm_spot_time_to_running_seconds", "Job submission to its start (once per job)",
+            ["partition"], buckets=RUNNING_BUCKETS_S, registry=r)
+        self.recovery = Histogram(
+            "slurm_spot_recovery_seconds",
+            "Interruption (notice or reclaim) to the job running again",
+            ["node_set"], buckets=RECOVERY_BUCKETS_S, registry=r)
+        self.events = Counter("slurm_spot_events", "Events written by hooks, watchers and the "
+                              "reconciler", ["source", "action"], registry=r)
 
     def observe_snapshot(
         self,
@@ -90,11 +140,20 @@ class ReconcileMetrics:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_to_textfile(str(path), self.registry)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # a metrics port
-        """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread.
+    def observe(self, observations: Iterable[Observation]) -> None:
+        """Put measured latencies (:class:`~slurm_spot.reconcile.latency.Observation`) into
+        their histograms."""
+        histograms = {LAUNCH: self.launch_latency, TIME_TO_RUNNING: self.time_to_running,
+                      RECOVERY: self.recovery}
+        for o in observations:
+            histograms[o.kind].labels(o.label).observe(o.seconds)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Serve ``/metrics`` over HTTP on ``addr:port`` (an IPv4 or IPv6 address; ``0.0.0.0``
+        or ``::`` for every interface) from a daemon thread.
 
         Raises:
-            OSError: the port is taken.
+            OSError: the port is taken, or the address is not one of this host's.
         """
         from prometheus_client import start_http_server
 

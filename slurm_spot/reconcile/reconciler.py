@@ -397,17 +397,26 @@ class Reconciler:
             ((self.node_set_of[n.name], n) for n in snap.nodes if n.name in self.node_set_of),
             ((snap.provider_of[i.instance_id], i) for i in snap.instances))
         for event in snap.events:
-            extra = event.get("extra")
-            if event.get("action") != Action.LAUNCH_FAILED or not isinstance(extra, dict):
-                continue
             try:
                 when = datetime.fromisoformat(str(event.get("time")))
             except ValueError:
                 continue
-            if when.tzinfo is not None and when > self._failures_seen_after:
+            if when.tzinfo is None or when <= self._failures_seen_after:
+                continue
+            m.events.labels(str(event.get("source")), str(event.get("action"))).inc()
+            extra = event.get("extra")
+            if event.get("action") == Action.LAUNCH_FAILED and isinstance(extra, dict):
                 node_set = self.node_set_of.get(str(event.get("node")), "unknown")
                 m.launch_failures.labels(node_set, str(extra.get("code"))).inc()
         self._failures_seen_after = snap.now
+        try:  # one squeue per pass: submit/start times for the latency histograms
+            jobs = self.slurm.jobs()
+        except SlurmCommandError as exc:
+            log.warning("latency metrics skipped this pass: %s", exc)
+        else:
+            m.observe(m.latency.observe(snap.events, snap.nodes, jobs, self.node_set_of,
+                                        [p.name for p in self.config.partitions],
+                                        snap.now.timestamp()))
         m.pass_duration.observe(duration_s)
         m.last_pass.set(time.time())
         if self.config.reconcile.metrics_file is not None:

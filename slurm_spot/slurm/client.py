@@ -86,7 +86,8 @@ class Node:
     slurmctld restarts or reconfigures, scontrol(1) of Slurm 22.05), None if not shown.
     ``instance_id``/``instance_type`` are the node's InstanceId/InstanceType (Slurm 23.11+,
     set by the resume hook; empty before 23.11 or when unset, which scontrol shows as
-    ``(null)`` or ``N/A``).
+    ``(null)`` or ``N/A``). ``slurmd_start_time`` is SlurmdStartTime in Unix seconds: when the
+    node's slurmd started, which slurmctld learns when it registers (None before that).
     """
 
     name: str
@@ -100,11 +101,14 @@ class Node:
     weight: int | None = None
     instance_id: str = ""
     instance_type: str = ""
+    slurmd_start_time: float | None = None
 
 
 @dataclass(frozen=True)
 class Job:
-    """One job as ``squeue --json`` reports it. ``nodes`` is the allocated hostlist."""
+    """One job as ``squeue --json`` reports it. ``nodes`` is the allocated hostlist;
+    ``submit_time``/``start_time`` are Unix seconds (squeue's ``submit_time``/``start_time``;
+    a requeued job's start is its latest run's; None when unset or not yet known)."""
 
     job_id: int
     state: JobState
@@ -117,6 +121,8 @@ class Job:
     array_task_id: int | None = None
     user: str = ""
     flags: frozenset[str] = field(default_factory=frozenset)
+    submit_time: float | None = None
+    start_time: float | None = None
 
 
 class SlurmClient:

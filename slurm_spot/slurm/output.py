@@ -121,6 +121,14 @@ def _partitions(value: object) -> tuple[str, ...]:
     return ()
 
 
+def _local_time(text: str) -> float | None:
+    """scontrol's local ``2026-03-01T08:22:00`` as Unix seconds; None for None/Unknown."""
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
 def _unset(value: str) -> str:
     """An unset string field, as scontrol prints it (``(null)``, ``N/A``), is ``""``."""
     return "" if value in ("(null)", "N/A", "None") else value
@@ -168,6 +176,7 @@ def node_fields_json(obj: Mapping[str, Any]) -> dict[str, Any]:
         "weight": _weight(obj.get("weight")),
         "instance_id": _unset(_text(obj.get("instance_id"))),
         "instance_type": _unset(_text(obj.get("instance_type"))),
+        "slurmd_start_time": number(obj.get("slurmd_start_time")) or None,
     }
 
 
@@ -226,6 +235,8 @@ def job_fields_json(obj: Mapping[str, Any]) -> dict[str, Any]:
         "array_job_id": number(obj.get("array_job_id")) or None,
         "array_task_id": number(obj.get("array_task_id")),
         "user": _text(obj.get("user_name")), "flags": state.flags,
+        "submit_time": number(obj.get("submit_time")) or None,
+        "start_time": number(obj.get("start_time")) or None,
     }
 
 
@@ -311,4 +322,5 @@ def node_fields_text(line: str) -> dict[str, Any]:
         "weight": _weight(fields.get("Weight")),
         "instance_id": _unset(fields.get("InstanceId", "")),
         "instance_type": _unset(fields.get("InstanceType", "")),
+        "slurmd_start_time": _local_time(fields.get("SlurmdStartTime", "")),
     }

@@ -29,6 +29,7 @@ class FakeNode:
     boot_time: str = "None"
     instance_id: str = ""
     instance_type: str = ""
+    slurmd_start_time: int = 0  # Unix seconds, as sinfo --json gives it (0: not registered)
 
     @property
     def state(self) -> str:
@@ -46,6 +47,8 @@ class FakeJob:
     admin_comment: str = ""
     exit_code: str = "0:0"
     end_time: str = "Unknown"  # scontrol's local time, e.g. 2026-03-01T11:59:50
+    submit_time: int = 0  # Unix seconds, as squeue --json gives them (0: unset)
+    start_time: int = 0
 
 
 class FakeSlurm:
@@ -116,6 +119,7 @@ class FakeSlurm:
             {"name": n.name, "address": n.addr, "hostname": n.hostname,
              "state": n.base.lower(), "state_flags": sorted(n.flags), "reason": n.reason,
              "partitions": ["spot"], "boot_time": _epoch(n.boot_time),
+             "slurmd_start_time": n.slurmd_start_time,
              **({"instance_id": n.instance_id, "instance_type": n.instance_type}
                 if self._at_least(23, 11) else {})}
             for n in self.nodes.values()]}
@@ -281,7 +285,8 @@ class FakeSlurm:
             return json.dumps({"jobs": [
                 {"job_id": j.job_id, "job_state": j.state, "state_reason": j.reason,
                  "nodes": compress(j.nodes) if j.nodes else "", "restart_cnt": j.restarts,
-                 "partition": "spot", "name": "wrap"}
+                 "partition": "spot", "name": "wrap", "submit_time": j.submit_time,
+                 "start_time": j.start_time}
                 for j in jobs if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED")]})
         # squeue -o "%A %F %K %N": unique id, array id (the id itself), task (N/A), nodes.
         return "".join(f"{j.job_id} {j.job_id} N/A {compress(j.nodes)}\n"

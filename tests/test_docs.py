@@ -1,0 +1,104 @@
+"""The per-audience pages (issue 16): linked from the README, and everything they name exists:
+files, slurm-spot commands and their options, the checkpoint API, metric names."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+from slurm_spot.cli import cli
+from slurm_spot.reconcile.metrics import METRIC_NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "docs" / "admin.md", ROOT / "docs" / "ml-engineer.md"]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+REPO_PATH = re.compile(r"`((?:examples|tests|slurm_spot|ansible|docs|templates|benchmarks)/[^`\s]+)`")
+
+
+def command_lines(text: str) -> list[list[str]]:
+    """argv of each ``slurm-spot ...`` line in the page's bash blocks (comments dropped)."""
+    out = []
+    for lang, body in FENCE.findall(text):
+        if lang not in ("bash", "sh", "console"):
+            continue
+        for line in body.splitlines():
+            words = shlex.split(line, comments=True)
+            if words and words[0] == "slurm-spot":
+                out.append(words[1:])
+    return out
+
+
+def resolve(argv: list[str]) -> tuple[click.Command, list[str]]:
+    """The click command an argv names (through groups), and the words after it."""
+    ctx = click.Context(cli)
+    command: click.Command = cli
+    words = list(argv)
+    while isinstance(command, click.Group) and words and not words[0].startswith("-"):
+        sub = command.get_command(ctx, words[0])
+        assert sub is not None, f"no command {words[0]!r} in 'slurm-spot {' '.join(argv)}'"
+        command, words = sub, words[1:]
+    return command, words
+
+
+def test_readme_links_both_pages() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for page in PAGES:
+        assert f"]({page.relative_to(ROOT)})" in readme
+        assert page.exists()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_file_and_link_a_page_names_exists(page: Path) -> None:
+    text = page.read_text()
+    for link in re.findall(r"\]\(([^)#]+)\)", text):
+        assert (page.parent / link).exists(), link
+    for path in REPO_PATH.findall(text):
+        assert (ROOT / path.rstrip(".,")).exists(), path
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_command_and_option_a_page_shows_exists(page: Path) -> None:
+    lines = command_lines(page.read_text())
+    assert lines
+    for argv in lines:
+        command, words = resolve(argv)
+        options = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+        if command.name == "sbatch":  # its own options; the rest go to sbatch
+            options |= {"--torchrun", "--nproc-per-node", "--dry-run", "--json", "--python",
+                        "--checkpoint-root", "--s3-endpoint-url", "--s3-addressing-style"}
+            words = [w for w in words if w in options or not w.startswith("--")
+                     or w.split("=")[0] in options]
+        for word in words:
+            if word.startswith("--"):
+                assert word.split("=")[0] in options, f"slurm-spot {' '.join(argv)}: {word}"
+
+
+def test_the_checkpoint_example_uses_the_real_api() -> None:
+    text = (ROOT / "docs" / "ml-engineer.md").read_text()
+    (code,) = [body for lang, body in FENCE.findall(text) if lang == "python"]
+    compile(code, "ml-engineer.md", "exec")
+    import slurm_spot.checkpoint as ckpt
+
+    imported = re.search(r"from slurm_spot\.checkpoint import (.+)", code)
+    assert imported is not None
+    for name in imported.group(1).split(", "):
+        assert hasattr(ckpt, name), name
+    for owner, attribute in (("PreemptionHandler", "install"), ("PreemptionHandler", "should_stop"),
+                             ("PreemptionHandler", "exit_for_requeue"),
+                             ("PreemptionHandler", "worker_init_fn"), ("SkipSampler", "skip"),
+                             ("Checkpointer", "restore"), ("Checkpointer", "save"),
+                             ("Checkpointer", "save_async")):
+        assert hasattr(getattr(ckpt, owner), attribute), f"{owner}.{attribute}"
+        assert f".{attribute}(" in text or f"={attribute}" in text or f".{attribute}" in text
+
+
+def test_the_admin_page_names_only_exported_metrics() -> None:
+    named = set(re.findall(r"\bslurm_spot_[a-z_]+\b", (ROOT / "docs" / "admin.md").read_text()))
+    metrics = {n for n in named if not n.startswith(("slurm_spot_reconcile_metrics",
+                                                     "slurm_spot_credentials"))}
+    assert metrics <= set(METRIC_NAMES), sorted(metrics - set(METRIC_NAMES))
+    assert set(METRIC_NAMES) <= metrics  # and every one is explained
