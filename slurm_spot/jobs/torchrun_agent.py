@@ -12,6 +12,8 @@
 - exit code: torchrun reports any failed worker as exit 1; this wrapper exits with the requeue
   code instead when the workers exited with it, so the batch script (and Slurm's
   ``RequeueExit``) can tell a preemption from a crash;
+- a death signal to the agent (SIGTERM when Slurm ends the step: the job requeued itself,
+  ``scancel``, a power-down): torchrun stops the workers, the agent exits 128 + the signal;
 - exit: once torchrun has returned (workers ended, rendezvous closed) the agent runs its
   ``atexit`` handlers, flushes and leaves with ``os._exit``: tearing down an interpreter that
   imported torch took 2.7-3.5 s on the shared 2-CPU test machine, and the job step (so the
@@ -80,12 +82,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
     # The workers inherit SIG_IGN until they install their own handler: a signal that comes
     # before that is lost rather than fatal; the watcher's power-down still requeues the job.
+    return run_torchrun(targs, jobenv.requeue_exit_code(env))
+
+
+def run_torchrun(targs: list[str], requeue_code: int) -> int:
+    """Run torchrun (``torch.distributed.run``) with ``targs`` in this process; returns the
+    agent's exit status: 0, ``requeue_code`` when a worker exited with it, 128 + the signal
+    when a death signal stopped the agent, else 1 (a worker failed)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    requeue_code = jobenv.requeue_exit_code(env)
     try:
         torchrun_main(targs)
+    except SignalException as exc:
+        # Slurm ends the step (the job requeued itself, scancel, a power-down): torchrun has
+        # stopped its workers (SIGTERM, SIGKILL after its shutdown timeout). Report it as a
+        # process killed by that signal would be, without a traceback.
+        print(f"slurm-spot: torchrun agent stopped by {exc.sigval.name}",
+              file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         codes = {failure.exitcode for failure in exc.failures.values()}
         if requeue_code in codes:
