@@ -20,6 +20,9 @@ pytestmark = pytest.mark.e2e
 
 JOB = Path(__file__).parent / "data" / "handler_job.py"
 PY = sys.executable
+# 50 s of steps: each notice (one ``slurm-spot local preempt`` after the other, seconds each
+# on a loaded machine) must reach its job while it still trains.
+LONG = "--steps 200"
 
 
 @pytest.fixture(scope="module")
@@ -89,16 +92,16 @@ def test_each_job_gets_the_signal_it_handles_and_none_ends_failed(cluster: Clust
     work = {name: root / name for name in ("usr1", "term", "none", "spot")}
     jobs = {
         "usr1": cluster.sbatch("-p", "spot", "-N", "1", "-o", str(root / "usr1.out"), str(script(
-            cluster, "usr1", f"srun {PY} {JOB} --handle USR1 --dir {work['usr1']}",
+            cluster, "usr1", f"srun {PY} {JOB} --handle USR1 {LONG} --dir {work['usr1']}",
             "#SBATCH --signal=USR1@60\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"))),
         "term": cluster.sbatch("-p", "spot", "-N", "1", "--requeue", "-o", str(root / "t.out"),
                                str(script(cluster, "term",
-                                          f"{PY} {JOB} --handle TERM --dir {work['term']}"))),
+                                          f"{PY} {JOB} --handle TERM {LONG} --dir {work['term']}"))),
         "none": cluster.sbatch("-p", "spot", "-N", "1", "--requeue", "-o", str(root / "n.out"),
                                str(script(cluster, "none",
-                                          f"{PY} {JOB} --handle none --dir {work['none']}"))),
+                                          f"{PY} {JOB} --handle none {LONG} --dir {work['none']}"))),
     }
-    spot_script = script(cluster, "spot", f"srun {PY} {JOB} --handle USR2 --exit-code 85 "
+    spot_script = script(cluster, "spot", f"srun {PY} {JOB} --handle USR2 --exit-code 85 {LONG} "
                                           f"--dir {work['spot']}")
     jobs["spot"] = int(json.loads(cluster.spot(
         "sbatch", "--json", "-p", "spot", "-N", "1", "-o", str(root / "s.out"),
