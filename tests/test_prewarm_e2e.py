@@ -14,10 +14,12 @@ from tests.cluster import Cluster, base_config, wait_for
 pytestmark = pytest.mark.e2e
 
 # The step exits 85 on SIGUSR2 (its "checkpoint" is instant), the batch script passes the
-# code on, and RequeueExit=85 requeues the job.
+# code on, and RequeueExit=85 requeues the job. Each task first says what the TaskProlog
+# exported to it.
 SCRIPT = """#!/bin/bash
 echo "run ${SLURM_RESTART_COUNT:-0} on ${SLURM_JOB_NODELIST}"
-srun --kill-on-bad-exit=0 bash -c 'trap "exit 85" USR2; while true; do sleep 0.2; done'
+srun --kill-on-bad-exit=0 bash -c 'echo "task on $SLURMD_NODENAME restart $SLURM_SPOT_RESTART_COUNT \
+dir $SLURM_SPOT_CHECKPOINT_DIR"; trap "exit 85" USR2; while true; do sleep 0.2; done'
 exit $?
 """
 
@@ -49,7 +51,15 @@ def _run_and_preempt(cluster: Cluster, notice_s: int) -> tuple[int, str, str]:
     victim = expand(before)[0]
     cluster.spot("local", "preempt", victim, "--notice", str(notice_s), "--conf-dir",
                  str(cluster.conf_dir))
-    wait_for(lambda: "run 1" in out.read_text(), timeout=240, what="the requeued job running")
+    wait_for(lambda: out.read_text().count("restart 1 dir") == 2, timeout=240,
+             what="the requeued job's step running on both nodes")
+    # The TaskProlog ran to the end on each node, the replacement included: no "slurm
+    # task_prolog did not exit normally" (seen when a test cancelled the job while the
+    # TaskProlog ran), and the task got its exports.
+    text = out.read_text()
+    assert "task_prolog" not in text and "TaskProlog" not in text, text
+    for node in expand(cluster.job(job)["NodeList"]):
+        assert f"task on {node} restart 1 dir {cluster.root / 'checkpoints'}" in text, text
     return job, before, victim
 
 

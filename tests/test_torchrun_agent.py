@@ -1,56 +1,93 @@
-"""The per-node torchrun agent (slurm_spot/jobs/torchrun_agent.py) with real torch on CPU."""
+"""The torchrun agent wrapper ends fast but completely: atexit handlers run, output is flushed,
+and the exit status is the one it chose (the batch script and RequeueExit read it)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+PROGRAM = """
+import atexit, sys
+from slurm_spot.jobs.torchrun_agent import leave
+atexit.register(lambda: print("atexit handler ran", flush=True))
+print("unflushed stdout", end="")
+sys.stderr.write("unflushed stderr")
+leave({code})
+print("never reached")
+"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.mark.parametrize("code", [0, 1, 85])
+def test_leave_runs_atexit_flushes_and_keeps_the_exit_code(code: int) -> None:
+    proc = subprocess.run([sys.executable, "-c", PROGRAM.format(code=code)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout == "unflushed stdoutatexit handler ran\n"
+    assert proc.stderr == "unflushed stderr"
 
 
-def test_agent_stopped_by_slurm_says_so_in_one_line(tmp_path: Path) -> None:
-    """Slurm ends the step with SIGTERM (requeue, cancel, power-down): the job's output shows
-    one line naming the signal and exit 128+15, not torchrun's SignalException traceback that
-    reads like a crash."""
-    started = tmp_path / "started"
+WORKER = """
+import signal, sys, time
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+print("worker ready", flush=True)
+if sys.argv[1] == "requeue":  # saved its checkpoint: leaves with the requeue code
+    time.sleep(0.5)
+    sys.exit(85)
+deadline = time.time() + 120
+while not stop and time.time() < deadline:
+    time.sleep(0.05)
+"""
+
+AGENT = """
+import sys
+from slurm_spot.jobs.torchrun_agent import leave, run_torchrun
+leave(run_torchrun(["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                    "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", sys.argv[1],
+                    sys.argv[2]], 85))
+"""
+
+
+def _agent(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
     worker = tmp_path / "worker.py"
-    worker.write_text("import pathlib, time\n"
-                      f"pathlib.Path({str(started)!r}).touch()\n"
-                      "time.sleep(120)\n")
-    # One node, whose NodeAddr is loopback: no Slurm needed for the rendezvous address.
-    code = ("import sys, slurm_spot.jobs.torchrun_agent as agent\n"
-            "agent.node_addr = lambda client, node: '127.0.0.1'\n"
-            "sys.exit(agent.main(sys.argv[1:]))\n")
-    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "spot-1",
-           "SLURMD_NODENAME": "spot-1", "SLURM_JOB_NUM_NODES": "1",
-           "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", code, "--port", str(_free_port()), "--",
-                             str(worker)], env=env, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    worker.write_text(WORKER)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    return subprocess.Popen([sys.executable, "-c", AGENT, str(worker), mode], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_ready(agent: subprocess.Popen[str]) -> list[str]:
+    assert agent.stdout is not None
+    lines = []
+    for line in agent.stdout:
+        lines.append(line)
+        if "worker ready" in line:
+            return lines
+    raise AssertionError("".join(lines))
+
+
+@pytest.mark.parametrize(("mode", "code", "said"), [
+    ("requeue", 85, "workers stopped for a requeue (exit 85)"),
+    ("term", 143, "torchrun agent stopped by SIGTERM"),
+])
+def test_agent_exit_status(tmp_path: Path, mode: str, code: int, said: str) -> None:
+    """A worker that leaves with the requeue code: the agent passes the code on (for the
+    batch script and RequeueExit). SIGTERM to the agent (what Slurm sends when the job
+    requeued itself or is cancelled): torchrun stops the worker and the agent reports the
+    signal (128 + 15). Neither prints a traceback."""
+    agent = _agent(tmp_path, mode)
     try:
-        deadline = time.monotonic() + 120
-        while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert started.exists(), "the worker never started"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        lines = _wait_ready(agent)
+        if mode == "term":
+            agent.send_signal(signal.SIGTERM)
+        rest, _ = agent.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "slurm-spot: torchrun agent stopped by signal 15 (SIGTERM)" in err
-    assert "Traceback" not in err
+        agent.kill()
+    output = "".join(lines) + rest
+    assert agent.returncode == code, output
+    assert said in output and "Traceback" not in output, output

@@ -28,6 +28,8 @@ class Tiny(L.LightningModule):
         self.layer = torch.nn.Linear(4, 1)
 
     def on_train_start(self) -> None:
+        # What its user reads in the job's output to see where training (re)started.
+        print(f"training from step {self.global_step} (epoch {self.current_epoch})", flush=True)
         event(self.workdir, "start", step=self.global_step,
               restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)),
               slurm=type(self.trainer._accelerator_connector.cluster_environment).__name__)
