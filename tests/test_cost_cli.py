@@ -181,3 +181,59 @@ def test_cost_says_when_it_used_an_unverified_price(tmp_path: Path,
     assert report["on_demand_usd"] == pytest.approx(0.5 * 1.25)
     code, out = run("cost", "--job", "9", config=config)
     assert "warning: catalogue price(s) on-demand g5.xlarge: 1.25 USD/h not confirmed" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--checkpoint-s", "60", "--mtbf-h", "1e-9"], "--mtbf-h 1e-09: must be a finite number >= 0.001"),
+    (["--checkpoint-s", "60", "--mtbf-h", "1", "--nodes", "1000000000000"],
+     "--nodes 1e+12: must be a finite number >= 1 and at most 100000"),
+    (["--checkpoint-s", "1e308", "--mtbf-h", "1"], "--checkpoint-s 1e+308: must be a finite number"),
+    (["--checkpoint-s", "nan", "--mtbf-h", "100"], "--checkpoint-s nan: must be a finite number"),
+    (["--checkpoint-s", "inf", "--mtbf-h", "100"], "--checkpoint-s inf: must be a finite number"),
+    (["--checkpoint-s", "60", "--mtbf-h", "100", "--restart-s", "nan"], "--restart-s nan"),
+    (["--checkpoint-s", "60", "--mtbf-h", "100", "--notice-s", "-1"], "--notice-s -1"),
+    (["--checkpoint-s", "60", "--mtbf-h", "100", "--job-hours", "inf"], "--job-hours inf"),
+    (["--compare", "--checkpoint-s", "60", "--work-steps", "nan", "--candidate",
+      "g5.xlarge:nan:<5%"], "--work-steps nan: must be a finite number > 0"),
+    (["--compare", "--checkpoint-s", "60", "--work-steps", "1e6", "--candidate",
+      "g5.xlarge:nan:<5%"], "steps/s 'nan' must be a finite number > 0"),
+])
+def test_plan_refuses_non_finite_and_absurd_numbers(args: list[str], message: str) -> None:
+    code, out = run("plan", *args)
+    assert code == 2, out
+    assert message in out
+    assert "Traceback" not in out and "nan min" not in out and "inf min" not in out
+
+
+def test_plan_says_a_job_never_finishes_when_the_math_overflows() -> None:
+    args = ["plan", "--checkpoint-s", "86400", "--mtbf-h", "1", "--nodes", "100",
+            "--job-hours", "1", "--instance-type", "g5.xlarge", "--spot-usd-h", "0.4"]
+    code, out = run(*args)
+    assert code == 0, out
+    assert "expected waste at Daly's interval, no notice: 100.00%" in out
+    assert ("the job never finishes in practice: a checkpoint (86400 s) and restart (300 s) "
+            "cost about as much as, or more than, the 100-node job's MTBF (36 s)") in out
+    assert "expected wall time: never (infinite) without notice" in out
+    assert "spot unbounded (never finishes)" in out and "the job never finishes on spot" in out
+    code, out = run(*args, "--json")
+    data = json.loads(out)
+    assert data["never_finishes"] is True and data["waste_fraction"] == 1.0
+    assert data["expected_wall_h"] is None and data["expected_spot_cost_usd"] is None
+    # a job that does finish says nothing of the kind
+    code, out = run("plan", "--checkpoint-s", "60", "--mtbf-h", "1000", "--nodes", "8")
+    assert code == 0 and "never finishes" not in out
+
+
+def test_plan_compare_names_a_candidate_that_never_finishes(tmp_path: Path) -> None:
+    data = site(tmp_path)
+    data["cost"]["spot_usd_per_hour"]["p4d.24xlarge"] = 10.0
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump(data))
+    code, out = run("plan", "--compare", "--checkpoint-s", "3600", "--nodes", "1000",
+                    "--mtbf-h", "0.01", "--work-steps", "1000", "--candidate",
+                    "g5.xlarge:1", "--candidate", "p4d.24xlarge:1:<5%", config=config)
+    assert code == 0, out
+    assert "2. g5.xlarge: never finishes on spot" in out
+    assert out.startswith("1. p4d.24xlarge: $")
+
+

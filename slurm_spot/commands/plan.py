@@ -16,6 +16,28 @@ from slurm_spot.cost.prices import PriceBook, catalogue, site_prices
 from slurm_spot.errors import BadInputError
 from slurm_spot.events import read_events
 
+# Upper bounds of the numeric options: far above any real job, low enough that the formulas
+# and the simulator stay in float range and in seconds of CPU.
+MAX_NODES = 100_000
+MAX_SECONDS = 7 * 86_400.0  # a checkpoint, restart, notice, boot ... of a week
+MAX_JOB_HOURS = 100_000.0  # about 11 years of compute
+MIN_MTBF_H = 0.001  # 3.6 s between interruptions of one node
+MAX_USD_H = 10_000.0
+MAX_STEPS = 1e15
+
+
+def check_number(option: str, value: float | None, high: float, low: float = 0.0,
+                 low_ok: bool = True, unit: str = "") -> None:
+    """Raise :class:`BadInputError` naming ``option`` unless ``value`` (None: not given, fine)
+    is finite and in ``[low, high]`` (``(low, high]`` when not ``low_ok``)."""
+    if value is None:
+        return
+    if math.isfinite(value) and (value >= low if low_ok else value > low) and value <= high:
+        return
+    limit = f" and at most {high:g}" if math.isfinite(high) else ""
+    raise BadInputError(f"{option} {value:g}: must be a finite number {'>=' if low_ok else '>'} "
+                        f"{low:g}{limit}{unit}")
+
 
 def optional_config(app: AppContext) -> SpotConfig | None:
     """The site config if one is named or exists (plan and simulate work without one)."""
@@ -40,8 +62,7 @@ def node_rate(app: AppContext, band: str | None, rate: str | None, mtbf_h: float
         return (planner.rate_from_monthly_fraction(fraction),
                 f"AWS Spot Advisor band {band} taken as {fraction:.1%} of nodes interrupted a month")
     if mtbf_h is not None:
-        if not (math.isfinite(mtbf_h) and mtbf_h > 0):
-            raise BadInputError(f"--mtbf-h {mtbf_h}: must be > 0 hours")
+        check_number("--mtbf-h", mtbf_h, math.inf, MIN_MTBF_H, unit=" hours")
         return 1.0 / mtbf_h, f"one node's MTBF {mtbf_h:g} h"
     assert rate is not None
     if rate.strip().lower() == "observed":
@@ -141,6 +162,9 @@ def parse_candidate(text: str, default_rate: tuple[float, str] | None) -> tuple[
         steps = float(parts[1])
     except ValueError:
         raise BadInputError(f"--candidate {text!r}: {parts[1]!r} is not a number of steps/s") from None
+    if not (math.isfinite(steps) and 0 < steps <= MAX_STEPS):
+        raise BadInputError(f"--candidate {text!r}: steps/s {parts[1]!r} must be a finite number "
+                            f"> 0 and at most {MAX_STEPS:g}")
     if len(parts) == 3:
         rate = planner.rate_from_monthly_fraction(planner.band_fraction(parts[2]))
     elif default_rate is not None:
@@ -165,8 +189,7 @@ def checkpoint_cost(app: AppContext, checkpoint_s: float | None, checkpoint_dir:
         raise BadInputError("give exactly one of --checkpoint-s (seconds one checkpoint takes) "
                             "and --checkpoint-dir (a job's checkpoints, local or s3://)")
     if checkpoint_s is not None:
-        if not (math.isfinite(checkpoint_s) and checkpoint_s >= 0):
-            raise BadInputError(f"--checkpoint-s {checkpoint_s}: must be >= 0 seconds")
+        check_number("--checkpoint-s", checkpoint_s, MAX_SECONDS, unit=" seconds")
         return checkpoint_s, None
     from slurm_spot.cost.saves import median_save_s
 
@@ -219,17 +242,24 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
     interruptions. Assumes a constant interruption hazard per node (see the JSON's
     ``assumption``). C comes from ``--checkpoint-s`` or, with ``--checkpoint-dir``, from the
     job's own recorded saves (the output says which checkpoints were read)."""
+    check_number("--restart-s", restart_s, MAX_SECONDS, unit=" seconds")
+    check_number("--notice-s", notice_s, MAX_SECONDS, unit=" seconds")
+    check_number("--nodes", nodes, MAX_NODES, 1)
+    check_number("--job-hours", job_hours, MAX_JOB_HOURS, low_ok=False, unit=" hours")
+    check_number("--spot-usd-h", spot_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_number("--on-demand-usd-h", on_demand_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_number("--work-steps", work_steps, MAX_STEPS, low_ok=False)
+    check_number("--deadline-h", deadline_h, 1000 * MAX_JOB_HOURS, low_ok=False, unit=" hours")
     checkpoint_s, measured = checkpoint_cost(app, checkpoint_s, checkpoint_dir)
     if compare:
         _compare(app, checkpoint_s, restart_s, nodes, band, rate, mtbf_h, work_steps, candidates,
                  deadline_h, as_json, measured)
         return
     node_rate_h, source = node_rate(app, band, rate, mtbf_h)
-    if job_hours is not None and not (math.isfinite(job_hours) and job_hours > 0):
-        raise BadInputError(f"--job-hours {job_hours}: must be > 0")
     result = planner.plan(planner.PlanInput(checkpoint_s, restart_s, nodes, notice_s, node_rate_h,
                                             source, job_hours))
-    data: dict[str, Any] = {"checkpoint_s": checkpoint_s, **asdict(result)}
+    data: dict[str, Any] = {"checkpoint_s": checkpoint_s, "restart_s": restart_s,
+                            **asdict(result)}
     if measured is not None:
         data["checkpoint_source"] = measured
     if instance_type is not None and job_hours is not None and result.expected_wall_h is not None:
@@ -239,11 +269,13 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
             data["unverified_prices"] = unverified
         wall = (result.expected_wall_h_with_notice if result.expected_wall_h_with_notice is not None
                 else result.expected_wall_h)
+        spot_cost = wall * nodes * spot if math.isfinite(wall) else math.inf  # (inf * 0: NaN)
         data.update(instance_type=instance_type, price_source=price_source,
                     spot_usd_per_node_h=spot, on_demand_usd_per_node_h=od,
-                    expected_spot_cost_usd=wall * nodes * spot,
+                    expected_spot_cost_usd=spot_cost,
                     on_demand_cost_usd=job_hours * nodes * od,
-                    saving_percent=100 * (1 - wall * spot / (job_hours * od)) if od > 0 else None)
+                    saving_percent=100 * (1 - spot_cost / (job_hours * nodes * od)) if od > 0
+                    else None)
     if as_json:
         print_json(finite(data))
         return
@@ -255,6 +287,14 @@ def _measured_line(measured: dict[str, Any]) -> str:
     count = len(measured["checkpoints"])
     return (f"checkpoint cost: {measured['median_save_s']:.3g} s, the median save_s of {count} "
             f"checkpoint(s) in {measured['location']} (steps {steps})")
+
+
+def _hours(h: float) -> str:
+    return f"{h:.2f} h" if math.isfinite(h) else "never (infinite)"
+
+
+def _usd(usd: float) -> str:
+    return f"${usd:,.2f}" if math.isfinite(usd) else "unbounded (never finishes)"
 
 
 def _print_plan(d: dict[str, Any], nodes: int) -> None:
@@ -271,14 +311,26 @@ def _print_plan(d: dict[str, Any], nodes: int) -> None:
              f"(saves {d['waste_fraction'] - d['waste_fraction_with_notice']:.2%} of wall time)")
     else:
         echo("the notice is shorter than a checkpoint: no notice-time checkpoint")
+    if d.get("never_finishes"):
+        echo(f"the job never finishes in practice: a checkpoint ({d['checkpoint_s']:g} s) and "
+             f"restart ({d['restart_s']:g} s) cost about as much as, or more than, the "
+             f"{nodes}-node job's MTBF ({d['mtbf_job_h'] * 3600:.3g} s), so under "
+             f"{1 - planner.NEVER_FINISHES_WASTE:.1%} of wall time is useful compute; use fewer "
+             "nodes, a less interrupted type or a faster checkpoint")
     if d.get("expected_wall_h") is not None:
-        echo(f"expected wall time: {d['expected_wall_h']:.2f} h without notice"
-             + (f", {d['expected_wall_h_with_notice']:.2f} h with notice checkpoints"
+        echo(f"expected wall time: {_hours(d['expected_wall_h'])} without notice"
+             + (f", {_hours(d['expected_wall_h_with_notice'])} with notice checkpoints"
                 if d.get("expected_wall_h_with_notice") is not None else ""))
     if "expected_spot_cost_usd" in d:
-        echo(f"cost on {d['instance_type']}: spot ${d['expected_spot_cost_usd']:,.2f} vs "
-             f"on-demand ${d['on_demand_cost_usd']:,.2f} ({d['saving_percent']:.1f} % saved; "
-             f"{d['price_source']})")
+        pct = d["saving_percent"]
+        if pct is None:
+            saving = "no saving known: on-demand price 0"
+        elif not math.isfinite(pct):
+            saving = "the job never finishes on spot"
+        else:
+            saving = f"{pct:.1f} % saved"
+        echo(f"cost on {d['instance_type']}: spot {_usd(d['expected_spot_cost_usd'])} vs "
+             f"on-demand {_usd(d['on_demand_cost_usd'])} ({saving}; {d['price_source']})")
     if d.get("unverified_prices"):
         echo(unverified_line(d["unverified_prices"]))
 
@@ -309,9 +361,14 @@ def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
         click.echo(_measured_line(measured))
     for i, r in enumerate(ranked, 1):
         late = "" if r.meets_deadline is not False else "  (misses the deadline)"
-        click.echo(f"{i}. {r.instance_type}: ${r.expected_cost_usd:,.2f} expected on spot, "
+        if not math.isfinite(r.expected_wall_h):
+            click.echo(f"{i}. {r.instance_type}: never finishes on spot (checkpoint and restart "
+                       f"cost about as much as its MTBF; {r.compute_h:.2f} h compute), on-demand "
+                       f"{_usd(r.on_demand_cost_usd)}{late}")
+            continue
+        click.echo(f"{i}. {r.instance_type}: {_usd(r.expected_cost_usd)} expected on spot, "
                    f"{r.expected_wall_h:.2f} h wall ({r.compute_h:.2f} h compute), on-demand "
-                   f"${r.on_demand_cost_usd:,.2f}{late}")
+                   f"{_usd(r.on_demand_cost_usd)}{late}")
 
 
 COMMANDS = [plan_command]
