@@ -237,3 +237,24 @@ def test_plan_compare_names_a_candidate_that_never_finishes(tmp_path: Path) -> N
     assert out.startswith("1. p4d.24xlarge: $")
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nodes", "1000000", "--runs", "2"], "--nodes 1e+06: must be a finite number >= 1 and at most 100000"),
+    (["--job-hours", "1e9"], "--job-hours 1e+09: must be a finite number > 0 and at most 100000 hours"),
+    (["--checkpoint-s", "1e308"],
+     "--checkpoint-s 1e+308: must be a finite number > 0 and at most 604800 seconds"),
+    (["--mtbf-h", "1e-6"], "--mtbf-h 1e-06: must be a finite number >= 0.001 hours"),
+    (["--runs", "1000000000"], "--runs 1e+09: must be a finite number >= 2 and at most 100000"),
+    (["--boot-s", "inf"], "--boot-s inf"),
+    (["--checkpoint-s", "600", "--nodes", "64", "--runs", "2"],
+     "the job never finishes in practice with plain, periodic, slurm-spot, elastic: a checkpoint "
+     "(600 s) and recovery cost about as much as, or more than, the 64-spot-node job's MTBF"),
+    (["--job-hours", "10000", "--mtbf-h", "100"], "limit 3,000,000): lower --runs (to about "),
+])
+def test_simulate_refuses_what_it_cannot_answer_quickly(args: list[str], message: str) -> None:
+    defaults = {"--job-hours": "1", "--checkpoint-s": "60", "--mtbf-h": "1"}
+    given = dict(zip(args[::2], args[1::2], strict=True))
+    argv = [*args, *(x for k, v in defaults.items() if k not in given for x in (k, v))]
+    code, out = run("simulate", *argv)
+    assert code == 2, out
+    assert message in out
+

@@ -9,8 +9,19 @@ from typing import Any
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.commands.plan import finite, instance_prices, node_rate
+from slurm_spot.commands.plan import (
+    MAX_JOB_HOURS,
+    MAX_NODES,
+    MAX_SECONDS,
+    MAX_USD_H,
+    check_number,
+    finite,
+    instance_prices,
+    node_rate,
+)
 from slurm_spot.cost.simulator import STRATEGIES, SimParams, simulate
+
+MAX_RUNS = 100_000
 
 
 @click.command("simulate")
@@ -54,6 +65,18 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
     """Simulate plain Slurm, periodic checkpoints + expedited requeue, slurm-spot (notice
     checkpoint, prewarmed replacement, Daly interval) and elastic training; report completion
     time, cost and goodput with 95 % confidence intervals."""
+    check_number("--nodes", nodes, MAX_NODES, 1)
+    check_number("--on-demand-nodes", on_demand_nodes, nodes)
+    check_number("--job-hours", job_hours, MAX_JOB_HOURS, low_ok=False, unit=" hours")
+    for option, seconds in (("--checkpoint-s", checkpoint_s), ("--interval-s", interval_s)):
+        check_number(option, seconds, MAX_SECONDS, low_ok=False, unit=" seconds")
+    for option, seconds in (("--restart-s", restart_s), ("--notice-s", notice_s),
+                            ("--boot-s", boot_s), ("--slurmd-timeout-s", slurmd_timeout_s),
+                            ("--requeue-delay-s", requeue_delay_s)):
+        check_number(option, seconds, MAX_SECONDS, unit=" seconds")
+    check_number("--spot-usd-h", spot_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_number("--on-demand-usd-h", on_demand_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_number("--runs", runs, MAX_RUNS, 2)
     out = None
     if plot_path is not None:
         from slurm_spot.cost.plots import check_png_path
