@@ -258,3 +258,104 @@ def test_simulate_refuses_what_it_cannot_answer_quickly(args: list[str], message
     assert code == 2, out
     assert message in out
 
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+EXAMPLES = README.parent / "examples"
+
+
+def readme_cost_commands() -> list[list[str]]:
+    """The ``$ slurm-spot ...`` commands of README.md's "What will this cost me" block, as argv
+    lists (continuation lines joined, shell quoting undone)."""
+    import shlex
+
+    section = README.read_text().split("## What will this cost me", 1)[1]
+    block = section.split("```console\n", 1)[1].split("```", 1)[0]
+    commands, current = [], ""
+    for line in block.splitlines():
+        if line.startswith("$ ") or current:
+            current += line.removeprefix("$ ").rstrip("\\").strip() + " "
+            if not line.endswith("\\"):
+                commands.append(shlex.split(current)[1:])
+                current = ""
+    return commands
+
+
+def test_every_readme_cost_command_works_without_cloud_credentials(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # --plot sim.png lands here
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    commands = readme_cost_commands()
+    assert [c[0] for c in commands] == ["plan", "plan", "simulate", "cost"]
+    for argv in commands[:3]:
+        code, out = run(*argv)
+        assert code == 0, (argv, out)
+        assert "$" in out  # priced
+    assert (tmp_path / "sim.png").read_bytes()[:4] == b"\x89PNG"
+    # the first example's figures are the ones the README shows
+    readme = README.read_text()
+    code, out = run(*commands[0])
+    for line in ("MTBF: one node 5466.9 h, the 19-node job 287.7 h",
+                 "checkpoint every: Young 185.8 min, Daly 185.2 min (use Daly's)",
+                 "expected waste at Daly's interval, no notice: 1.10%",
+                 "with a checkpoint at each notice: 0.57% (saves 0.53% of wall time)"):
+        assert line in out and line in readme
+
+
+def test_a_missing_spot_price_says_why_and_names_spot_usd_h(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["plan", "--checkpoint-s", "60", "--mtbf-h", "100", "--job-hours", "1",
+            "--instance-type", "p4d.24xlarge"]
+    code, out = run(*args)
+    assert code == 2
+    assert ("no spot price for instance type 'p4d.24xlarge' in zone (any) (aws); AWS spot "
+            "prices come from DescribeSpotPriceHistory, which was not asked: no spot.yaml with "
+            "an aws provider") in out
+    assert "or give --spot-usd-h PRICE" in out
+    code, out = run("plan", "--compare", "--checkpoint-s", "60", "--work-steps", "1000",
+                    "--candidate", "p4d.24xlarge:1:<5%")
+    assert code == 2 and "--candidate p4d.24xlarge:STEPS_PER_S:BAND:SPOT_USD_H" in out
+    # an aws provider without credentials: the lookup's own error is named
+    data = site(tmp_path)
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump(data))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    code, out = run(*args, config=config)
+    assert code == 2, out
+    assert ("the AWS spot price lookup (DescribeSpotPriceHistory) failed: NoCredentialsError: "
+            "Unable to locate credentials") in out
+    assert "or give --spot-usd-h PRICE" in out
+
+
+def test_cost_works_on_the_local_cluster_with_the_example_config(tmp_path: Path) -> None:
+    data = yaml.safe_load((EXAMPLES / "spot-local.yaml").read_text())
+    data.update(state_dir=str(tmp_path / "state"), log_dir=str(tmp_path / "log"),
+                checkpoint={"root": str(tmp_path / "ckpt")},
+                slurm_bin_dir=str(tmp_path / "no-slurm"))  # no sacct: the events are used
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump(data))
+    local = json.loads(json.dumps(EVENTS).replace("gpu-", "spot-").replace("g5.xlarge", "local"))
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in local))
+    code, out = run("cost", "--job", "7", config=config)
+    assert code == 0, out
+    assert "job 7 (from events)" in out and "interruptions: 1" in out
+    assert "spot      local" in out and "$0.4000/h" in out
+    code, out = run("cost", "--job", "7", "--json", config=config)
+    (report,) = json.loads(out)
+    assert report["on_demand_usd"] > report["compute_usd"] > 0
+
+
+def test_local_up_and_demo_configs_price_the_local_nodes_like_the_example(tmp_path: Path) -> None:
+    from slurm_spot.config import SpotConfig, default_local_config
+    from slurm_spot.localcluster.demo import demo_config
+
+    example = yaml.safe_load((EXAMPLES / "spot-local.yaml").read_text())["cost"]
+    assert default_local_config().cost.model_dump(exclude_defaults=True) == example
+    demo = SpotConfig.model_validate(demo_config(tmp_path))
+    assert demo.cost.model_dump(exclude_defaults=True) == example
+

@@ -12,7 +12,7 @@ import click
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.config import CostConfig, SpotConfig, config_path
 from slurm_spot.cost import planner
-from slurm_spot.cost.prices import PriceBook, catalogue, site_prices
+from slurm_spot.cost.prices import PriceBook, UnknownPriceError, catalogue, site_prices
 from slurm_spot.errors import BadInputError
 from slurm_spot.events import read_events
 
@@ -104,24 +104,33 @@ def instance_prices(app: AppContext, instance_type: str, spot_usd_h: float | Non
 
 
 def checked_prices(app: AppContext, instance_type: str, spot_usd_h: float | None,
-                   on_demand_usd_h: float | None) -> tuple[float, float, str, list[str]]:
+                   on_demand_usd_h: float | None, spot_hint: str = "--spot-usd-h PRICE"
+                   ) -> tuple[float, float, str, list[str]]:
     """:func:`instance_prices` plus the prices it used from catalogue entries no fetched
     source confirmed (``"<market> <type>: <price> USD/h"``, empty when none).
 
     Raises:
-        UnknownPriceError: a price is found nowhere."""
+        UnknownPriceError: a price is found nowhere; the message says why (for AWS spot: no
+            aws provider configured, or the lookup's error) and names the option that gives
+            it (``--spot-usd-h``, or ``spot_hint`` where the price is given elsewhere)."""
     config = optional_config(app)
     book = site_prices(config) if config is not None else PriceBook(CostConfig())
     provider, zone = provider_of_type(config, instance_type)
     sources, unverified = [], []
     if spot_usd_h is None:
-        price = book.instance(provider, "spot", instance_type, zone)
+        try:
+            price = book.instance(provider, "spot", instance_type, zone)
+        except UnknownPriceError as exc:
+            raise UnknownPriceError(f"{exc}, or give {spot_hint}") from None
         spot_usd_h = price.usd_per_h
         sources.append(f"spot: {price.source}" + (f" ({price.zone})" if price.zone else ""))
         if not price.verified:
             unverified.append(f"spot {instance_type}: {price.usd_per_h:g} USD/h")
     if on_demand_usd_h is None:
-        price = book.instance(provider, "on-demand", instance_type, zone)
+        try:
+            price = book.instance(provider, "on-demand", instance_type, zone)
+        except UnknownPriceError as exc:
+            raise UnknownPriceError(f"{exc}, or give --on-demand-usd-h PRICE") from None
         on_demand_usd_h = price.usd_per_h
         sources.append(f"on-demand: {price.source}")
         if not price.verified:
@@ -150,14 +159,18 @@ def finite(data: Any) -> Any:
     return data
 
 
-def parse_candidate(text: str, default_rate: tuple[float, str] | None) -> tuple[str, float, float]:
-    """``TYPE:STEPS_PER_S[:BAND]`` -> (type, steps/s, node rate per hour).
+def parse_candidate(text: str, default_rate: tuple[float, str] | None
+                    ) -> tuple[str, float, float, float | None]:
+    """``TYPE:STEPS_PER_S[:BAND][:SPOT_USD_H]`` -> (type, steps/s, node rate per hour, spot USD
+    per node-hour or None to look it up). A part after the steps that is a number is the
+    price, else the band.
 
     Raises:
         BadInputError: malformed, or no band and no default rate."""
     parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[0]:
-        raise BadInputError(f"--candidate {text!r}: use TYPE:STEPS_PER_S or TYPE:STEPS_PER_S:BAND")
+    usage = "use TYPE:STEPS_PER_S[:BAND][:SPOT_USD_H], e.g. g5.xlarge:9:<5%:0.45"
+    if len(parts) not in (2, 3, 4) or not parts[0]:
+        raise BadInputError(f"--candidate {text!r}: {usage}")
     try:
         steps = float(parts[1])
     except ValueError:
@@ -165,14 +178,30 @@ def parse_candidate(text: str, default_rate: tuple[float, str] | None) -> tuple[
     if not (math.isfinite(steps) and 0 < steps <= MAX_STEPS):
         raise BadInputError(f"--candidate {text!r}: steps/s {parts[1]!r} must be a finite number "
                             f"> 0 and at most {MAX_STEPS:g}")
-    if len(parts) == 3:
-        rate = planner.rate_from_monthly_fraction(planner.band_fraction(parts[2]))
+    band: str | None = None
+    spot: float | None = None
+    for i, part in enumerate(parts[2:]):
+        try:
+            price = float(part)
+        except ValueError:
+            if band is not None or i > 0:
+                raise BadInputError(f"--candidate {text!r}: {usage}") from None
+            band = part
+            continue
+        if spot is not None or i != len(parts) - 3:
+            raise BadInputError(f"--candidate {text!r}: {usage}")
+        if not (math.isfinite(price) and 0 <= price <= MAX_USD_H):
+            raise BadInputError(f"--candidate {text!r}: spot price {part!r} must be a finite "
+                                f"number >= 0 and at most {MAX_USD_H:g} USD per node-hour")
+        spot = price
+    if band is not None:
+        rate = planner.rate_from_monthly_fraction(planner.band_fraction(band))
     elif default_rate is not None:
         rate = default_rate[0]
     else:
         raise BadInputError(f"--candidate {text!r}: give its band (TYPE:STEPS:BAND) or a "
                             "default --interruption-band/--interruption-rate/--mtbf-h")
-    return parts[0], steps, rate
+    return parts[0], steps, rate, spot
 
 
 def checkpoint_cost(app: AppContext, checkpoint_s: float | None, checkpoint_dir: str | None
@@ -228,7 +257,8 @@ def checkpoint_cost(app: AppContext, checkpoint_s: float | None, checkpoint_dir:
 @click.option("--compare", is_flag=True, help="Rank --candidate types by expected cost to finish.")
 @click.option("--work-steps", type=float, default=None, help="With --compare: the job's steps.")
 @click.option("--candidate", "candidates", multiple=True,
-              help="With --compare: TYPE:STEPS_PER_S[:BAND] (repeat).")
+              help="With --compare: TYPE:STEPS_PER_S[:BAND][:SPOT_USD_H] (repeat); without "
+                   "SPOT_USD_H the spot price is looked up.")
 @click.option("--deadline-h", type=float, default=None, help="With --compare: wall-time limit.")
 @json_option
 @pass_app
@@ -345,8 +375,10 @@ def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
     cands = []
     unverified: dict[str, list[str]] = {}
     for text in candidates:
-        itype, steps, node_rate_h = parse_candidate(text, default)
-        spot, od, _, unverified[itype] = checked_prices(app, itype, None, None)
+        itype, steps, node_rate_h, given_spot = parse_candidate(text, default)
+        spot, od, _, unverified[itype] = checked_prices(
+            app, itype, given_spot, None,
+            spot_hint=f"it in the candidate: --candidate {itype}:STEPS_PER_S:BAND:SPOT_USD_H")
         cands.append(planner.Candidate(itype, steps, spot, od, node_rate_h))
     ranked = planner.compare(cands, work_steps, nodes, checkpoint_s, restart_s, deadline_h)
     if as_json:
