@@ -359,3 +359,57 @@ def test_local_up_and_demo_configs_price_the_local_nodes_like_the_example(tmp_pa
     demo = SpotConfig.model_validate(demo_config(tmp_path))
     assert demo.cost.model_dump(exclude_defaults=True) == example
 
+
+def test_a_notice_checkpoint_that_does_not_pay_reads_as_a_cost() -> None:
+    code, out = run("plan", "--checkpoint-s", "30", "--restart-s", "600", "--mtbf-h", "0.5")
+    assert code == 0, out
+    assert ("with a checkpoint at each notice: 40.75% (costs 0.11% more wall time: the save at "
+            "each notice costs more than the recomputation it avoids)") in out
+    assert "saves -" not in out
+
+
+def test_plan_with_spot_dearer_than_on_demand_says_so() -> None:
+    code, out = run("plan", "--checkpoint-s", "60", "--mtbf-h", "100", "--job-hours", "10",
+                    "--instance-type", "g5.xlarge", "--spot-usd-h", "2", "--on-demand-usd-h", "1")
+    assert code == 0, out
+    # 10.10 h expected wall (with notice checkpoints) at 2 USD/h against 10 h at 1 USD/h
+    assert "spot $20.20 vs on-demand $10.00 (spot costs 102.0 % more" in out and "-1" not in out
+    code, out = run("plan", "--checkpoint-s", "60", "--mtbf-h", "100", "--job-hours", "10",
+                    "--instance-type", "g5.xlarge", "--spot-usd-h", "2", "--on-demand-usd-h", "0")
+    assert code == 0, out
+    assert "no saving known: on-demand price 0" in out
+
+
+def test_simulate_without_prices_says_they_are_unknown() -> None:
+    args = ["simulate", "--job-hours", "4", "--checkpoint-s", "60", "--mtbf-h", "50",
+            "--runs", "5"]
+    code, out = run(*args)
+    assert code == 0, out
+    assert "$0.00" not in out
+    assert "on-demand: 4.00 h, price unknown" in out
+    assert out.count("cost unknown (no spot price)") == 4
+    data = json.loads(run(*args, "--json")[1])
+    assert data["on_demand"]["cost_usd"] is None
+    assert all(s["cost_usd"] is None for s in data["strategies"])
+    code, out = run(*args, "--spot-usd-h", "1")
+    assert "cost $" in out and "on-demand: 4.00 h, price unknown" in out
+    assert "no on-demand price: give --on-demand-usd-h" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--mtbf-h", "10", "--job-hours", "1", "--instance-type", "g5.xlarge", "--spot-usd-h", "-1"],
+     "--spot-usd-h -1: must be a finite number >= 0"),
+    (["--compare", "--work-steps", "10", "--candidate", "g5.xlarge:1:<5%", "--deadline-h", "0"],
+     "--deadline-h 0: must be a finite number > 0"),
+    (["--mtbf-h", "10", "--candidate", "g5.xlarge:1:<5%"],
+     "--candidate: only with --compare"),
+    (["--mtbf-h", "10", "--work-steps", "100"], "--work-steps: only with --compare"),
+    (["--compare", "--work-steps", "10", "--candidate", "g5.xlarge:1:<5%", "--spot-usd-h", "1"],
+     "--spot-usd-h: not with --compare"),
+    (["--compare", "--work-steps", "10", "--candidate", "g5.xlarge:1:<5%:-3"],
+     "--candidate 'g5.xlarge:1:<5%:-3': spot price '-3' must be a finite number >= 0"),
+])
+def test_plan_refuses_options_it_would_ignore_or_misread(args: list[str], message: str) -> None:
+    code, out = run("plan", "--checkpoint-s", "60", *args)
+    assert code == 2, out
+    assert message in out

@@ -280,6 +280,21 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
     check_number("--on-demand-usd-h", on_demand_usd_h, MAX_USD_H, unit=" USD per node-hour")
     check_number("--work-steps", work_steps, MAX_STEPS, low_ok=False)
     check_number("--deadline-h", deadline_h, 1000 * MAX_JOB_HOURS, low_ok=False, unit=" hours")
+    if not compare:
+        given = [name for name, value in (("--candidate", candidates), ("--work-steps", work_steps),
+                                          ("--deadline-h", deadline_h)) if value]
+        if given:
+            raise BadInputError(f"{', '.join(given)}: only with --compare (add --compare to "
+                                "rank instance types)")
+    else:
+        given = [name for name, value in (("--instance-type", instance_type),
+                                          ("--job-hours", job_hours), ("--spot-usd-h", spot_usd_h),
+                                          ("--on-demand-usd-h", on_demand_usd_h))
+                 if value is not None]
+        if given:
+            raise BadInputError(f"{', '.join(given)}: not with --compare (each --candidate "
+                                "names its type, steps/s and spot price: "
+                                "TYPE:STEPS_PER_S[:BAND][:SPOT_USD_H]; --work-steps the job)")
     checkpoint_s, measured = checkpoint_cost(app, checkpoint_s, checkpoint_dir)
     if compare:
         _compare(app, checkpoint_s, restart_s, nodes, band, rate, mtbf_h, work_steps, candidates,
@@ -337,8 +352,11 @@ def _print_plan(d: dict[str, Any], nodes: int) -> None:
          f"Daly {d['daly_interval_s'] / 60:.1f} min (use Daly's)")
     echo(f"expected waste at Daly's interval, no notice: {d['waste_fraction']:.2%}")
     if d["notice_checkpoint"]:
-        echo(f"with a checkpoint at each notice: {d['waste_fraction_with_notice']:.2%} "
-             f"(saves {d['waste_fraction'] - d['waste_fraction_with_notice']:.2%} of wall time)")
+        gain = d["waste_fraction"] - d["waste_fraction_with_notice"]
+        effect = (f"saves {gain:.2%} of wall time" if gain >= 0 else
+                  f"costs {-gain:.2%} more wall time: the save at each notice costs more than "
+                  "the recomputation it avoids")
+        echo(f"with a checkpoint at each notice: {d['waste_fraction_with_notice']:.2%} ({effect})")
     else:
         echo("the notice is shorter than a checkpoint: no notice-time checkpoint")
     if d.get("never_finishes"):
@@ -357,8 +375,10 @@ def _print_plan(d: dict[str, Any], nodes: int) -> None:
             saving = "no saving known: on-demand price 0"
         elif not math.isfinite(pct):
             saving = "the job never finishes on spot"
-        else:
+        elif pct >= 0:
             saving = f"{pct:.1f} % saved"
+        else:
+            saving = f"spot costs {-pct:.1f} % more"
         echo(f"cost on {d['instance_type']}: spot {_usd(d['expected_spot_cost_usd'])} vs "
              f"on-demand {_usd(d['on_demand_cost_usd'])} ({saving}; {d['price_source']})")
     if d.get("unverified_prices"):
