@@ -76,6 +76,12 @@ def test_a_simulation_past_its_event_budget_is_refused_up_front() -> None:
                   node_rate_per_h=0.01)
     with pytest.raises(BadInputError, match=r"limit 3,000,000\): lower --runs \(to about \d+\)"):
         simulate(p, runs=200)
+    # so long that no number of runs fits: what else to change
+    p = SimParams(nodes=8, job_hours=10_000, checkpoint_s=60, restart_s=120,
+                  node_rate_per_h=0.01, interval_s=1)
+    with pytest.raises(BadInputError, match="even 2 runs exceed it: lower --job-hours or raise "
+                                            "--interval-s"):
+        simulate(p, runs=2, strategies=("plain",))
 
 
 def test_a_run_stops_at_its_step_budget_and_keeps_no_marks_when_asked() -> None:

@@ -370,11 +370,11 @@ def simulate(p: SimParams, strategies: tuple[str, ...] = STRATEGIES, runs: int =
             "type or a faster checkpoint, or leave those out with --strategy")
     steps = runs * sum(p.expected_steps(st) for st in strategies)
     if steps > MAX_STEPS:
-        fit = max(2, int(runs * MAX_STEPS / steps))
-        raise BadInputError(
-            f"this simulation would take ~{steps:,.0f} events (limit {MAX_STEPS:,}): lower "
-            f"--runs (to about {fit}" + (")" if fit < runs else "; even 2 runs exceed it)")
-            + " or --job-hours, or raise --interval-s")
+        fit = int(runs * MAX_STEPS / steps)
+        fix = (f"lower --runs (to about {fit}) or --job-hours, or raise --interval-s" if fit >= 2
+               else "even 2 runs exceed it: lower --job-hours or raise --interval-s")
+        raise BadInputError(f"this simulation would take ~{steps:,.0f} events "
+                            f"(limit {MAX_STEPS:,}): {fix}")
     budget = StepBudget(MAX_STEPS)
     base = on_demand_baseline(p)
     out = []
