@@ -613,13 +613,27 @@ def _with_line(problem: str, lines: dict[Path_, int]) -> str:
     return f"line {line}: {problem}" if line else problem
 
 
+# Prices of the local provider's "instances" (instance type and provider name ``local``), so
+# that ``slurm-spot cost`` and ``plan``/``simulate`` work on the local cluster. Illustrative,
+# not a bill: a local node is priced like the catalogue's g5.xlarge on-demand (1.006 USD/h,
+# slurm_spot/cost/prices.yaml) with spot at about 40 % of it; storage and egress at cloud-like
+# rates. examples/spot-local.yaml carries the same.
+LOCAL_COST: dict[str, dict[str, float]] = {
+    "spot_usd_per_hour": {"local": 0.40},
+    "on_demand_usd_per_hour": {"local": 1.006},
+    "storage_usd_per_gb_month": {"local": 0.023},
+    "egress_usd_per_gb": {"local": 0.01},
+}
+
+
 def default_local_config(
     state_dir: Path = Path("/var/lib/slurm-spot"),
     log_dir: Path = Path("/var/log/slurm-spot"),
 ) -> SpotConfig:
     """The configuration ``slurm-spot local up`` uses when none is given.
 
-    A partition ``spot`` of 4 one-CPU nodes ``spot-[1-4]`` on the local provider.
+    A partition ``spot`` of 4 one-CPU nodes ``spot-[1-4]`` on the local provider, priced
+    with :data:`LOCAL_COST`.
     """
     return SpotConfig.model_validate(
         {
@@ -630,5 +644,6 @@ def default_local_config(
             "state_dir": str(state_dir),
             "log_dir": str(log_dir),
             "checkpoint": {"root": str(state_dir / "checkpoints")},
+            "cost": LOCAL_COST,
         }
     )

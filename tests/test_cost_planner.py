@@ -102,3 +102,24 @@ def test_compare_ranks_a_faster_pricier_type_first_when_it_finishes_cheaper() ->
     assert ranked[0].compute_h == pytest.approx(5.0)
     with pytest.raises(BadInputError):
         planner.compare([], 1, 1, 1, 1)
+
+
+def test_overflowing_waste_reads_as_a_job_that_never_finishes() -> None:
+    # C + R hundreds of times the job's MTBF: e^((tau + C)/M) is beyond a float
+    assert planner.segment_wall_s(36.0, 86400.0, 300.0, 36.0) == math.inf
+    assert planner.waste_fraction(36.0, 86400.0, 300.0, 36.0) == 1.0
+    assert planner.expected_wall_s(3600.0, 36.0, 86400.0, 300.0, 36.0) == math.inf
+    result = planner.plan(planner.PlanInput(86400.0, 300.0, 100, 120.0, 1.0, "x", 1.0))
+    assert result.never_finishes and result.expected_wall_h == math.inf
+    fine = planner.plan(planner.PlanInput(60.0, 300.0, 8, 120.0, 0.001, "x", 10.0))
+    assert not fine.never_finishes and math.isfinite(fine.expected_wall_h or math.nan)
+
+
+def test_non_finite_inputs_are_refused_not_propagated() -> None:
+    with pytest.raises(BadInputError):
+        planner.expected_wall_s(math.nan, 60.0, 10.0, 0.0, 3600.0)
+    with pytest.raises(BadInputError):
+        planner.plan(planner.PlanInput(math.nan, 300.0, 1, 120.0, 0.01, "x"))
+    with pytest.raises(BadInputError, match="--work-steps nan"):
+        planner.compare([planner.Candidate("g5.xlarge", 1.0, 0.4, 1.0, 0.01)], math.nan, 1,
+                        60.0, 0.0)

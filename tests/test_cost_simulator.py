@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_spot.cost import planner
-from slurm_spot.cost.simulator import SimParams, simulate
+from slurm_spot.cost.simulator import NoProgressError, SimParams, StepBudget, simulate, simulate_run
 from slurm_spot.errors import BadInputError
 
 
@@ -57,3 +57,41 @@ def test_bad_parameters_are_named(change: dict[str, float]) -> None:
               "node_rate_per_h": 0.01, **change}
     with pytest.raises(BadInputError):
         simulate(SimParams(**params), runs=3)  # type: ignore[arg-type]
+
+
+def test_a_job_that_cannot_progress_is_refused_before_simulating() -> None:
+    # C = 600 s against a 64-node job MTBF of 56 s: `plan` says waste 100 %
+    p = SimParams(nodes=64, job_hours=1, checkpoint_s=600, restart_s=120, node_rate_per_h=1.0)
+    with pytest.raises(NoProgressError, match="never finishes in practice with plain, periodic, "
+                                              "slurm-spot, elastic"):
+        simulate(p, runs=2)
+    # the estimate agrees with `plan`'s model where both apply
+    ok = SimParams(nodes=8, job_hours=10, checkpoint_s=60, restart_s=120, node_rate_per_h=0.01)
+    assert ok.expected_wall_s("periodic") == pytest.approx(planner.expected_wall_s(
+        36000, 1200, 60, ok.downtime_s("periodic"), ok.job_mtbf_s))
+
+
+def test_a_simulation_past_its_event_budget_is_refused_up_front() -> None:
+    p = SimParams(nodes=8, job_hours=10_000, checkpoint_s=60, restart_s=120,
+                  node_rate_per_h=0.01)
+    with pytest.raises(BadInputError, match=r"limit 3,000,000\): lower --runs \(to about \d+\)"):
+        simulate(p, runs=200)
+    # so long that no number of runs fits: what else to change
+    p = SimParams(nodes=8, job_hours=10_000, checkpoint_s=60, restart_s=120,
+                  node_rate_per_h=0.01, interval_s=1)
+    with pytest.raises(BadInputError, match="even 2 runs exceed it: lower --job-hours or raise "
+                                            "--interval-s"):
+        simulate(p, runs=2, strategies=("plain",))
+
+
+def test_a_run_stops_at_its_step_budget_and_keeps_no_marks_when_asked() -> None:
+    import random
+
+    p = SimParams(nodes=1000, job_hours=24, checkpoint_s=60, restart_s=30, node_rate_per_h=0.01,
+                  interval_s=600)
+    with pytest.raises(NoProgressError, match="budget of 50 events"):
+        simulate_run(p, "periodic", random.Random(1), StepBudget(50))
+    run = simulate_run(p, "periodic", random.Random(1), keep_marks=False)
+    assert run.interruptions > 100 and run.marks == []  # memory does not grow with them
+    kept = simulate_run(p, "periodic", random.Random(1))
+    assert kept.wall_s == run.wall_s and len(kept.marks) >= kept.interruptions

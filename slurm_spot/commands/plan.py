@@ -12,9 +12,31 @@ import click
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.config import CostConfig, SpotConfig, config_path
 from slurm_spot.cost import planner
-from slurm_spot.cost.prices import PriceBook, catalogue, site_prices
+from slurm_spot.cost.prices import PriceBook, UnknownPriceError, catalogue, site_prices
 from slurm_spot.errors import BadInputError
 from slurm_spot.events import read_events
+
+# Upper bounds of the numeric options: far above any real job, low enough that the formulas
+# and the simulator stay in float range and in seconds of CPU.
+MAX_NODES = 100_000
+MAX_SECONDS = 7 * 86_400.0  # a checkpoint, restart, notice, boot ... of a week
+MAX_JOB_HOURS = 100_000.0  # about 11 years of compute
+MIN_MTBF_H = 0.001  # 3.6 s between interruptions of one node
+MAX_USD_H = 10_000.0
+MAX_STEPS = 1e15
+
+
+def check_number(option: str, value: float | None, high: float, low: float = 0.0,
+                 low_ok: bool = True, unit: str = "") -> None:
+    """Raise :class:`BadInputError` naming ``option`` unless ``value`` (None: not given, fine)
+    is finite and in ``[low, high]`` (``(low, high]`` when not ``low_ok``)."""
+    if value is None:
+        return
+    if math.isfinite(value) and (value >= low if low_ok else value > low) and value <= high:
+        return
+    limit = f" and at most {high:g}" if math.isfinite(high) else ""
+    raise BadInputError(f"{option} {value:g}: must be a finite number {'>=' if low_ok else '>'} "
+                        f"{low:g}{limit}{unit}")
 
 
 def optional_config(app: AppContext) -> SpotConfig | None:
@@ -40,8 +62,7 @@ def node_rate(app: AppContext, band: str | None, rate: str | None, mtbf_h: float
         return (planner.rate_from_monthly_fraction(fraction),
                 f"AWS Spot Advisor band {band} taken as {fraction:.1%} of nodes interrupted a month")
     if mtbf_h is not None:
-        if not (math.isfinite(mtbf_h) and mtbf_h > 0):
-            raise BadInputError(f"--mtbf-h {mtbf_h}: must be > 0 hours")
+        check_number("--mtbf-h", mtbf_h, math.inf, MIN_MTBF_H, unit=" hours")
         return 1.0 / mtbf_h, f"one node's MTBF {mtbf_h:g} h"
     assert rate is not None
     if rate.strip().lower() == "observed":
@@ -83,24 +104,33 @@ def instance_prices(app: AppContext, instance_type: str, spot_usd_h: float | Non
 
 
 def checked_prices(app: AppContext, instance_type: str, spot_usd_h: float | None,
-                   on_demand_usd_h: float | None) -> tuple[float, float, str, list[str]]:
+                   on_demand_usd_h: float | None, spot_hint: str = "--spot-usd-h PRICE"
+                   ) -> tuple[float, float, str, list[str]]:
     """:func:`instance_prices` plus the prices it used from catalogue entries no fetched
     source confirmed (``"<market> <type>: <price> USD/h"``, empty when none).
 
     Raises:
-        UnknownPriceError: a price is found nowhere."""
+        UnknownPriceError: a price is found nowhere; the message says why (for AWS spot: no
+            aws provider configured, or the lookup's error) and names the option that gives
+            it (``--spot-usd-h``, or ``spot_hint`` where the price is given elsewhere)."""
     config = optional_config(app)
     book = site_prices(config) if config is not None else PriceBook(CostConfig())
     provider, zone = provider_of_type(config, instance_type)
     sources, unverified = [], []
     if spot_usd_h is None:
-        price = book.instance(provider, "spot", instance_type, zone)
+        try:
+            price = book.instance(provider, "spot", instance_type, zone)
+        except UnknownPriceError as exc:
+            raise UnknownPriceError(f"{exc}, or give {spot_hint}") from None
         spot_usd_h = price.usd_per_h
         sources.append(f"spot: {price.source}" + (f" ({price.zone})" if price.zone else ""))
         if not price.verified:
             unverified.append(f"spot {instance_type}: {price.usd_per_h:g} USD/h")
     if on_demand_usd_h is None:
-        price = book.instance(provider, "on-demand", instance_type, zone)
+        try:
+            price = book.instance(provider, "on-demand", instance_type, zone)
+        except UnknownPriceError as exc:
+            raise UnknownPriceError(f"{exc}, or give --on-demand-usd-h PRICE") from None
         on_demand_usd_h = price.usd_per_h
         sources.append(f"on-demand: {price.source}")
         if not price.verified:
@@ -129,26 +159,49 @@ def finite(data: Any) -> Any:
     return data
 
 
-def parse_candidate(text: str, default_rate: tuple[float, str] | None) -> tuple[str, float, float]:
-    """``TYPE:STEPS_PER_S[:BAND]`` -> (type, steps/s, node rate per hour).
+def parse_candidate(text: str, default_rate: tuple[float, str] | None
+                    ) -> tuple[str, float, float, float | None]:
+    """``TYPE:STEPS_PER_S[:BAND][:SPOT_USD_H]`` -> (type, steps/s, node rate per hour, spot USD
+    per node-hour or None to look it up). A part after the steps that is a number is the
+    price, else the band.
 
     Raises:
         BadInputError: malformed, or no band and no default rate."""
     parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[0]:
-        raise BadInputError(f"--candidate {text!r}: use TYPE:STEPS_PER_S or TYPE:STEPS_PER_S:BAND")
+    usage = "use TYPE:STEPS_PER_S[:BAND][:SPOT_USD_H], e.g. g5.xlarge:9:<5%:0.45"
+    if len(parts) not in (2, 3, 4) or not parts[0]:
+        raise BadInputError(f"--candidate {text!r}: {usage}")
     try:
         steps = float(parts[1])
     except ValueError:
         raise BadInputError(f"--candidate {text!r}: {parts[1]!r} is not a number of steps/s") from None
-    if len(parts) == 3:
-        rate = planner.rate_from_monthly_fraction(planner.band_fraction(parts[2]))
+    if not (math.isfinite(steps) and 0 < steps <= MAX_STEPS):
+        raise BadInputError(f"--candidate {text!r}: steps/s {parts[1]!r} must be a finite number "
+                            f"> 0 and at most {MAX_STEPS:g}")
+    band: str | None = None
+    spot: float | None = None
+    for i, part in enumerate(parts[2:]):
+        try:
+            price = float(part)
+        except ValueError:
+            if band is not None or i > 0:
+                raise BadInputError(f"--candidate {text!r}: {usage}") from None
+            band = part
+            continue
+        if spot is not None or i != len(parts) - 3:
+            raise BadInputError(f"--candidate {text!r}: {usage}")
+        if not (math.isfinite(price) and 0 <= price <= MAX_USD_H):
+            raise BadInputError(f"--candidate {text!r}: spot price {part!r} must be a finite "
+                                f"number >= 0 and at most {MAX_USD_H:g} USD per node-hour")
+        spot = price
+    if band is not None:
+        rate = planner.rate_from_monthly_fraction(planner.band_fraction(band))
     elif default_rate is not None:
         rate = default_rate[0]
     else:
         raise BadInputError(f"--candidate {text!r}: give its band (TYPE:STEPS:BAND) or a "
                             "default --interruption-band/--interruption-rate/--mtbf-h")
-    return parts[0], steps, rate
+    return parts[0], steps, rate, spot
 
 
 def checkpoint_cost(app: AppContext, checkpoint_s: float | None, checkpoint_dir: str | None
@@ -165,8 +218,7 @@ def checkpoint_cost(app: AppContext, checkpoint_s: float | None, checkpoint_dir:
         raise BadInputError("give exactly one of --checkpoint-s (seconds one checkpoint takes) "
                             "and --checkpoint-dir (a job's checkpoints, local or s3://)")
     if checkpoint_s is not None:
-        if not (math.isfinite(checkpoint_s) and checkpoint_s >= 0):
-            raise BadInputError(f"--checkpoint-s {checkpoint_s}: must be >= 0 seconds")
+        check_number("--checkpoint-s", checkpoint_s, MAX_SECONDS, unit=" seconds")
         return checkpoint_s, None
     from slurm_spot.cost.saves import median_save_s
 
@@ -205,7 +257,8 @@ def checkpoint_cost(app: AppContext, checkpoint_s: float | None, checkpoint_dir:
 @click.option("--compare", is_flag=True, help="Rank --candidate types by expected cost to finish.")
 @click.option("--work-steps", type=float, default=None, help="With --compare: the job's steps.")
 @click.option("--candidate", "candidates", multiple=True,
-              help="With --compare: TYPE:STEPS_PER_S[:BAND] (repeat).")
+              help="With --compare: TYPE:STEPS_PER_S[:BAND][:SPOT_USD_H] (repeat); without "
+                   "SPOT_USD_H the spot price is looked up.")
 @click.option("--deadline-h", type=float, default=None, help="With --compare: wall-time limit.")
 @json_option
 @pass_app
@@ -219,17 +272,39 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
     interruptions. Assumes a constant interruption hazard per node (see the JSON's
     ``assumption``). C comes from ``--checkpoint-s`` or, with ``--checkpoint-dir``, from the
     job's own recorded saves (the output says which checkpoints were read)."""
+    check_number("--restart-s", restart_s, MAX_SECONDS, unit=" seconds")
+    check_number("--notice-s", notice_s, MAX_SECONDS, unit=" seconds")
+    check_number("--nodes", nodes, MAX_NODES, 1)
+    check_number("--job-hours", job_hours, MAX_JOB_HOURS, low_ok=False, unit=" hours")
+    check_number("--spot-usd-h", spot_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_number("--on-demand-usd-h", on_demand_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_number("--work-steps", work_steps, MAX_STEPS, low_ok=False)
+    check_number("--deadline-h", deadline_h, 1000 * MAX_JOB_HOURS, low_ok=False, unit=" hours")
+    if not compare:
+        given = [name for name, value in (("--candidate", candidates), ("--work-steps", work_steps),
+                                          ("--deadline-h", deadline_h)) if value]
+        if given:
+            raise BadInputError(f"{', '.join(given)}: only with --compare (add --compare to "
+                                "rank instance types)")
+    else:
+        given = [name for name, value in (("--instance-type", instance_type),
+                                          ("--job-hours", job_hours), ("--spot-usd-h", spot_usd_h),
+                                          ("--on-demand-usd-h", on_demand_usd_h))
+                 if value is not None]
+        if given:
+            raise BadInputError(f"{', '.join(given)}: not with --compare (each --candidate "
+                                "names its type, steps/s and spot price: "
+                                "TYPE:STEPS_PER_S[:BAND][:SPOT_USD_H]; --work-steps the job)")
     checkpoint_s, measured = checkpoint_cost(app, checkpoint_s, checkpoint_dir)
     if compare:
         _compare(app, checkpoint_s, restart_s, nodes, band, rate, mtbf_h, work_steps, candidates,
                  deadline_h, as_json, measured)
         return
     node_rate_h, source = node_rate(app, band, rate, mtbf_h)
-    if job_hours is not None and not (math.isfinite(job_hours) and job_hours > 0):
-        raise BadInputError(f"--job-hours {job_hours}: must be > 0")
     result = planner.plan(planner.PlanInput(checkpoint_s, restart_s, nodes, notice_s, node_rate_h,
                                             source, job_hours))
-    data: dict[str, Any] = {"checkpoint_s": checkpoint_s, **asdict(result)}
+    data: dict[str, Any] = {"checkpoint_s": checkpoint_s, "restart_s": restart_s,
+                            **asdict(result)}
     if measured is not None:
         data["checkpoint_source"] = measured
     if instance_type is not None and job_hours is not None and result.expected_wall_h is not None:
@@ -239,11 +314,13 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
             data["unverified_prices"] = unverified
         wall = (result.expected_wall_h_with_notice if result.expected_wall_h_with_notice is not None
                 else result.expected_wall_h)
+        spot_cost = wall * nodes * spot if math.isfinite(wall) else math.inf  # (inf * 0: NaN)
         data.update(instance_type=instance_type, price_source=price_source,
                     spot_usd_per_node_h=spot, on_demand_usd_per_node_h=od,
-                    expected_spot_cost_usd=wall * nodes * spot,
+                    expected_spot_cost_usd=spot_cost,
                     on_demand_cost_usd=job_hours * nodes * od,
-                    saving_percent=100 * (1 - wall * spot / (job_hours * od)) if od > 0 else None)
+                    saving_percent=100 * (1 - spot_cost / (job_hours * nodes * od)) if od > 0
+                    else None)
     if as_json:
         print_json(finite(data))
         return
@@ -257,6 +334,14 @@ def _measured_line(measured: dict[str, Any]) -> str:
             f"checkpoint(s) in {measured['location']} (steps {steps})")
 
 
+def _hours(h: float) -> str:
+    return f"{h:.2f} h" if math.isfinite(h) else "never (infinite)"
+
+
+def _usd(usd: float) -> str:
+    return f"${usd:,.2f}" if math.isfinite(usd) else "unbounded (never finishes)"
+
+
 def _print_plan(d: dict[str, Any], nodes: int) -> None:
     echo = click.echo
     if d.get("checkpoint_source"):
@@ -267,18 +352,35 @@ def _print_plan(d: dict[str, Any], nodes: int) -> None:
          f"Daly {d['daly_interval_s'] / 60:.1f} min (use Daly's)")
     echo(f"expected waste at Daly's interval, no notice: {d['waste_fraction']:.2%}")
     if d["notice_checkpoint"]:
-        echo(f"with a checkpoint at each notice: {d['waste_fraction_with_notice']:.2%} "
-             f"(saves {d['waste_fraction'] - d['waste_fraction_with_notice']:.2%} of wall time)")
+        gain = d["waste_fraction"] - d["waste_fraction_with_notice"]
+        effect = (f"saves {gain:.2%} of wall time" if gain >= 0 else
+                  f"costs {-gain:.2%} more wall time: the save at each notice costs more than "
+                  "the recomputation it avoids")
+        echo(f"with a checkpoint at each notice: {d['waste_fraction_with_notice']:.2%} ({effect})")
     else:
         echo("the notice is shorter than a checkpoint: no notice-time checkpoint")
+    if d.get("never_finishes"):
+        echo(f"the job never finishes in practice: a checkpoint ({d['checkpoint_s']:g} s) and "
+             f"restart ({d['restart_s']:g} s) cost about as much as, or more than, the "
+             f"{nodes}-node job's MTBF ({d['mtbf_job_h'] * 3600:.3g} s), so under "
+             f"{1 - planner.NEVER_FINISHES_WASTE:.1%} of wall time is useful compute; use fewer "
+             "nodes, a less interrupted type or a faster checkpoint")
     if d.get("expected_wall_h") is not None:
-        echo(f"expected wall time: {d['expected_wall_h']:.2f} h without notice"
-             + (f", {d['expected_wall_h_with_notice']:.2f} h with notice checkpoints"
+        echo(f"expected wall time: {_hours(d['expected_wall_h'])} without notice"
+             + (f", {_hours(d['expected_wall_h_with_notice'])} with notice checkpoints"
                 if d.get("expected_wall_h_with_notice") is not None else ""))
     if "expected_spot_cost_usd" in d:
-        echo(f"cost on {d['instance_type']}: spot ${d['expected_spot_cost_usd']:,.2f} vs "
-             f"on-demand ${d['on_demand_cost_usd']:,.2f} ({d['saving_percent']:.1f} % saved; "
-             f"{d['price_source']})")
+        pct = d["saving_percent"]
+        if pct is None:
+            saving = "no saving known: on-demand price 0"
+        elif not math.isfinite(pct):
+            saving = "the job never finishes on spot"
+        elif pct >= 0:
+            saving = f"{pct:.1f} % saved"
+        else:
+            saving = f"spot costs {-pct:.1f} % more"
+        echo(f"cost on {d['instance_type']}: spot {_usd(d['expected_spot_cost_usd'])} vs "
+             f"on-demand {_usd(d['on_demand_cost_usd'])} ({saving}; {d['price_source']})")
     if d.get("unverified_prices"):
         echo(unverified_line(d["unverified_prices"]))
 
@@ -293,8 +395,10 @@ def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
     cands = []
     unverified: dict[str, list[str]] = {}
     for text in candidates:
-        itype, steps, node_rate_h = parse_candidate(text, default)
-        spot, od, _, unverified[itype] = checked_prices(app, itype, None, None)
+        itype, steps, node_rate_h, given_spot = parse_candidate(text, default)
+        spot, od, _, unverified[itype] = checked_prices(
+            app, itype, given_spot, None,
+            spot_hint=f"it in the candidate: --candidate {itype}:STEPS_PER_S:BAND:SPOT_USD_H")
         cands.append(planner.Candidate(itype, steps, spot, od, node_rate_h))
     ranked = planner.compare(cands, work_steps, nodes, checkpoint_s, restart_s, deadline_h)
     if as_json:
@@ -309,9 +413,14 @@ def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
         click.echo(_measured_line(measured))
     for i, r in enumerate(ranked, 1):
         late = "" if r.meets_deadline is not False else "  (misses the deadline)"
-        click.echo(f"{i}. {r.instance_type}: ${r.expected_cost_usd:,.2f} expected on spot, "
+        if not math.isfinite(r.expected_wall_h):
+            click.echo(f"{i}. {r.instance_type}: never finishes on spot (checkpoint and restart "
+                       f"cost about as much as its MTBF; {r.compute_h:.2f} h compute), on-demand "
+                       f"{_usd(r.on_demand_cost_usd)}{late}")
+            continue
+        click.echo(f"{i}. {r.instance_type}: {_usd(r.expected_cost_usd)} expected on spot, "
                    f"{r.expected_wall_h:.2f} h wall ({r.compute_h:.2f} h compute), on-demand "
-                   f"${r.on_demand_cost_usd:,.2f}{late}")
+                   f"{_usd(r.on_demand_cost_usd)}{late}")
 
 
 COMMANDS = [plan_command]

@@ -9,8 +9,19 @@ from typing import Any
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.commands.plan import finite, instance_prices, node_rate
+from slurm_spot.commands.plan import (
+    MAX_JOB_HOURS,
+    MAX_NODES,
+    MAX_SECONDS,
+    MAX_USD_H,
+    check_number,
+    finite,
+    instance_prices,
+    node_rate,
+)
 from slurm_spot.cost.simulator import STRATEGIES, SimParams, simulate
+
+MAX_RUNS = 100_000
 
 
 @click.command("simulate")
@@ -54,6 +65,18 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
     """Simulate plain Slurm, periodic checkpoints + expedited requeue, slurm-spot (notice
     checkpoint, prewarmed replacement, Daly interval) and elastic training; report completion
     time, cost and goodput with 95 % confidence intervals."""
+    check_number("--nodes", nodes, MAX_NODES, 1)
+    check_number("--on-demand-nodes", on_demand_nodes, nodes)
+    check_number("--job-hours", job_hours, MAX_JOB_HOURS, low_ok=False, unit=" hours")
+    for option, seconds in (("--checkpoint-s", checkpoint_s), ("--interval-s", interval_s)):
+        check_number(option, seconds, MAX_SECONDS, low_ok=False, unit=" seconds")
+    for option, seconds in (("--restart-s", restart_s), ("--notice-s", notice_s),
+                            ("--boot-s", boot_s), ("--slurmd-timeout-s", slurmd_timeout_s),
+                            ("--requeue-delay-s", requeue_delay_s)):
+        check_number(option, seconds, MAX_SECONDS, unit=" seconds")
+    check_number("--spot-usd-h", spot_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_number("--on-demand-usd-h", on_demand_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_number("--runs", runs, MAX_RUNS, 2)
     out = None
     if plot_path is not None:
         from slurm_spot.cost.plots import check_png_path
@@ -62,10 +85,15 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
     node_rate_h, source = node_rate(app, band, rate, mtbf_h)
     price_source = "no prices (give --instance-type or --spot-usd-h/--on-demand-usd-h)"
     spot = od = 0.0
+    spot_known = od_known = instance_type is not None  # (instance_prices raises if not found)
     if instance_type is not None:
         spot, od, price_source = instance_prices(app, instance_type, spot_usd_h, on_demand_usd_h)
     elif spot_usd_h is not None or on_demand_usd_h is not None:
         spot, od, price_source = spot_usd_h or 0.0, on_demand_usd_h or 0.0, "given"
+        spot_known, od_known = spot_usd_h is not None, on_demand_usd_h is not None
+        if not (spot_known and od_known):
+            price_source += (" (no on-demand price: give --on-demand-usd-h)" if spot_known
+                             else " (no spot price: give --spot-usd-h)")
     params = SimParams(nodes=nodes, on_demand_nodes=on_demand_nodes, job_hours=job_hours,
                        checkpoint_s=checkpoint_s, restart_s=restart_s, interval_s=interval_s,
                        notice_s=notice_s, boot_s=boot_s, slurmd_timeout_s=slurmd_timeout_s,
@@ -79,16 +107,26 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
     data: dict[str, Any] = {"params": asdict(params), "rate_source": source,
                             "price_source": price_source, "runs": runs, "seed": seed,
                             "on_demand": asdict(base), "strategies": [asdict(r) for r in results]}
+    if not od_known:  # unknown, not free: null in the JSON
+        data["on_demand"]["cost_usd"] = None
+    for r_data in data["strategies"] if not (spot_known and od_known) else []:
+        r_data["saving_vs_on_demand"] = None
+        if not spot_known:
+            r_data["cost_usd"] = None
     if as_json:
         print_json(finite(data))
         return
     click.echo(f"{nodes} nodes ({on_demand_nodes} on-demand), {job_hours:g} h of compute; "
                f"{source}; {price_source}; {runs} runs, seed {seed}")
-    click.echo(f"on-demand: {base.wall_h:.2f} h, ${base.cost_usd:,.2f}")
+    od_cost = f"${base.cost_usd:,.2f}" if od_known else "price unknown"
+    click.echo(f"on-demand: {base.wall_h:.2f} h, {od_cost}")
     for r in results:
-        saved = "" if math.isnan(r.saving_vs_on_demand) else f"{r.saving_vs_on_demand:.1%} saved, "
+        saved = ("" if math.isnan(r.saving_vs_on_demand) or not spot_known
+                 else f"{r.saving_vs_on_demand:.1%} saved, ")
+        cost = (f"cost ${r.cost_usd.mean:,.2f} ± {r.cost_usd.ci95:,.2f}" if spot_known
+                else "cost unknown (no spot price)")
         click.echo(f"{r.strategy:>10}: wall {r.wall_h.mean:.2f} ± {r.wall_h.ci95:.2f} h, "
-                   f"cost ${r.cost_usd.mean:,.2f} ± {r.cost_usd.ci95:,.2f}, goodput "
+                   f"{cost}, goodput "
                    f"{r.goodput.mean:.4f} ± {r.goodput.ci95:.4f}, "
                    f"{r.interruptions.mean:.2f} interruptions, checkpoint every "
                    f"{r.interval_s / 60:.1f} min; vs on-demand: {saved}"

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 from slurm_spot.errors import BadInputError
 
-HOURS_PER_MONTH = 730.0  # 365 days * 24 h / 12
+HOURS_PER_MONTH = 730.0
+# Waste at or above this (wall time >= 1000 x the compute time) reads "never finishes".
+NEVER_FINISHES_WASTE = 0.999  # 365 days * 24 h / 12
 # AWS Spot Advisor bands -> the monthly interruption fraction each stands for (its midpoint;
 # the open-ended top band is taken as 25 %).
 BANDS: dict[str, float] = {
@@ -92,10 +94,15 @@ def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
 def segment_wall_s(work_s: float, checkpoint_s: float, restart_s: float, mtbf_s: float) -> float:
     """Expected wall seconds to get one segment of ``work_s`` compute plus its ``checkpoint_s``
     save done when every interruption (during work, save or restart) costs ``restart_s`` and
-    the segment's progress: ``M e^(R/M) (e^((w + C)/M) - 1)`` (Daly 2006, eq. 20 per segment)."""
+    the segment's progress: ``M e^(R/M) (e^((w + C)/M) - 1)`` (Daly 2006, eq. 20 per segment).
+    ``inf`` where that exceeds a float (the segment practically never completes: ``w + C + R``
+    is hundreds of MTBFs), never an ``OverflowError``."""
     if math.isinf(mtbf_s):
         return work_s + checkpoint_s
-    return mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((work_s + checkpoint_s) / mtbf_s)
+    try:
+        return mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((work_s + checkpoint_s) / mtbf_s)
+    except OverflowError:
+        return math.inf
 
 
 def expected_wall_s(
@@ -105,21 +112,28 @@ def expected_wall_s(
     ``interval_s`` of compute (the last, shorter segment ends the job without a checkpoint).
 
     Raises:
-        BadInputError: a non-positive interval or job length, or a negative cost.
+        BadInputError: a non-positive or non-finite interval, job length or cost.
+
+    ``inf`` when the job practically never finishes (see :func:`segment_wall_s`).
     """
-    if interval_s <= 0 or job_s <= 0 or checkpoint_s < 0 or restart_s < 0:
-        raise BadInputError("job length and interval must be > 0, checkpoint and restart >= 0")
+    if not all(math.isfinite(v) for v in (job_s, interval_s, checkpoint_s, restart_s)) or (
+            interval_s <= 0 or job_s <= 0 or checkpoint_s < 0 or restart_s < 0):
+        raise BadInputError("job length and interval must be finite and > 0, checkpoint and "
+                            "restart finite and >= 0")
     full = math.floor(job_s / interval_s + 1e-9)
     rest = job_s - full * interval_s
     if rest <= 1e-9 and full > 0:
         full, rest = full - 1, interval_s
-    return (full * segment_wall_s(interval_s, checkpoint_s, restart_s, mtbf_s)
-            + segment_wall_s(rest, 0.0, restart_s, mtbf_s))
+    wall = segment_wall_s(rest, 0.0, restart_s, mtbf_s)
+    if full > 0:  # (0 * inf would be NaN)
+        wall += full * segment_wall_s(interval_s, checkpoint_s, restart_s, mtbf_s)
+    return wall
 
 
 def waste_fraction(interval_s: float, checkpoint_s: float, restart_s: float, mtbf_s: float) -> float:
     """Expected share of wall time that is not useful compute (checkpoints, lost work,
-    restarts) in steady state: ``1 - tau / (M e^(R/M) (e^((tau + C)/M) - 1))``."""
+    restarts) in steady state: ``1 - tau / (M e^(R/M) (e^((tau + C)/M) - 1))``; 1.0 when that
+    denominator exceeds a float."""
     return 1.0 - interval_s / segment_wall_s(interval_s, checkpoint_s, restart_s, mtbf_s)
 
 
@@ -165,6 +179,7 @@ class Plan:
     expected_wall_h: float | None
     expected_wall_h_with_notice: float | None
     assumption: str
+    never_finishes: bool = False
 
 
 def plan(inp: PlanInput) -> Plan:
@@ -175,10 +190,17 @@ def plan(inp: PlanInput) -> Plan:
     assume one is taken at every interruption.
 
     Raises:
-        BadInputError: negative costs, ``checkpoint_s <= 0`` or fewer than one node.
+        BadInputError: negative or non-finite costs, ``checkpoint_s <= 0`` or fewer than one
+            node.
+
+    ``never_finishes`` is True when even the better of the two wastes is at least
+    :data:`NEVER_FINISHES_WASTE` (the checkpoint and restart cost about as much as, or more
+    than, the job's MTBF); the wall times are then huge or ``inf``.
     """
-    if inp.checkpoint_s <= 0 or inp.restart_s < 0 or inp.notice_s < 0:
-        raise BadInputError("--checkpoint-s must be > 0; --restart-s and --notice-s >= 0")
+    if not all(math.isfinite(v) for v in (inp.checkpoint_s, inp.restart_s, inp.notice_s)) or (
+            inp.checkpoint_s <= 0 or inp.restart_s < 0 or inp.notice_s < 0):
+        raise BadInputError("--checkpoint-s must be > 0; --restart-s and --notice-s >= 0 "
+                            "(all finite)")
     mtbf = job_mtbf_s(inp.node_rate_per_h, inp.nodes)
     if math.isinf(mtbf):
         young = daly = math.inf
@@ -205,6 +227,8 @@ def plan(inp: PlanInput) -> Plan:
         expected_wall_h=wall, expected_wall_h_with_notice=wall_notice,
         assumption=f"{inp.rate_source}; constant hazard per node, independent nodes "
                    f"(monthly fraction p -> rate -ln(1-p)/{HOURS_PER_MONTH:g} h)",
+        never_finishes=min(waste, 1.0 if waste_notice is None else waste_notice)
+        >= NEVER_FINISHES_WASTE,
     )
 
 
@@ -222,7 +246,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Ranked:
-    """A candidate's expected outcome; ``meets_deadline`` is None without a deadline."""
+    """A candidate's expected outcome; ``meets_deadline`` is None without a deadline; an
+    ``expected_wall_h`` (and cost) of ``inf`` means the job practically never finishes."""
 
     instance_type: str
     compute_h: float
@@ -246,11 +271,11 @@ def compare(
     """
     if not candidates:
         raise BadInputError("--compare needs at least one --candidate TYPE:STEPS_PER_S")
-    if work_steps <= 0:
-        raise BadInputError(f"--work-steps {work_steps}: must be > 0")
+    if not (math.isfinite(work_steps) and work_steps > 0):
+        raise BadInputError(f"--work-steps {work_steps}: must be a finite number > 0")
     ranked = []
     for c in candidates:
-        if c.steps_per_s <= 0:
+        if not (math.isfinite(c.steps_per_s) and c.steps_per_s > 0):
             raise BadInputError(f"candidate {c.instance_type}: steps/s must be > 0")
         job_s = work_steps / c.steps_per_s
         mtbf = job_mtbf_s(c.node_rate_per_h, nodes)

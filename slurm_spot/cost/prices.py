@@ -198,25 +198,37 @@ class PriceBook:
         ``local``) in ``market``.
 
         Raises:
-            UnknownPriceError: no price anywhere (message names the type and zone).
+            UnknownPriceError: no price anywhere (message names the type and zone and, for AWS
+                spot, why the live lookup gave none: not configured, or the botocore error
+                such as missing credentials).
         """
         override = (self.cost.on_demand_usd_per_hour if market == "on-demand"
                     else self.cost.spot_usd_per_hour).get(instance_type)
         if override is not None:
             return Price(override, "config", zone)
         found = _catalogue_price(provider, market, instance_type)
-        if provider == "aws" and market == "spot" and self.aws_spot is not None:
-            try:
-                return self.aws_spot.price(instance_type, zone)
-            except UnknownPriceError:
-                if found is None:
-                    raise
+        why = ""
+        if provider == "aws" and market == "spot":
+            if self.aws_spot is None:
+                why = ("; AWS spot prices come from DescribeSpotPriceHistory, which was not "
+                       "asked: no spot.yaml with an aws provider")
+            else:
+                try:
+                    return self.aws_spot.price(instance_type, zone)
+                except UnknownPriceError:
+                    if found is None:
+                        raise
+                except Exception as exc:  # botocore: no credentials, endpoint unreachable
+                    if not type(exc).__module__.startswith("botocore"):
+                        raise
+                    why = (f"; the AWS spot price lookup (DescribeSpotPriceHistory) failed: "
+                           f"{type(exc).__name__}: {exc}")
         if found is not None:
             return Price(found.usd_per_h, found.source, zone, verified=found.verified)
         key = "spot_usd_per_hour" if market == "spot" else "on_demand_usd_per_hour"
         raise UnknownPriceError(
             f"no {market} price for instance type {instance_type!r} in zone {zone or '(any)'} "
-            f"({provider}): set cost.{key}.{instance_type} in spot.yaml")
+            f"({provider}){why}: set cost.{key}.{instance_type} in spot.yaml")
 
     def storage_usd_per_gb_month(self, provider_name: str) -> float:
         """Checkpoint storage price of a provider (config only).

@@ -30,12 +30,41 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-from slurm_spot.cost.planner import daly_interval_s, job_mtbf_s
+from slurm_spot.cost.planner import (
+    NEVER_FINISHES_WASTE,
+    daly_interval_s,
+    expected_wall_s,
+    job_mtbf_s,
+)
 from slurm_spot.errors import BadInputError
 
 STRATEGIES = ("plain", "periodic", "slurm-spot", "elastic")
 Z95 = 1.959964
 EPS_S = 1e-6  # below float resolution of wall times of months: treat as zero
+# Event-loop steps (interruptions, checkpoints, recoveries, joins) one simulate() call may
+# take: a few seconds of CPU. Estimated before it starts, enforced while it runs.
+MAX_STEPS = 3_000_000
+
+
+class NoProgressError(BadInputError):
+    """The simulated job cannot make progress (it would practically never finish), or the
+    simulation would exceed its step budget; the message says which and why."""
+
+
+class StepBudget:
+    """Counts event-loop steps; :meth:`take` raises :class:`NoProgressError` past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self) -> None:
+        self.used += 1
+        if self.used > self.limit:
+            raise NoProgressError(
+                f"the simulation passed its budget of {self.limit:,} events without the job "
+                "finishing: it makes (almost) no progress at these settings; check `slurm-spot "
+                "plan` with the same numbers, or lower --runs / --job-hours")
 
 
 @dataclass(frozen=True)
@@ -100,6 +129,37 @@ class SimParams:
             return max(self.notice_s, self.boot_s) + self.restart_s
         return self.detect_s + self.boot_s + self.restart_s
 
+    def expected_wall_s(self, strategy: str) -> float:
+        """An analytic estimate of the expected wall seconds of ``strategy`` (``inf``: never
+        finishes), used to refuse hopeless or too long simulations before running them.
+        ``plain``/``periodic``/``slurm-spot`` without notice checkpoint: Daly's complete model
+        (:func:`slurm_spot.cost.planner.expected_wall_s`) with the strategy's downtime as R.
+        ``slurm-spot`` with notice checkpoints: nothing is recomputed; a recovery of ``r``
+        seconds that restarts on each interruption takes ``M (e^(r/M) - 1)`` on average, so
+        useful time is a share ``e^(-r/M)``. ``elastic``: each interruption pauses the job
+        ``2 restart_s`` (the failure and the join) and costs ``(boot - notice) / N`` of speed."""
+        job_s = self.job_hours * 3600.0
+        mtbf = self.job_mtbf_s
+        tau = self.interval_for(strategy)
+        stretch = 1 + self.checkpoint_s / tau
+        if math.isinf(mtbf):
+            return job_s * stretch
+        if strategy == "elastic":
+            lost = (2 * self.restart_s + max(0.0, self.boot_s - self.notice_s) / self.nodes) / mtbf
+            return math.inf if lost >= 1 else job_s * stretch / (1 - lost)
+        if strategy == "slurm-spot" and self.notice_s >= self.checkpoint_s:
+            recovery = max(self.checkpoint_s, self.boot_s) + self.restart_s
+            try:
+                return job_s * stretch * math.exp(recovery / mtbf)
+            except OverflowError:
+                return math.inf
+        return expected_wall_s(job_s, tau, self.checkpoint_s, self.downtime_s(strategy), mtbf)
+
+    def expected_steps(self, strategy: str) -> float:
+        """Expected event-loop steps of one run: its checkpoints plus a few per interruption."""
+        wall = self.expected_wall_s(strategy)
+        return self.job_hours * 3600.0 / self.interval_for(strategy) + 3 * wall / self.job_mtbf_s
+
     @property
     def cost_per_wall_h(self) -> float:
         return self.spot_nodes * self.spot_usd_per_h + self.on_demand_nodes * self.on_demand_usd_per_h
@@ -115,17 +175,32 @@ class RunResult:
     marks: list[tuple[float, str]] = field(default_factory=list)
 
 
-def simulate_run(p: SimParams, strategy: str, rng: random.Random) -> RunResult:
-    """Simulate ``strategy`` once.
+def simulate_run(p: SimParams, strategy: str, rng: random.Random,
+                 budget: StepBudget | None = None, keep_marks: bool = True) -> RunResult:
+    """Simulate ``strategy`` once; ``budget`` (default: :data:`MAX_STEPS`) bounds its steps;
+    ``keep_marks`` False leaves ``marks`` empty (memory stays flat however many
+    interruptions).
 
     Raises:
         BadInputError: unknown strategy.
+        NoProgressError: the budget ran out before the job finished.
     """
     if strategy not in STRATEGIES:
         raise BadInputError(f"strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
+    budget = budget or StepBudget(MAX_STEPS)
+    result = RunResult(0.0, 0)
+    if not keep_marks:
+        result.marks = _Discard()
     if strategy == "elastic":
-        return _run_elastic(p, rng)
-    return _run_requeue(p, strategy, rng)
+        return _run_elastic(p, rng, budget, result)
+    return _run_requeue(p, strategy, rng, budget, result)
+
+
+class _Discard(list[tuple[float, str]]):
+    """A ``marks`` list that keeps nothing."""
+
+    def append(self, item: tuple[float, str]) -> None:
+        pass
 
 
 def _next_gap(p: SimParams, rng: random.Random) -> float:
@@ -133,7 +208,8 @@ def _next_gap(p: SimParams, rng: random.Random) -> float:
     return math.inf if rate <= 0 else rng.expovariate(rate)
 
 
-def _run_requeue(p: SimParams, strategy: str, rng: random.Random) -> RunResult:
+def _run_requeue(p: SimParams, strategy: str, rng: random.Random, budget: StepBudget,
+                 result: RunResult) -> RunResult:
     """plain / periodic / slurm-spot: the whole job stops and restarts on each interruption."""
     job_s = p.job_hours * 3600.0
     tau = p.interval_for(strategy)
@@ -141,8 +217,8 @@ def _run_requeue(p: SimParams, strategy: str, rng: random.Random) -> RunResult:
     down = p.downtime_s(strategy)
     t, saved = 0.0, 0.0
     nxt = _next_gap(p, rng)
-    result = RunResult(0.0, 0)
     while True:
+        budget.take()
         seg = min(tau, job_s - saved)
         last = saved + seg >= job_s - 1e-9
         need = seg + (0.0 if last else p.checkpoint_s)
@@ -169,6 +245,7 @@ def _run_requeue(p: SimParams, strategy: str, rng: random.Random) -> RunResult:
             recovery = down
         # recover; another interruption during recovery starts it again (Daly's model)
         while True:
+            budget.take()
             nxt = t + _next_gap(p, rng)
             if nxt >= t + recovery:
                 t += recovery
@@ -180,7 +257,8 @@ def _run_requeue(p: SimParams, strategy: str, rng: random.Random) -> RunResult:
         result.marks.append((t, "resume"))
 
 
-def _run_elastic(p: SimParams, rng: random.Random) -> RunResult:
+def _run_elastic(p: SimParams, rng: random.Random, budget: StepBudget,
+                 result: RunResult) -> RunResult:
     """Survivors continue at reduced speed; replacements join after their boot."""
     job_s = p.job_hours * 3600.0
     tau = p.interval_for("elastic")
@@ -188,9 +266,9 @@ def _run_elastic(p: SimParams, rng: random.Random) -> RunResult:
     joins: list[float] = []  # wall times replacements join
     pause_until = 0.0
     nxt = _next_gap(p, rng)
-    result = RunResult(0.0, 0)
     ckpt_left = 0.0
     while done < job_s - EPS_S:
+        budget.take()
         speed = (p.nodes - len(joins)) / p.nodes
         horizon = min(nxt, min(joins, default=math.inf))
         if t < pause_until or speed <= 0:
@@ -272,21 +350,41 @@ def simulate(p: SimParams, strategies: tuple[str, ...] = STRATEGIES, runs: int =
     seed gives the same numbers).
 
     Raises:
-        BadInputError: bad parameters, unknown strategy, ``runs < 2``.
+        BadInputError: bad parameters, unknown strategy, ``runs < 2``, or an estimated
+            (:meth:`SimParams.expected_steps`) total over :data:`MAX_STEPS` events.
+        NoProgressError: a strategy's expected waste is ~100 % (analytic estimate,
+            :meth:`SimParams.expected_wall_s`), or the runs passed :data:`MAX_STEPS` steps.
     """
     p.check()
     if runs < 2:
         raise BadInputError(f"--runs {runs}: at least 2 (confidence intervals need them)")
+    job_s = p.job_hours * 3600.0
+    hopeless = [st for st in strategies
+                if p.expected_wall_s(st) * (1 - NEVER_FINISHES_WASTE) >= job_s]
+    if hopeless:
+        raise NoProgressError(
+            f"the job never finishes in practice with {', '.join(hopeless)}: a checkpoint "
+            f"({p.checkpoint_s:g} s) and recovery cost about as much as, or more than, the "
+            f"{p.spot_nodes}-spot-node job's MTBF ({p.job_mtbf_s:.3g} s), so expected waste is "
+            f"~100 % (`slurm-spot plan` gives the same); use fewer nodes, a less interrupted "
+            "type or a faster checkpoint, or leave those out with --strategy")
+    steps = runs * sum(p.expected_steps(st) for st in strategies)
+    if steps > MAX_STEPS:
+        fit = int(runs * MAX_STEPS / steps)
+        fix = (f"lower --runs (to about {fit}) or --job-hours, or raise --interval-s" if fit >= 2
+               else "even 2 runs exceed it: lower --job-hours or raise --interval-s")
+        raise BadInputError(f"this simulation would take ~{steps:,.0f} events "
+                            f"(limit {MAX_STEPS:,}): {fix}")
+    budget = StepBudget(MAX_STEPS)
     base = on_demand_baseline(p)
     out = []
     for strategy in strategies:
         rng = random.Random(f"{seed}:{strategy}")
         walls, counts = [], []
         for _ in range(runs):
-            r = simulate_run(p, strategy, rng)
+            r = simulate_run(p, strategy, rng, budget, keep_marks=False)
             walls.append(r.wall_s)
             counts.append(float(r.interruptions))
-        job_s = p.job_hours * 3600.0
         wall = Estimate.of([w / 3600 for w in walls])
         cost = Estimate.of([w / 3600 * p.cost_per_wall_h for w in walls])
         out.append(StrategyResult(

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from slurm_spot.config import LOCAL_COST
 from slurm_spot.errors import SlurmSpotError
 from slurm_spot.events import read_events
 from slurm_spot.recovery import PARTS, breakdown
@@ -142,6 +143,7 @@ def demo_config(workdir: Path, boot_delay_s: float = 2.0, prewarm: bool = True,
         "state_dir": str(workdir / "state"),
         "log_dir": str(workdir / "log"),
         "checkpoint": checkpoint or {"root": str(workdir / "checkpoints"), "keep": 2},
+        "cost": LOCAL_COST,  # so `slurm-spot cost --job N` prices the demo's jobs
     }
 
 
