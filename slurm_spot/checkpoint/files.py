@@ -102,6 +102,50 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:09d}"
 
 
+_KINDS = {stat.S_IFREG: "a regular file", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "not a directory")
+
+
+def root_problem(directory: str | os.PathLike[str]) -> str:
+    """Why ``directory`` cannot be a checkpoint directory, or ``""``. Reads only.
+
+    A missing directory is fine (the first save creates it); so is a symlink to a directory
+    (the job's own choice of where its checkpoints live, e.g. a link to scratch). Refused: an
+    existing entry that is not a directory (a regular file, a symlink to one, a dangling
+    symlink, a FIFO, ...), and a path under such an entry. The message starts with the path.
+    """
+    path = Path(directory)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"{path} is a symlink to {os.readlink(path)}, which does not exist"
+        return ""
+    except NotADirectoryError:
+        for parent in reversed(path.absolute().parents):
+            try:
+                mode = os.stat(parent).st_mode
+            except OSError:
+                break
+            if not stat.S_ISDIR(mode):
+                return (f"{path}: {parent} is "
+                        f"{_kind(mode)}, not a directory")
+        return f"{path}: a part of it is not a directory"
+    except OSError:
+        return ""  # e.g. no permission to look: the save reports its own error then
+    if stat.S_ISDIR(info.st_mode):
+        return ""
+    if os.path.islink(path):
+        return (f"{path} is a symlink to {os.readlink(path)}, which is {_kind(info.st_mode)}, "
+                "not a directory")
+    return f"{path} is {_kind(info.st_mode)}, not a directory"
+
+
 def _is_temp_name(name: str) -> bool:
     return name.startswith(".") or any(marker in name for marker in _TEMP_MARKERS)
 

@@ -35,6 +35,7 @@ from slurm_spot.checkpoint.files import (
     new_temp_dir,
     prune,
     remove_checkpoint_dir,
+    root_problem,
     step_dir_name,
     validate,
     write_manifest,
@@ -136,10 +137,24 @@ def open_store(root: str | os.PathLike[str], **s3_options: Any) -> CheckpointSto
 
 class LocalStore:
     """Checkpoints as ``step_<N>`` directories in ``directory`` (local or shared POSIX file
-    system; created on the first save). See :mod:`slurm_spot.checkpoint.files`."""
+    system; created on the first save). See :mod:`slurm_spot.checkpoint.files`.
+
+    Raises:
+        CheckpointError: ``directory`` exists but is not a directory (a regular file, a symlink
+            to one, a dangling symlink) or lies under such an entry
+            (:func:`~slurm_spot.checkpoint.files.root_problem`); checked again by
+            :meth:`latest`, :meth:`has_committed` and :meth:`stage`, so a file put there later
+            never reads as "no checkpoints yet".
+    """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
+        self._check_root()
+
+    def _check_root(self) -> None:
+        problem = root_problem(self.directory)
+        if problem:
+            raise CheckpointError(f"checkpoint directory {problem}")
 
     @property
     def location(self) -> str:
@@ -148,6 +163,7 @@ class LocalStore:
     def latest(self, verify_checksums: bool = True) -> Checkpoint | None:
         """The newest valid ``step_N`` checkpoint. Single archives of other code
         (``ckpt_000750.pt``) are not ours and are ignored (logged once)."""
+        self._check_root()
         for found in iter_valid(self.directory, verify_checksums):
             if found.kind != "file":
                 return found
@@ -156,6 +172,9 @@ class LocalStore:
 
     def stage(self, step: int) -> StagePlan:
         final = self.directory / step_dir_name(step)
+        problem = root_problem(self.directory)
+        if problem:
+            return ("error", str(self.directory), f"cannot save: checkpoint directory {problem}")
         try:
             if os.path.lexists(final):
                 problem = validate(Candidate(final, step, "dir"), verify_checksums=False)
@@ -208,6 +227,7 @@ class LocalStore:
         return checkpoint
 
     def has_committed(self) -> bool:
+        self._check_root()
         return any(c.kind == "dir" for c in list_candidates(self.directory))
 
     def release(self, checkpoint: Checkpoint) -> None:

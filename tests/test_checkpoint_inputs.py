@@ -1,0 +1,58 @@
+"""Bad input to the checkpoint library (a user's tries, s4 fix C): each case asserts what the
+user sees - a CheckpointError naming the path and what is wrong - and that nothing is lost."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_spot.checkpoint.checkpointer import Checkpointer, CheckpointError
+from tests.test_checkpoint import _state
+
+
+@pytest.mark.parametrize("shape", ["file", "symlink-to-file", "dangling-symlink", "under-a-file"])
+def test_a_checkpoint_directory_that_is_not_a_directory_is_refused(tmp_path: Path,
+                                                                   shape: str) -> None:
+    """Before: restore() returned None (training silently started at step 0) and the first
+    save failed later with "[Errno 17] File exists"."""
+    target = tmp_path / "weights.bin"
+    target.write_bytes(b"not a directory")
+    where = {"file": target, "symlink-to-file": tmp_path / "link",
+             "dangling-symlink": tmp_path / "dangling", "under-a-file": target / "ckpt"}[shape]
+    if shape == "symlink-to-file":
+        os.symlink(target, where)
+    elif shape == "dangling-symlink":
+        os.symlink(tmp_path / "nowhere", where)
+    expected = {"file": f"{target} is a regular file, not a directory",
+                "symlink-to-file": f"{where} is a symlink to {target}, which is a regular file",
+                "dangling-symlink": f"{where} is a symlink to {tmp_path / 'nowhere'}, which "
+                                    "does not exist",
+                "under-a-file": f"{where}: {target} is a regular file, not a directory"}[shape]
+    with pytest.raises(CheckpointError, match="checkpoint directory") as info:
+        Checkpointer(where)
+    assert expected in str(info.value)
+    assert target.read_bytes() == b"not a directory"  # nothing touched
+
+
+def test_a_file_put_in_place_of_the_directory_later_is_refused_too(tmp_path: Path) -> None:
+    where = tmp_path / "ckpt"
+    ckpt = Checkpointer(where)  # missing is fine: the first save creates it
+    where.write_text("x")
+    fresh = _state(0)
+    with pytest.raises(CheckpointError, match=f"{where} is a regular file, not a directory"):
+        ckpt.restore(fresh)
+    with pytest.raises(CheckpointError, match=f"cannot save: checkpoint directory {where} is a "
+                                              "regular file"):
+        ckpt.save(_state(1))
+    assert where.read_text() == "x" and fresh.step == 0
+
+
+def test_a_symlink_to_a_directory_is_a_fine_checkpoint_directory(tmp_path: Path) -> None:
+    (tmp_path / "scratch").mkdir()
+    os.symlink(tmp_path / "scratch", tmp_path / "ckpt")
+    Checkpointer(tmp_path / "ckpt").save(_state(3))
+    fresh = _state(0)
+    assert Checkpointer(tmp_path / "ckpt").restore(fresh) is not None and fresh.step == 3
+    assert os.listdir(tmp_path / "scratch") == ["step_000000003"]
