@@ -56,3 +56,16 @@ def test_a_symlink_to_a_directory_is_a_fine_checkpoint_directory(tmp_path: Path)
     fresh = _state(0)
     assert Checkpointer(tmp_path / "ckpt").restore(fresh) is not None and fresh.step == 3
     assert os.listdir(tmp_path / "scratch") == ["step_000000003"]
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_path_is_an_error_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty: str
+) -> None:
+    """Before: ``Checkpointer("")`` saved ``step_000000000`` into the current directory (an
+    unset ``$SLURM_SPOT_CHECKPOINT_DIR`` read as "")."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=f"checkpoint directory {empty!r} is an empty "
+                                              "path"):
+        Checkpointer(empty)
+    assert os.listdir(tmp_path) == []

@@ -117,8 +117,13 @@ def root_problem(directory: str | os.PathLike[str]) -> str:
     A missing directory is fine (the first save creates it); so is a symlink to a directory
     (the job's own choice of where its checkpoints live, e.g. a link to scratch). Refused: an
     existing entry that is not a directory (a regular file, a symlink to one, a dangling
-    symlink, a FIFO, ...), and a path under such an entry. The message starts with the path.
+    symlink, a FIFO, ...), a path under such an entry, and an empty or blank path (``Path("")``
+    is the current directory: an unset ``$SLURM_SPOT_CHECKPOINT_DIR`` would checkpoint into
+    wherever the job was started). The message starts with the path.
     """
+    if not os.fspath(directory).strip():
+        return (f"{os.fspath(directory)!r} is an empty path: give the directory to keep "
+                "checkpoints in (an empty path would mean the current directory)")
     path = Path(directory)
     try:
         info = os.stat(path)

@@ -149,10 +149,10 @@ class LocalStore:
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
-        self._check_root()
+        self._check_root(directory)  # the text as given: Path("") is "."
 
-    def _check_root(self) -> None:
-        problem = root_problem(self.directory)
+    def _check_root(self, directory: str | os.PathLike[str] | None = None) -> None:
+        problem = root_problem(self.directory if directory is None else directory)
         if problem:
             raise CheckpointError(f"checkpoint directory {problem}")
 
