@@ -3,6 +3,7 @@ user sees - a CheckpointError naming the path and what is wrong - and that nothi
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -69,3 +70,50 @@ def test_an_empty_path_is_an_error_not_the_current_directory(
                                               "path"):
         Checkpointer(empty)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_symlinked_step_directory_is_invalid_not_a_fresh_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the only checkpoint's ``step_N`` being a symlink made restore() return None with
+    no warning and no "refusing to start from step 0". It is never followed (the watcher reads
+    the same listing as root; pruning would delete through it): it counts as a checkpoint that
+    exists but is not valid."""
+    ckpt_dir = tmp_path / "ckpt"
+    saved = Checkpointer(ckpt_dir).save(_state(5))
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(saved, elsewhere)
+    os.symlink(elsewhere, saved)
+    fresh = _state(0)
+    with caplog.at_level(logging.WARNING), pytest.raises(
+            CheckpointError, match=r"none is valid.*refusing to start from step 0"):
+        Checkpointer(ckpt_dir).restore(fresh)
+    assert fresh.step == 0
+    assert f"checkpoint {saved} is not usable" in caplog.text
+    assert f"it is a symlink (to {elsewhere})" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        assert Checkpointer(ckpt_dir, start_fresh_if_invalid=True).restore(fresh) is None
+    assert "starting from step 0 as configured" in caplog.text
+    # a save of that step moves the link aside and never writes through it
+    before = sorted(os.listdir(elsewhere))
+    ckpt = Checkpointer(ckpt_dir, keep=1)
+    assert ckpt.save(_state(5)) == saved and not saved.is_symlink()
+    ckpt.save(_state(6))  # pruning deletes step 5, never what the old link pointed to
+    assert sorted(os.listdir(elsewhere)) == before
+    assert sorted(os.listdir(ckpt_dir)) == [f"step_000000005.symlink-{os.getpid()}",
+                                            "step_000000006"]
+
+
+def test_a_symlink_newer_than_a_valid_checkpoint_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpt = Checkpointer(tmp_path, keep=3)
+    ckpt.save(_state(1))
+    other = Checkpointer(tmp_path / "other").save(_state(9))
+    os.symlink(other, tmp_path / "step_000000009")
+    fresh = _state(0)
+    with caplog.at_level(logging.WARNING):
+        found = Checkpointer(tmp_path).restore(fresh)
+    assert found is not None and fresh.step == 1
+    assert f"{tmp_path / 'step_000000009'} is not usable, using {found.path}" in caplog.text

@@ -181,6 +181,22 @@ def list_candidates(directory: str | os.PathLike[str]) -> list[Candidate]:
     return found
 
 
+def symlinked_steps(directory: str | os.PathLike[str]) -> list[Candidate]:
+    """``step_N`` entries of ``directory`` that are symlinks, newest first (a missing directory
+    gives ``[]``). They are never candidates (:func:`list_candidates`) and never followed: the
+    same listing is read by code running as root on the node (the manifest reader of the
+    interruption watcher, ``docs/DESIGN.md``: "no symlink following"), pruning would delete
+    through them, and a step directory this library wrote is never a symlink. A store counts
+    them as checkpoints that exist but are not valid. Reads only the directory listing."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    found = [Candidate(Path(e.path), int(m["step"]), "dir") for e in entries
+             if (m := _DIR_RE.match(e.name)) and e.is_symlink()]
+    return sorted(found, key=lambda c: -c.step)
+
+
 def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
     """``(size in bytes, sha256 hex)`` of a regular file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
