@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+from torch import nn
 
-from slurm_spot.checkpoint.checkpointer import Checkpointer, CheckpointError
+from slurm_spot.checkpoint import checkpointer
+from slurm_spot.checkpoint.checkpointer import Checkpointer, CheckpointError, TrainState
 from tests.test_checkpoint import _state
 
 
@@ -117,3 +121,59 @@ def test_a_symlink_newer_than_a_valid_checkpoint_is_skipped_with_a_warning(
         found = Checkpointer(tmp_path).restore(fresh)
     assert found is not None and fresh.step == 1
     assert f"{tmp_path / 'step_000000009'} is not usable, using {found.path}" in caplog.text
+
+
+def _save_big_after_small(ckpt_dir: Path, between: Any = None) -> str:
+    """Save step 1 (small), call ``between``, then save step 2 (256 KiB of weights); the
+    CheckpointError's text."""
+    ckpt = Checkpointer(ckpt_dir)
+    ckpt.save(TrainState(nn.Linear(2, 2), step=1))
+    if between is not None:
+        between()
+    with pytest.raises(CheckpointError) as info:
+        ckpt.save(TrainState(nn.Linear(256, 256), step=2))
+    return str(info.value)
+
+
+def _assert_nothing_lost(ckpt_dir: Path) -> None:
+    assert sorted(os.listdir(ckpt_dir)) == ["step_000000001"]  # no staging left, no step 2
+    fresh = TrainState(nn.Linear(2, 2))
+    found = Checkpointer(ckpt_dir).restore(fresh)
+    assert found is not None and fresh.step == 1
+
+
+def test_a_full_device_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 13952
+    vs 13904" and nothing about the disk. The data file is opened on /dev/full here, whose
+    writes fail with ENOSPC from the kernel, through the real torch.save."""
+    real_open = open
+
+    def open_on_dev_full(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if Path(path).name == "state.pt" and "w" in mode:
+            return real_open("/dev/full", mode, *args, **kwargs)
+        return real_open(path, mode, *args, **kwargs)
+
+    message = _save_big_after_small(tmp_path / "ckpt", lambda: monkeypatch.setattr(
+        checkpointer, "open", open_on_dev_full, raising=False))
+    assert "checkpoint of step 2" in message and "nothing committed" in message
+    assert (f"the device holding {tmp_path / 'ckpt'} is full (No space left on device"
+            in message), message
+    monkeypatch.undo()
+    _assert_nothing_lost(tmp_path / "ckpt")
+
+
+def test_a_full_tmpfs_says_so(tmp_path: Path) -> None:
+    """The user's case on a real 256 KiB tmpfs (needs root to mount; skipped otherwise)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+                             capture_output=True, text=True, timeout=30, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        message = _save_big_after_small(mnt / "ckpt")
+        assert f"the device holding {mnt / 'ckpt'} is full (No space left on device" in message
+        assert "bytes free after the failed write" in message
+        _assert_nothing_lost(mnt / "ckpt")
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30, check=False)

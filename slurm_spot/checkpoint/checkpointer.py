@@ -81,6 +81,7 @@ from slurm_spot.checkpoint.files import (
     Candidate,
     Checkpoint,
     CheckpointError,
+    describe_write_error,
     find_latest_valid,
     validate,
 )
@@ -625,7 +626,9 @@ class Checkpointer:
                 known[name] = _write_file(staging / name, job.payload)
             files = self.store.upload(staging, job.token, known=known)
         except Exception as exc:  # disk full, upload error, pickling: every rank must hear it
-            problem, files = f"{type(exc).__name__}: {exc}", {}
+            problem = describe_write_error(
+                exc, staging.parent if staging is not None else self.store.location)
+            files = {}
         gathered = self._gather((problem, files))
         problem = "; ".join(f"rank {r}: {p}" for r, (p, _f) in enumerate(gathered) if p)
         final = ""
@@ -638,7 +641,8 @@ class Checkpointer:
                     final = self.store.commit_manifest(job.token, job.kind, job.world, job.meta,
                                                        merged, job.started_s)
                 except Exception as exc:
-                    problem = f"rank 0: commit failed: {type(exc).__name__}: {exc}"
+                    problem = "rank 0: commit failed: " + describe_write_error(
+                        exc, self.store.location)
             if problem:
                 self.store.abort(job.token)
             else:
