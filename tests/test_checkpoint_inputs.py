@@ -177,3 +177,35 @@ def test_a_full_tmpfs_says_so(tmp_path: Path) -> None:
         _assert_nothing_lost(mnt / "ckpt")
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30, check=False)
+
+
+def test_an_extra_that_contains_itself_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """Before: RecursionError from the restorability check. (torch.save would store the
+    cycle, but restore copies ``extra`` recursively, so it is refused at save time.)"""
+    loop: dict[str, Any] = {"epoch": 1}
+    loop["self"] = loop
+    items: list[Any] = [1]
+    items.append({"back": items})
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    shared = {"a": 1}  # the same dict twice is not a cycle: saved and restored
+    ckpt = Checkpointer(tmp_path)
+    for extra, expected in [
+        ({"d": loop}, r"TrainState.extra\['d'\]\['self'\] is TrainState.extra\['d'\] itself "
+                      r"\(the dict contains itself\)"),
+        ({"l": items}, r"TrainState.extra\['l'\]\[1\]\['back'\] is TrainState.extra\['l'\] "
+                       r"itself \(the list contains itself\)"),
+        ({"deep": deep}, r"TrainState.extra is nested too deeply"),
+    ]:
+        state = _state(2)
+        state.extra = extra
+        with pytest.raises(CheckpointError, match=expected):
+            ckpt.save(state)
+    assert os.listdir(tmp_path) == []  # nothing written
+    state = _state(2)
+    state.extra = {"x": shared, "y": shared}
+    ckpt.save(state)
+    fresh = _state(0)
+    Checkpointer(tmp_path).restore(fresh)
+    assert fresh.extra == {"x": {"a": 1}, "y": {"a": 1}}

@@ -218,21 +218,28 @@ def check_restorable(extra: Mapping[str, Any], where: str = "TrainState.extra") 
 
     Raises:
         CheckpointError: a value (numpy scalar or array, datetime, enum, Path, Decimal, UUID,
-            a lambda, ...) that could be saved but never restored, or not pickled at all.
+            a lambda, ...) that could be saved but never restored, or not pickled at all; a
+            container that contains itself (a cycle: restoring copies ``extra`` recursively);
+            nesting deeper than Python's recursion limit.
     """
     import io
 
-    def walk(value: Any, path: str) -> None:
+    def walk(value: Any, path: str, outer: dict[int, str]) -> None:
         if isinstance(value, torch.Tensor) or value is None or type(value) in (
                 bool, int, float, str, bytes, complex):
             return
         if type(value) in (dict, list, tuple):
+            if id(value) in outer:
+                raise CheckpointError(
+                    f"{path} is {outer[id(value)]} itself (the {type(value).__name__} contains "
+                    "itself); store plain, acyclic values")
+            inner = {**outer, id(value): path}
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 if isinstance(value, dict) and type(key) not in (str, int, float, bool):
                     raise CheckpointError(f"{path}: key {key!r} of type {type(key).__name__} "
                                           "cannot be restored; use str or int keys")
-                walk(item, f"{path}[{key!r}]")
+                walk(item, f"{path}[{key!r}]", inner)
             return
         buf = io.BytesIO()
         try:
@@ -245,7 +252,11 @@ def check_restorable(extra: Mapping[str, Any], where: str = "TrainState.extra") 
                 f"torch.load(weights_only=True) cannot restore ({type(exc).__name__}); store "
                 "plain Python values (int, float, str, list, dict) or tensors instead") from None
 
-    walk(dict(extra), where)
+    try:
+        walk(dict(extra), where, {})
+    except RecursionError:
+        raise CheckpointError(f"{where} is nested too deeply to save (over Python's recursion "
+                              "limit); flatten it") from None
 
 
 class SaveHandle:
