@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from torch import nn
 
@@ -209,3 +210,26 @@ def test_an_extra_that_contains_itself_is_refused_naming_the_key(tmp_path: Path)
     fresh = _state(0)
     Checkpointer(tmp_path).restore(fresh)
     assert fresh.extra == {"x": {"a": 1}, "y": {"a": 1}}
+
+
+@pytest.mark.parametrize(("keep", "error", "expected"), [
+    ("2", TypeError, "keep must be an int >= 1 (how many checkpoints to keep), got '2' (str)"),
+    (2.0, TypeError, "got 2.0 (float)"),
+    (True, TypeError, "got True (bool)"),
+    (0, ValueError, "keep must be an int >= 1 (how many checkpoints to keep), got 0"),
+])
+def test_a_bad_keep_is_refused_at_construction(tmp_path: Path, keep: Any,
+                                               error: type[Exception], expected: str) -> None:
+    """Before: ``keep="2"`` gave a bare "TypeError: '<' not supported between instances of
+    'str' and 'int'" that named no argument; ``keep=2.0`` and ``keep=True`` were accepted."""
+    with pytest.raises(error) as info:
+        Checkpointer(tmp_path, keep=keep)
+    assert expected in str(info.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_numpy_int_keep_is_an_int(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, keep=np.int64(1))
+    ckpt.save(_state(1))
+    ckpt.save(_state(2))
+    assert os.listdir(tmp_path) == ["step_000000002"]

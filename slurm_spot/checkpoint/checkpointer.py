@@ -60,6 +60,7 @@ is valid (``start_fresh_if_invalid``), checks shapes before loading anything, an
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import queue
 import random
@@ -389,6 +390,13 @@ class Checkpointer:
     Attributes:
         last_snapshot_wait_s: seconds the last deferred snapshot held up ``optimizer.step()``
             (or another call of this checkpointer); 0.0 when it was done in time.
+
+    Raises:
+        TypeError: ``keep`` is not an int (``"2"``, ``2.0``, ``True``), ``writer_timeout_s``
+            not a number.
+        ValueError: ``keep`` < 1, ``writer_timeout_s`` <= 0 (or NaN), an unknown ``snapshot``.
+        CheckpointError: ``directory`` is empty, or exists and is not a directory
+            (:class:`~slurm_spot.checkpoint.store.LocalStore`); a malformed ``s3://`` URL.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | CheckpointStore, keep: int = 2, *,
@@ -396,11 +404,21 @@ class Checkpointer:
                  writer_timeout_s: float = 1800.0,
                  start_fresh_if_invalid: bool | None = None,
                  snapshot: Literal["eager", "deferred"] = "eager") -> None:
+        given: Any = keep  # typed int, but callers pass what they read from a config
+        if isinstance(given, bool) or not isinstance(given, numbers.Integral):
+            raise TypeError(f"keep must be an int >= 1 (how many checkpoints to keep), got "
+                            f"{given!r} ({type(given).__name__})")
+        keep = int(given)
         if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+            raise ValueError(f"keep must be an int >= 1 (how many checkpoints to keep), got "
+                             f"{keep}")
         if snapshot not in ("eager", "deferred"):
             raise ValueError(f"snapshot must be 'eager' or 'deferred', got {snapshot!r}")
-        if writer_timeout_s <= 0:
+        given = writer_timeout_s
+        if isinstance(given, bool) or not isinstance(given, numbers.Real):
+            raise TypeError(f"writer_timeout_s must be a number of seconds > 0, got "
+                            f"{given!r} ({type(given).__name__})")
+        if not writer_timeout_s > 0:
             raise ValueError(f"writer_timeout_s must be > 0, got {writer_timeout_s}")
         if isinstance(directory, (str, os.PathLike)):
             self.store: CheckpointStore = open_store(directory)
