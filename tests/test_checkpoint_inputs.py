@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from torch import nn
 
 from slurm_spot.checkpoint import checkpointer
@@ -233,3 +234,37 @@ def test_a_numpy_int_keep_is_an_int(tmp_path: Path) -> None:
     ckpt.save(_state(1))
     ckpt.save(_state(2))
     assert os.listdir(tmp_path) == ["step_000000002"]
+
+
+@pytest.mark.parametrize(("attribute", "value", "expected"), [
+    ("step", 1.5, "TrainState.step is 1.5 (float); it must be a whole number >= 0"),
+    ("step", float("nan"), "TrainState.step is nan (float)"),
+    ("step", "3", "TrainState.step is '3' (str)"),
+    ("step", -5, "TrainState.step is -5 (int)"),
+    ("epoch", 0.5, "TrainState.epoch is 0.5 (float)"),
+    ("batch_in_epoch", True, "TrainState.batch_in_epoch is True (bool)"),
+])
+def test_a_counter_that_is_not_a_whole_number_is_refused_naming_its_type(
+    tmp_path: Path, attribute: str, value: Any, expected: str
+) -> None:
+    """Before: a float step failed with "Unknown format code 'd' for object of type 'float'";
+    a fractional epoch was saved and silently truncated on restore."""
+    state = _state(1)
+    setattr(state, attribute, value)
+    with pytest.raises(CheckpointError, match="refusing to save") as info:
+        Checkpointer(tmp_path).save(state)
+    assert expected in str(info.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_whole_number_counters_of_other_types_are_saved_as_ints(tmp_path: Path) -> None:
+    """An integral float (``100.0``), a numpy integer or a one-element integer tensor is the
+    number it holds: what a training loop computing its step that way expects."""
+    state = _state(1)
+    state.step, state.epoch, state.batch_in_epoch = 100.0, np.int64(3), torch.tensor(7)
+    path = Path(Checkpointer(tmp_path).save(state))
+    assert path.name == "step_000000100"
+    fresh = _state(0)
+    Checkpointer(tmp_path).restore(fresh)
+    assert (fresh.step, fresh.epoch, fresh.batch_in_epoch) == (100, 3, 7)
+    assert all(type(v) is int for v in (fresh.step, fresh.epoch, fresh.batch_in_epoch))

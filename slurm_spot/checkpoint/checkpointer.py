@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import operator
 import os
 import queue
 import random
@@ -514,8 +515,9 @@ class Checkpointer:
 
         Raises:
             CheckpointError: on every rank, when the state cannot be restored (names the key),
-                writing or uploading failed on any rank (nothing is committed, the staging is
-                cleaned up), or a writer timed out.
+                ``step``/``epoch``/``batch_in_epoch`` is not a whole number >= 0, writing or
+                uploading failed on any rank (nothing is committed, the staging is cleaned up;
+                a full device is named as such), or a writer timed out.
         """
         return self._start(state, sharded, background=False).wait(self.writer_timeout_s)
 
@@ -578,35 +580,37 @@ class Checkpointer:
         if self._inflight is not None:
             self.wait()
         rank, world = self._rank_world()
-        problem = ""
+        problem, counters = "", (0, 0, 0)
         try:
+            counters = _counters(state)
             check_restorable(state.extra)
         except CheckpointError as exc:
-            problem = f"step {state.step}: {exc}"
+            problem = f"step {state.step!r}: {exc}"
         problem = self._agree(problem)
         if problem:
             raise CheckpointError(f"refusing to save to {self.store.location}: {problem}")
+        step, epoch, batch_in_epoch = counters
         use_dcp = is_sharded(state.model) if sharded is None else sharded
         kind: Literal["torch", "dcp"] = "dcp" if use_dcp else "torch"
-        handle = SaveHandle(state.step, self.store.location, self.writer_timeout_s)
+        handle = SaveHandle(step, self.store.location, self.writer_timeout_s)
         # per_rank is filled in by the writer, after gathering every rank's RNG state
-        payload = _payload(state, [], world, kind) if rank == 0 else None
+        payload = _payload(state, counters, [], world, kind) if rank == 0 else None
         dcp_state = _dcp_state(state) if use_dcp else None
         pending = None
         if background:  # the snapshot: copies the trainer can no longer change
             defer = (step_tensors(_unwrap(state.model), state.optimizer)
                      if self.snapshot == "deferred" and kind == "torch"
                      and state.optimizer is not None else [])
-            payload, pending = self._snapshots["torch"].take(payload, state.step, defer)
-            dcp_state, _ = self._snapshots["dcp"].take(dcp_state, state.step)
+            payload, pending = self._snapshots["torch"].take(payload, step, defer)
+            dcp_state, _ = self._snapshots["dcp"].take(dcp_state, step)
             if pending is not None and state.optimizer is not None:
                 self._hook(state.optimizer)
                 self._pending = pending
-        meta = {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
+        meta = {"epoch": epoch, "batch_in_epoch": batch_in_epoch,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", ""),
                 "async": background}
-        job = _Job(state.step, "", kind, payload, dcp_state, meta, world, rank, started_s,
+        job = _Job(step, "", kind, payload, dcp_state, meta, world, rank, started_s,
                    _rank_state(state), pending)
         if not background:
             self._write(job, handle)
@@ -940,11 +944,43 @@ def _check_dcp_shapes(where: Path, loaded: Mapping[str, Any]) -> None:
                               f"loaded ({'; '.join(wrong[:5])})")
 
 
-def _payload(state: TrainState, per_rank: list[Any], world: int,
-             kind: Literal["torch", "dcp"]) -> dict[str, Any]:
+def _counters(state: TrainState) -> tuple[int, int, int]:
+    """``(step, epoch, batch_in_epoch)`` of ``state`` as ints.
+
+    Whole numbers of any type are accepted: ``int``, numpy integers, a one-element integer
+    tensor, and an integral float (``100.0``, as ``epoch * steps_per_epoch / 1`` gives); the
+    checkpoint stores them as ``int`` (restore reads them back with ``int()``).
+
+    Raises:
+        CheckpointError: a counter is not a whole number >= 0 (``1.5``, NaN, ``"3"``, a bool,
+            negative), naming the attribute, its value and its type.
+    """
+    out = []
+    for name in ("step", "epoch", "batch_in_epoch"):
+        value = getattr(state, name)
+        number: int | None = None
+        if isinstance(value, float):
+            number = int(value) if value.is_integer() else None
+        elif not isinstance(value, bool):
+            try:
+                number = operator.index(value)
+            except TypeError:
+                number = None
+        if number is None or number < 0:
+            kind = type(value).__qualname__ if type(value).__module__ == "builtins" else \
+                f"{type(value).__module__}.{type(value).__qualname__}"
+            raise CheckpointError(
+                f"TrainState.{name} is {value!r} ({kind}); it must be a whole number >= 0")
+        out.append(number)
+    return out[0], out[1], out[2]
+
+
+def _payload(state: TrainState, counters: tuple[int, int, int], per_rank: list[Any],
+             world: int, kind: Literal["torch", "dcp"]) -> dict[str, Any]:
+    step, epoch, batch_in_epoch = counters
     payload: dict[str, Any] = {
-        "format": FORMAT, "step": state.step, "epoch": state.epoch,
-        "batch_in_epoch": state.batch_in_epoch, "extra": state.extra,
+        "format": FORMAT, "step": step, "epoch": epoch,
+        "batch_in_epoch": batch_in_epoch, "extra": state.extra,
         "world_size": world, "per_rank": per_rank,
         "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
     }
