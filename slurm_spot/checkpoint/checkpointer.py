@@ -60,6 +60,8 @@ is valid (``start_fresh_if_invalid``), checks shapes before loading anything, an
 from __future__ import annotations
 
 import logging
+import numbers
+import operator
 import os
 import queue
 import random
@@ -81,6 +83,7 @@ from slurm_spot.checkpoint.files import (
     Candidate,
     Checkpoint,
     CheckpointError,
+    describe_write_error,
     find_latest_valid,
     validate,
 )
@@ -217,21 +220,28 @@ def check_restorable(extra: Mapping[str, Any], where: str = "TrainState.extra") 
 
     Raises:
         CheckpointError: a value (numpy scalar or array, datetime, enum, Path, Decimal, UUID,
-            a lambda, ...) that could be saved but never restored, or not pickled at all.
+            a lambda, ...) that could be saved but never restored, or not pickled at all; a
+            container that contains itself (a cycle: restoring copies ``extra`` recursively);
+            nesting deeper than Python's recursion limit.
     """
     import io
 
-    def walk(value: Any, path: str) -> None:
+    def walk(value: Any, path: str, outer: dict[int, str]) -> None:
         if isinstance(value, torch.Tensor) or value is None or type(value) in (
                 bool, int, float, str, bytes, complex):
             return
         if type(value) in (dict, list, tuple):
+            if id(value) in outer:
+                raise CheckpointError(
+                    f"{path} is {outer[id(value)]} itself (the {type(value).__name__} contains "
+                    "itself); store plain, acyclic values")
+            inner = {**outer, id(value): path}
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 if isinstance(value, dict) and type(key) not in (str, int, float, bool):
                     raise CheckpointError(f"{path}: key {key!r} of type {type(key).__name__} "
                                           "cannot be restored; use str or int keys")
-                walk(item, f"{path}[{key!r}]")
+                walk(item, f"{path}[{key!r}]", inner)
             return
         buf = io.BytesIO()
         try:
@@ -244,7 +254,11 @@ def check_restorable(extra: Mapping[str, Any], where: str = "TrainState.extra") 
                 f"torch.load(weights_only=True) cannot restore ({type(exc).__name__}); store "
                 "plain Python values (int, float, str, list, dict) or tensors instead") from None
 
-    walk(dict(extra), where)
+    try:
+        walk(dict(extra), where, {})
+    except RecursionError:
+        raise CheckpointError(f"{where} is nested too deeply to save (over Python's recursion "
+                              "limit); flatten it") from None
 
 
 class SaveHandle:
@@ -377,6 +391,13 @@ class Checkpointer:
     Attributes:
         last_snapshot_wait_s: seconds the last deferred snapshot held up ``optimizer.step()``
             (or another call of this checkpointer); 0.0 when it was done in time.
+
+    Raises:
+        TypeError: ``keep`` is not an int (``"2"``, ``2.0``, ``True``), ``writer_timeout_s``
+            not a number.
+        ValueError: ``keep`` < 1, ``writer_timeout_s`` <= 0 (or NaN), an unknown ``snapshot``.
+        CheckpointError: ``directory`` is empty, or exists and is not a directory
+            (:class:`~slurm_spot.checkpoint.store.LocalStore`); a malformed ``s3://`` URL.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | CheckpointStore, keep: int = 2, *,
@@ -384,11 +405,21 @@ class Checkpointer:
                  writer_timeout_s: float = 1800.0,
                  start_fresh_if_invalid: bool | None = None,
                  snapshot: Literal["eager", "deferred"] = "eager") -> None:
+        given: Any = keep  # typed int, but callers pass what they read from a config
+        if isinstance(given, bool) or not isinstance(given, numbers.Integral):
+            raise TypeError(f"keep must be an int >= 1 (how many checkpoints to keep), got "
+                            f"{given!r} ({type(given).__name__})")
+        keep = int(given)
         if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+            raise ValueError(f"keep must be an int >= 1 (how many checkpoints to keep), got "
+                             f"{keep}")
         if snapshot not in ("eager", "deferred"):
             raise ValueError(f"snapshot must be 'eager' or 'deferred', got {snapshot!r}")
-        if writer_timeout_s <= 0:
+        given = writer_timeout_s
+        if isinstance(given, bool) or not isinstance(given, numbers.Real):
+            raise TypeError(f"writer_timeout_s must be a number of seconds > 0, got "
+                            f"{given!r} ({type(given).__name__})")
+        if not writer_timeout_s > 0:
             raise ValueError(f"writer_timeout_s must be > 0, got {writer_timeout_s}")
         if isinstance(directory, (str, os.PathLike)):
             self.store: CheckpointStore = open_store(directory)
@@ -484,8 +515,9 @@ class Checkpointer:
 
         Raises:
             CheckpointError: on every rank, when the state cannot be restored (names the key),
-                writing or uploading failed on any rank (nothing is committed, the staging is
-                cleaned up), or a writer timed out.
+                ``step``/``epoch``/``batch_in_epoch`` is not a whole number >= 0, writing or
+                uploading failed on any rank (nothing is committed, the staging is cleaned up;
+                a full device is named as such), or a writer timed out.
         """
         return self._start(state, sharded, background=False).wait(self.writer_timeout_s)
 
@@ -548,35 +580,37 @@ class Checkpointer:
         if self._inflight is not None:
             self.wait()
         rank, world = self._rank_world()
-        problem = ""
+        problem, counters = "", (0, 0, 0)
         try:
+            counters = _counters(state)
             check_restorable(state.extra)
         except CheckpointError as exc:
-            problem = f"step {state.step}: {exc}"
+            problem = f"step {state.step!r}: {exc}"
         problem = self._agree(problem)
         if problem:
             raise CheckpointError(f"refusing to save to {self.store.location}: {problem}")
+        step, epoch, batch_in_epoch = counters
         use_dcp = is_sharded(state.model) if sharded is None else sharded
         kind: Literal["torch", "dcp"] = "dcp" if use_dcp else "torch"
-        handle = SaveHandle(state.step, self.store.location, self.writer_timeout_s)
+        handle = SaveHandle(step, self.store.location, self.writer_timeout_s)
         # per_rank is filled in by the writer, after gathering every rank's RNG state
-        payload = _payload(state, [], world, kind) if rank == 0 else None
+        payload = _payload(state, counters, [], world, kind) if rank == 0 else None
         dcp_state = _dcp_state(state) if use_dcp else None
         pending = None
         if background:  # the snapshot: copies the trainer can no longer change
             defer = (step_tensors(_unwrap(state.model), state.optimizer)
                      if self.snapshot == "deferred" and kind == "torch"
                      and state.optimizer is not None else [])
-            payload, pending = self._snapshots["torch"].take(payload, state.step, defer)
-            dcp_state, _ = self._snapshots["dcp"].take(dcp_state, state.step)
+            payload, pending = self._snapshots["torch"].take(payload, step, defer)
+            dcp_state, _ = self._snapshots["dcp"].take(dcp_state, step)
             if pending is not None and state.optimizer is not None:
                 self._hook(state.optimizer)
                 self._pending = pending
-        meta = {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
+        meta = {"epoch": epoch, "batch_in_epoch": batch_in_epoch,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", ""),
                 "async": background}
-        job = _Job(state.step, "", kind, payload, dcp_state, meta, world, rank, started_s,
+        job = _Job(step, "", kind, payload, dcp_state, meta, world, rank, started_s,
                    _rank_state(state), pending)
         if not background:
             self._write(job, handle)
@@ -625,7 +659,9 @@ class Checkpointer:
                 known[name] = _write_file(staging / name, job.payload)
             files = self.store.upload(staging, job.token, known=known)
         except Exception as exc:  # disk full, upload error, pickling: every rank must hear it
-            problem, files = f"{type(exc).__name__}: {exc}", {}
+            problem = describe_write_error(
+                exc, staging.parent if staging is not None else self.store.location)
+            files = {}
         gathered = self._gather((problem, files))
         problem = "; ".join(f"rank {r}: {p}" for r, (p, _f) in enumerate(gathered) if p)
         final = ""
@@ -638,7 +674,8 @@ class Checkpointer:
                     final = self.store.commit_manifest(job.token, job.kind, job.world, job.meta,
                                                        merged, job.started_s)
                 except Exception as exc:
-                    problem = f"rank 0: commit failed: {type(exc).__name__}: {exc}"
+                    problem = "rank 0: commit failed: " + describe_write_error(
+                        exc, self.store.location)
             if problem:
                 self.store.abort(job.token)
             else:
@@ -907,11 +944,43 @@ def _check_dcp_shapes(where: Path, loaded: Mapping[str, Any]) -> None:
                               f"loaded ({'; '.join(wrong[:5])})")
 
 
-def _payload(state: TrainState, per_rank: list[Any], world: int,
-             kind: Literal["torch", "dcp"]) -> dict[str, Any]:
+def _counters(state: TrainState) -> tuple[int, int, int]:
+    """``(step, epoch, batch_in_epoch)`` of ``state`` as ints.
+
+    Whole numbers of any type are accepted: ``int``, numpy integers, a one-element integer
+    tensor, and an integral float (``100.0``, as ``epoch * steps_per_epoch / 1`` gives); the
+    checkpoint stores them as ``int`` (restore reads them back with ``int()``).
+
+    Raises:
+        CheckpointError: a counter is not a whole number >= 0 (``1.5``, NaN, ``"3"``, a bool,
+            negative), naming the attribute, its value and its type.
+    """
+    out = []
+    for name in ("step", "epoch", "batch_in_epoch"):
+        value = getattr(state, name)
+        number: int | None = None
+        if isinstance(value, float):
+            number = int(value) if value.is_integer() else None
+        elif not isinstance(value, bool):
+            try:
+                number = operator.index(value)
+            except TypeError:
+                number = None
+        if number is None or number < 0:
+            kind = type(value).__qualname__ if type(value).__module__ == "builtins" else \
+                f"{type(value).__module__}.{type(value).__qualname__}"
+            raise CheckpointError(
+                f"TrainState.{name} is {value!r} ({kind}); it must be a whole number >= 0")
+        out.append(number)
+    return out[0], out[1], out[2]
+
+
+def _payload(state: TrainState, counters: tuple[int, int, int], per_rank: list[Any],
+             world: int, kind: Literal["torch", "dcp"]) -> dict[str, Any]:
+    step, epoch, batch_in_epoch = counters
     payload: dict[str, Any] = {
-        "format": FORMAT, "step": state.step, "epoch": state.epoch,
-        "batch_in_epoch": state.batch_in_epoch, "extra": state.extra,
+        "format": FORMAT, "step": step, "epoch": epoch,
+        "batch_in_epoch": batch_in_epoch, "extra": state.extra,
         "world_size": world, "per_rank": per_rank,
         "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
     }

@@ -28,6 +28,7 @@ deletes anything, and it never follows symlinks (a ``last.ckpt`` pointer is not 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -102,6 +103,55 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:09d}"
 
 
+_KINDS = {stat.S_IFREG: "a regular file", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "not a directory")
+
+
+def root_problem(directory: str | os.PathLike[str]) -> str:
+    """Why ``directory`` cannot be a checkpoint directory, or ``""``. Reads only.
+
+    A missing directory is fine (the first save creates it); so is a symlink to a directory
+    (the job's own choice of where its checkpoints live, e.g. a link to scratch). Refused: an
+    existing entry that is not a directory (a regular file, a symlink to one, a dangling
+    symlink, a FIFO, ...), a path under such an entry, and an empty or blank path (``Path("")``
+    is the current directory: an unset ``$SLURM_SPOT_CHECKPOINT_DIR`` would checkpoint into
+    wherever the job was started). The message starts with the path.
+    """
+    if not os.fspath(directory).strip():
+        return (f"{os.fspath(directory)!r} is an empty path: give the directory to keep "
+                "checkpoints in (an empty path would mean the current directory)")
+    path = Path(directory)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"{path} is a symlink to {os.readlink(path)}, which does not exist"
+        return ""
+    except NotADirectoryError:
+        for parent in reversed(path.absolute().parents):
+            try:
+                mode = os.stat(parent).st_mode
+            except OSError:
+                break
+            if not stat.S_ISDIR(mode):
+                return (f"{path}: {parent} is "
+                        f"{_kind(mode)}, not a directory")
+        return f"{path}: a part of it is not a directory"
+    except OSError:
+        return ""  # e.g. no permission to look: the save reports its own error then
+    if stat.S_ISDIR(info.st_mode):
+        return ""
+    if os.path.islink(path):
+        return (f"{path} is a symlink to {os.readlink(path)}, which is {_kind(info.st_mode)}, "
+                "not a directory")
+    return f"{path} is {_kind(info.st_mode)}, not a directory"
+
+
 def _is_temp_name(name: str) -> bool:
     return name.startswith(".") or any(marker in name for marker in _TEMP_MARKERS)
 
@@ -130,6 +180,22 @@ def list_candidates(directory: str | os.PathLike[str]) -> list[Candidate]:
             found.append(Candidate(Path(entry.path), int(file_match["step"]), "file"))
     found.sort(key=lambda c: (-c.step, c.kind != "dir", c.path.name))
     return found
+
+
+def symlinked_steps(directory: str | os.PathLike[str]) -> list[Candidate]:
+    """``step_N`` entries of ``directory`` that are symlinks, newest first (a missing directory
+    gives ``[]``). They are never candidates (:func:`list_candidates`) and never followed: the
+    same listing is read by code running as root on the node (the manifest reader of the
+    interruption watcher, ``docs/DESIGN.md``: "no symlink following"), pruning would delete
+    through them, and a step directory this library wrote is never a symlink. A store counts
+    them as checkpoints that exist but are not valid. Reads only the directory listing."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    found = [Candidate(Path(e.path), int(m["step"]), "dir") for e in entries
+             if (m := _DIR_RE.match(e.name)) and e.is_symlink()]
+    return sorted(found, key=lambda c: -c.step)
 
 
 def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
@@ -371,6 +437,61 @@ def write_manifest(
     os.replace(partial, temp_dir / MANIFEST_NAME)
     fsync_dir(temp_dir)
     return manifest
+
+
+#: Free space (bytes) under which a failed write is reported as a full device even when the
+#: error itself does not say so.
+NEARLY_FULL_BYTES = 1 << 20
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes this process may still write on the file system of ``path`` (or of its nearest
+    existing parent): ``f_bavail`` (``f_bfree`` for root, who may use the reserved blocks)
+    times ``f_frsize``, from statvfs(3); None if that cannot be read."""
+    for candidate in (path, *path.parents):
+        try:
+            info = os.statvfs(candidate)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        blocks = info.f_bfree if os.geteuid() == 0 else info.f_bavail
+        return blocks * info.f_frsize
+    return None
+
+
+def describe_write_error(exc: BaseException, path: str | os.PathLike[str] | None) -> str:
+    """``"<Type>: <message>"`` for a failed save, led by what a user must act on when the
+    device holding ``path`` is full.
+
+    A full disk often surfaces as a secondary error: ``torch.save`` into a file object that
+    raised ``OSError(ENOSPC)`` fails in its zip writer with ``RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos``, the OSError only in ``__context__``. So the chain
+    (``__cause__``/``__context__``) is searched for ENOSPC or EDQUOT (errno(3)), and otherwise
+    the free space after the failure is read with statvfs(3): under
+    :data:`NEARLY_FULL_BYTES` the device counts as full too.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    code = None
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            code = cause.errno
+            break
+        cause = cause.__cause__ or cause.__context__
+    if path is None or str(path).startswith("s3://"):
+        free = None
+    else:
+        free = _free_bytes(Path(path))
+    if code is None and (free is None or free >= NEARLY_FULL_BYTES):
+        return text
+    what = ("is over its disk quota" if code == errno.EDQUOT else
+            "is full" if code == errno.ENOSPC else "is nearly full")
+    why = "; ".join(([os.strerror(code)] if code else [])
+                    + ([f"{free} bytes free after the failed write"] if free is not None else []))
+    return f"the device holding {path} {what} ({why}); free space or checkpoint elsewhere ({text})"
 
 
 def commit(temp_dir: Path, step: int) -> Path:

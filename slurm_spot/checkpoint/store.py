@@ -29,13 +29,15 @@ from slurm_spot.checkpoint.files import (
     Candidate,
     Checkpoint,
     CheckpointError,
+    _as_checkpoint,
     commit,
-    iter_valid,
     list_candidates,
     new_temp_dir,
     prune,
     remove_checkpoint_dir,
+    root_problem,
     step_dir_name,
+    symlinked_steps,
     validate,
     write_manifest,
 )
@@ -136,10 +138,24 @@ def open_store(root: str | os.PathLike[str], **s3_options: Any) -> CheckpointSto
 
 class LocalStore:
     """Checkpoints as ``step_<N>`` directories in ``directory`` (local or shared POSIX file
-    system; created on the first save). See :mod:`slurm_spot.checkpoint.files`."""
+    system; created on the first save). See :mod:`slurm_spot.checkpoint.files`.
+
+    Raises:
+        CheckpointError: ``directory`` exists but is not a directory (a regular file, a symlink
+            to one, a dangling symlink) or lies under such an entry
+            (:func:`~slurm_spot.checkpoint.files.root_problem`); checked again by
+            :meth:`latest`, :meth:`has_committed` and :meth:`stage`, so a file put there later
+            never reads as "no checkpoints yet".
+    """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
+        self._check_root(directory)  # the text as given: Path("") is "."
+
+    def _check_root(self, directory: str | os.PathLike[str] | None = None) -> None:
+        problem = root_problem(self.directory if directory is None else directory)
+        if problem:
+            raise CheckpointError(f"checkpoint directory {problem}")
 
     @property
     def location(self) -> str:
@@ -147,17 +163,43 @@ class LocalStore:
 
     def latest(self, verify_checksums: bool = True) -> Checkpoint | None:
         """The newest valid ``step_N`` checkpoint. Single archives of other code
-        (``ckpt_000750.pt``) are not ours and are ignored (logged once)."""
-        for found in iter_valid(self.directory, verify_checksums):
-            if found.kind != "file":
-                return found
-            log.info("ignoring %s: not a slurm-spot checkpoint", found.path)
-        return None
+        (``ckpt_000750.pt``) are not ours and are ignored (logged once). A newer ``step_N``
+        that is invalid, or a symlink (never followed:
+        :func:`~slurm_spot.checkpoint.files.symlinked_steps`), is skipped with a warning."""
+        self._check_root()
+        found: Checkpoint | None = None
+        for candidate in list_candidates(self.directory):
+            problem = validate(candidate, verify_checksums)
+            if candidate.kind == "file":
+                if not problem:
+                    log.info("ignoring %s: not a slurm-spot checkpoint", candidate.path)
+                continue
+            if problem:
+                log.warning("checkpoint %s is not usable, trying an older one: %s",
+                            candidate.path, problem)
+                continue
+            found = _as_checkpoint(candidate)
+            break
+        for link in symlinked_steps(self.directory):
+            if found is None or link.step > found.step:
+                log.warning("checkpoint %s is not usable, %s: it is a symlink (to %s), and "
+                            "checkpoints are never followed through symlinks", link.path,
+                            "trying an older one" if found is None else f"using {found.path}",
+                            os.readlink(link.path))
+        return found
 
     def stage(self, step: int) -> StagePlan:
         final = self.directory / step_dir_name(step)
+        problem = root_problem(self.directory)
+        if problem:
+            return ("error", str(self.directory), f"cannot save: checkpoint directory {problem}")
         try:
-            if os.path.lexists(final):
+            if os.path.islink(final):  # the link moves aside, never what it points to
+                aside = final.with_name(f"{final.name}.symlink-{os.getpid()}")
+                os.rename(final, aside)
+                log.warning("moved the symlink %s aside to %s (a checkpoint is never written "
+                            "or read through a symlink)", final, aside.name)
+            elif os.path.lexists(final):
                 problem = validate(Candidate(final, step, "dir"), verify_checksums=False)
                 if not problem:
                     return ("skip", str(final),
@@ -208,7 +250,11 @@ class LocalStore:
         return checkpoint
 
     def has_committed(self) -> bool:
-        return any(c.kind == "dir" for c in list_candidates(self.directory))
+        """True with any ``step_N`` directory, valid or not, or a ``step_N`` symlink (counted as
+        a checkpoint that exists but is not valid, so restore refuses to start from step 0)."""
+        self._check_root()
+        return any(c.kind == "dir" for c in list_candidates(self.directory)) \
+            or bool(symlinked_steps(self.directory))
 
     def release(self, checkpoint: Checkpoint) -> None:
         return None
