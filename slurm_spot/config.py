@@ -37,9 +37,14 @@ from slurm_spot.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm/spot.yaml")
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,40}$"
-# Node set names become node names (<name>-<i>): Slurm takes any string there (slurm.conf(5)
-# NodeName), so "." "_" "+" are allowed too; GCE instance names are checked by its provider.
-NODE_SET_PATTERN = r"^[a-z][a-z0-9._+-]{0,40}$"
+# Node set names become node names (<name>-<i>): slurmctld takes any string there (slurm.conf(5)
+# NodeName), so "." and "_" are allowed too; GCE instance names are checked by its provider.
+# Not "+": slurmd 22.05 finds a job step's slurmstepd socket ("<node>_<job>.<step>" in its spool
+# dir) with a regular expression built from the node name unescaped, so on a node named
+# "a+b-1" `scancel -s USR2 <job>.<step>` fails with "Invalid job id specified" and the job never
+# gets its preemption signal ("." happens to match itself; "+" means "one or more").
+NODE_SET_PATTERN = r"^[a-z][a-z0-9._-]{0,40}$"
+_SLURM_UNSIGNALLABLE = "+"
 # slurm.conf(5) MaxTime: minutes, [days-]hours[:minutes[:seconds]], or INFINITE/UNLIMITED.
 MAX_TIME_PATTERN = r"^(INFINITE|UNLIMITED|[0-9]+(-[0-9]{1,2})?(:[0-9]{1,2}){0,2})$"
 SIGNAL_NAMES = {"USR1": 10, "USR2": 12, "TERM": 15, "INT": 2, "HUP": 1, "QUIT": 3, "URG": 23}
@@ -149,7 +154,7 @@ class NodeSetConfig(_Model):
     primary market has no capacity (``on-demand`` for a spot node set), or ``none``.
     """
 
-    name: str = Field(pattern=NODE_SET_PATTERN)
+    name: str
     provider: str
     count: StrictInt = Field(ge=1, le=10000)
     market: Literal["spot", "on-demand"] = "spot"
@@ -162,6 +167,22 @@ class NodeSetConfig(_Model):
     weight: int = Field(1, ge=0, le=65533)  # slurm.conf(5) Weight: 0..65533
     aws: AwsNodeSetOptions | None = None
     gcp: GcpNodeSetOptions | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _signallable_name(cls, value: str) -> str:
+        """Refuses names Slurm 22.05 cannot signal a job step on (see NODE_SET_PATTERN)."""
+        bad = sorted({c for c in value if c in _SLURM_UNSIGNALLABLE})
+        if bad:
+            raise ValueError(
+                f"node set {value!r}: {' '.join(repr(c) for c in bad)} cannot be used in a node "
+                f"set name: slurmd 22.05 cannot signal job steps on nodes named so (scancel "
+                f"fails with 'Invalid job id specified'), so jobs there would get no "
+                f"preemption signal; use '_', '.' or '-' instead")
+        if not re.fullmatch(NODE_SET_PATTERN, value):
+            raise ValueError(f"node set {value!r}: must start with a-z and hold only a-z, 0-9, "
+                             f"'.', '_', '-' (at most 41 characters)")
+        return value
 
     @property
     def node_names(self) -> list[str]:

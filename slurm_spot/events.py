@@ -43,6 +43,8 @@ class Action(str, enum.Enum):
     # why now (replacement up, checkpoint deadline, ...), extra.prewarmed/replacements
     SIGNALLED = "signalled"
     SIGNAL_WITHHELD = "signal_withheld"  # nothing of the job catches one yet
+    # scancel could not signal a step (reason: its error); extra.fallback_pids got kill(2)
+    SIGNAL_FAILED = "signal_failed"
     REQUEUE_ENDED = "requeue_ended"  # also the reconciler: a job ended during an interruption
     NOT_REQUEUED = "not_requeued"  # ... and why it was left as it ended
     REBALANCE = "rebalance_recommendation"

@@ -64,12 +64,12 @@ class ScriptedSlurm:
 
 
 @pytest.mark.parametrize(("set_name", "version"), [
-    ("spot", "22.05.8"), ("spot", "24.11.5"), ("gpu+a100_sxm", "22.05.8"), ("n.rack1", "24.11.5")])
+    ("spot", "22.05.8"), ("spot", "24.11.5"), ("gpu_a100.sxm", "22.05.8"), ("n.rack1", "24.11.5")])
 def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path, set_name: str,
                                                                   version: str) -> None:
     """With prewarm off: the old order, signal at once, requeue by power-down. Also on nodes
     whose names hold characters Slurm allows (issue 11: the watcher crashed after draining,
-    before signalling the job, on gpu+a100_sxm-1)."""
+    before signalling the job, on gpu_a100.sxm-1)."""
     config = parse_config({
         "cluster": "c", "node_sets": [{"name": set_name, "provider": "local", "count": 2}],
         "partitions": [{"name": "spot", "node_sets": [set_name]}],
