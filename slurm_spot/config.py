@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -510,11 +511,24 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
     """
     file = config_path(path)
     try:
-        with open(file, "rb") as fh:
+        # O_NONBLOCK: opening a named pipe must not wait for a writer; a non-regular file is
+        # refused before anything is read from it (/dev/zero never ends).
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with open(fd, "rb") as fh:
             info = os.fstat(fh.fileno())
-            raw = fh.read()
+            kind = _not_regular(info)
+            if kind:
+                raise ConfigError(str(file), [f"not a regular file ({kind}): give the path of "
+                                              f"a spot.yaml file"])
+            if info.st_size > MAX_CONFIG_BYTES:
+                raise ConfigError(str(file), [
+                    f"{info.st_size} bytes: a spot.yaml is a few KiB; files over "
+                    f"{MAX_CONFIG_BYTES // 1024} KiB are refused"])
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(str(file), [f"cannot read the file: {exc.strerror}"]) from None
+    if len(raw) > MAX_CONFIG_BYTES:  # grew while read
+        raise ConfigError(str(file), [f"over {MAX_CONFIG_BYTES // 1024} KiB: refused"])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -539,6 +553,20 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
     config._source_path = file.absolute()
     config._lines = lines
     return config
+
+
+MAX_CONFIG_BYTES = 1024 * 1024  # a real spot.yaml is a few KiB
+
+
+def _not_regular(info: os.stat_result) -> str | None:
+    """What kind of file ``info`` (an ``os.stat`` result) is, when not a regular file."""
+    mode = info.st_mode
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return None if stat.S_ISREG(mode) else "not a file"
 
 
 def _credential_problems(config: SpotConfig, lines: dict[Path_, int]) -> list[str]:
