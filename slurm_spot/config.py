@@ -206,6 +206,75 @@ class PartitionConfig(_Model):
     resume_timeout_s: int | None = Field(None, ge=30, le=86400)
     max_time: str = Field("INFINITE", pattern=MAX_TIME_PATTERN)
 
+    @field_validator("max_time")
+    @classmethod
+    def _max_time_in_range(cls, value: str) -> str:
+        """A limit Slurm can hold and a person meant: see :func:`max_time_minutes`."""
+        max_time_minutes(value)
+        return value
+
+
+MAX_TIME_LIMIT_MINUTES = 366 * 24 * 60  # a year; longer is INFINITE
+
+
+def max_time_minutes(value: str) -> int | None:
+    """Minutes of a slurm.conf(5) ``MaxTime`` (None for INFINITE/UNLIMITED).
+
+    Formats (slurm.conf(5) MaxTime, as sbatch(1) ``--time``): ``minutes``,
+    ``minutes:seconds``, ``hours:minutes:seconds``, ``days-hours``, ``days-hours:minutes``,
+    ``days-hours:minutes:seconds``; seconds are rounded up to a minute as Slurm does.
+
+    Raises:
+        ValueError: not one of those formats, a field out of its range (hours < 24 after a
+            day count, minutes and seconds < 60), zero, or over :data:`MAX_TIME_LIMIT_MINUTES`
+            (Slurm keeps minutes in 32 bits; "99999999999999999999" is a typo, not a limit).
+    """
+    if value in ("INFINITE", "UNLIMITED"):
+        return None
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
+    if not match:
+        raise ValueError(f"{value!r} is not a Slurm time (minutes, days-hours[:min[:sec]], "
+                         f"hours:min:sec or INFINITE)")
+    days, first, second, third = match.groups()
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        d, h, m, sec = int(days), int(first), int(second or 0), int(third or 0)
+        if h > 23:
+            raise ValueError(f"{value!r}: hours must be 0-23 after a day count")
+    elif third is not None:  # hours:minutes:seconds
+        d, h, m, sec = 0, int(first), int(second), int(third)
+    else:  # minutes[:seconds]
+        d, h, m, sec = 0, 0, int(first), int(second or 0)
+        if len(first) > 9:
+            raise ValueError(f"{value!r}: over a year; use INFINITE for no limit")
+    if (second is not None and (days is not None or third is not None) and m > 59) or sec > 59:
+        raise ValueError(f"{value!r}: minutes and seconds must be 0-59")
+    minutes = ((d * 24 + h) * 60 + m) + (1 if sec else 0)
+    if minutes < 1:
+        raise ValueError(f"{value!r}: a time limit of 0 lets no job run; use at least 1 minute")
+    if minutes > MAX_TIME_LIMIT_MINUTES:
+        raise ValueError(f"{value!r} is {minutes} minutes, over a year "
+                         f"({MAX_TIME_LIMIT_MINUTES}); use INFINITE for no limit")
+    return minutes
+
+
+SLURM_COMMANDS = ("scontrol", "sinfo", "squeue", "scancel", "sbatch")
+
+
+def slurm_bin_problems(config: SpotConfig) -> list[str]:
+    """``slurm_bin_dir`` problems for ``config check``: each Slurm command slurm-spot runs
+    (:data:`SLURM_COMMANDS`) must be an executable there. Not checked at load: a compute
+    image may be built before Slurm is installed."""
+    where = config.slurm_bin_dir
+    if not where.is_dir():
+        return [f"slurm_bin_dir: {where} is not a directory (where scontrol, squeue, ... are; "
+                f"'command -v scontrol' shows it)"]
+    missing = [c for c in SLURM_COMMANDS if not os.access(where / c, os.X_OK)
+               or not (where / c).is_file()]
+    if missing:
+        return [f"slurm_bin_dir: {where} has no executable {', '.join(missing)} "
+                f"('command -v scontrol' shows where Slurm's commands are)"]
+    return []
+
 
 class PreemptionConfig(_Model):
     """How jobs learn of an interruption.

@@ -133,3 +133,15 @@ def test_a_config_of_absurd_size_is_refused(tmp_path: Path) -> None:
     assert code == 2, out
     assert f"{5 * 1024 * 1024} bytes" in out and "over 1024 KiB are refused" in out
 
+
+@pytest.mark.parametrize(("value", "minutes"), [
+    ("60", 60), ("1:30", 2), ("2:00:00", 120), ("1-0", 1440), ("7-12:30", 10830),
+    ("365-23:59:59", 366 * 1440), ("INFINITE", None), ("UNLIMITED", None)])
+def test_max_time_in_slurms_formats_is_accepted(tmp_path: Path, value: str,
+                                                 minutes: int | None) -> None:
+    from slurm_spot.config import max_time_minutes
+
+    path = tmp_path / "spot.yaml"
+    path.write_text(GOOD.replace("node_sets: [gpu]}", f"node_sets: [gpu], max_time: '{value}'}}"))
+    assert load_config(path).partitions[0].max_time == value
+    assert max_time_minutes(value) == minutes
