@@ -151,22 +151,47 @@ def read_lines(fh: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES,
         yield fh.tell(), line
 
 
+_TEXT_FIELDS = ("time", "source", "node", "instance", "reason")
+
+
+def is_event(data: object) -> bool:
+    """True if ``data`` has the shape :meth:`Event.to_json` writes: an object whose
+    ``action`` is a non-empty string; ``time``, ``source``, ``node``, ``instance`` and
+    ``reason``, where present, strings or null; ``job_ids`` a list of integers; ``extra`` an
+    object. Valid JSON of another shape (``{"action": 1}``, ``{"job_ids": "12"}``) is not an
+    event of ours and must not be shown or counted as one."""
+    if not isinstance(data, dict):
+        return False
+    if not isinstance(data.get("action"), str) or not data["action"]:
+        return False
+    if any(not isinstance(data.get(k), (str, type(None))) for k in _TEXT_FIELDS):
+        return False
+    job_ids = data.get("job_ids", [])
+    if not isinstance(job_ids, list) or any(
+            isinstance(j, bool) or not isinstance(j, int) for j in job_ids):
+        return False
+    return isinstance(data.get("extra", {}), dict)
+
+
 def parse_line(line: bytes | None) -> dict[str, object] | None:
-    """One events-file line as an event dict, or None (not a JSON object, too long)."""
+    """One events-file line as an event dict, or None (not JSON, not of an event's shape
+    (:func:`is_event`), too long)."""
     if line is None or not line.strip():
         return None
     try:
         data = json.loads(line)
     except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the limit
         return None
-    return data if isinstance(data, dict) else None
+    return data if is_event(data) else None
 
 
 def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[str, object]]:
     """Events from the file, oldest first.
 
-    Lines that are not JSON objects, longer than :data:`MAX_LINE_BYTES`, or whose time cannot
-    be read when ``since`` is given, are skipped; how many is logged as one warning at the end.
+    Lines that are not events (not JSON, or JSON of another shape: :func:`is_event`), longer
+    than :data:`MAX_LINE_BYTES`, or whose time cannot be read when ``since`` is given, are
+    skipped; how many is logged as one warning at the end. A missing or unreadable file reads
+    as no events (the commands check it first: ``commands.common.require_events_file``).
     """
     path = log_dir / EVENTS_FILE
     try:
@@ -192,5 +217,5 @@ def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[s
                     continue
             yield data
     if skipped:
-        log.warning("%s: skipped %d line(s) that are not events (malformed or longer than "
-                    "%d bytes)", path, skipped, MAX_LINE_BYTES)
+        log.warning("%s: skipped %d line(s) that are not events (malformed, not of an event's "
+                    "shape, or longer than %d bytes)", path, skipped, MAX_LINE_BYTES)

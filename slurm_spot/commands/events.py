@@ -7,7 +7,13 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import (
+    AppContext,
+    json_option,
+    pass_app,
+    print_json,
+    require_events_file,
+)
 from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.commands.tables import Field, print_table, table_options
 from slurm_spot.events import read_events
@@ -61,6 +67,7 @@ def events_command(app: AppContext, since: str | None, node: str | None, as_json
     """Show slurm-spot's events (launches, terminations, notices, requeues, cooldowns),
     oldest first. Plain columns when stdout is not a terminal; --json for scripts."""
     after = parse_since(since) if since else None
+    require_events_file(app.config)
     found = [e for e in read_events(app.config.log_dir, after) if node in (None, e.get("node"))]
     if as_json:
         print_json(found)

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import click
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import (
+    AppContext,
+    json_option,
+    pass_app,
+    print_json,
+    require_dir,
+)
 from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.commands.progress import waiting
 from slurm_spot.commands.tables import Field, is_terminal, print_table, table_options
@@ -108,7 +114,9 @@ def status_command(app: AppContext, conf_dir: Path, as_json: bool, fields: list[
                    noheader: bool) -> None:
     """Show what runs: daemons (on stderr when stdout is not a terminal, so the table alone
     goes down a pipe) and instances."""
-    info = localcluster.status(_config(app, conf_dir))
+    config = _config(app, conf_dir)
+    require_dir(config, "state_dir")  # where up's record and the instances are
+    info = localcluster.status(config)
     if as_json:
         print_json(info)
         return
