@@ -73,7 +73,9 @@ class Action(str, enum.Enum):
 @dataclass(frozen=True)
 class Event:
     """One decision. ``time`` is ISO 8601 UTC; ``source`` is the component (resume, suspend,
-    resume-fail, reconcile, watch, preempt)."""
+    resume-fail, reconcile, watch, preempt). ``job_ids`` are squeue's unique ids (``%A``);
+    where a job is an array task, ``extra.job_refs`` maps its id to Slurm's name for it
+    (``{"12": "11_1"}``, :func:`with_job_refs`)."""
 
     action: Action
     source: str
@@ -90,6 +92,31 @@ class Event:
         if not data["extra"]:
             data.pop("extra")
         return json.dumps(data, sort_keys=True)
+
+
+def with_job_refs(fields: dict[str, object], refs: dict[str, str]) -> dict[str, object]:
+    """``fields`` (an :class:`Event`'s keyword arguments) with ``extra.job_refs`` set to
+    ``refs`` (``{"12": "11_1"}``: job id -> Slurm's name of an array task) when there are any,
+    so ``slurm-spot events`` shows the job as squeue/sacct do."""
+    if not refs:
+        return fields
+    extra = dict(fields.get("extra") or {})  # type: ignore[call-overload]
+    extra["job_refs"] = refs
+    return {**fields, "extra": extra}
+
+
+def job_labels(event: dict[str, object]) -> list[str]:
+    """An event's jobs as Slurm names them: ``11_1`` for an array task whose event recorded
+    ``extra.job_refs``, else the job id."""
+    job_ids = event.get("job_ids") or []
+    extra = event.get("extra")
+    refs = extra.get("job_refs") if isinstance(extra, dict) else None
+    refs = refs if isinstance(refs, dict) else {}
+    labels = []
+    for job in job_ids if isinstance(job_ids, list) else []:
+        ref = refs.get(str(job))
+        labels.append(ref if isinstance(ref, str) and ref else str(job))
+    return labels
 
 
 def emit(log_dir: Path, event: Event) -> None:

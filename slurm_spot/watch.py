@@ -115,6 +115,8 @@ class Watcher:
         self._when: dict[int, dict[str, object]] = {}
 
     def _event(self, action: events.Action, **fields: object) -> None:
+        job_ids = fields.get("job_ids") or ()
+        fields = events.with_job_refs(fields, self.slurm.known_refs(job_ids))  # type: ignore[arg-type]
         events.emit(self.config.log_dir,
                     events.Event(action, "watch", node=self.node, instance=self.instance_id,
                                  **fields))  # type: ignore[arg-type]

@@ -113,6 +113,17 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     assert clock[0] <= deadline.timestamp() - 5
     assert [e["action"] for e in read_events(config.log_dir)] == ["notice", "signalled",
                                                                   "requeued"]
+    # 'slurm-spot events' names the array task as squeue/sacct do (4_3), not by its unique id 5
+    spot_yaml = tmp_path / "spot.yaml"
+    spot_yaml.write_text(json.dumps({
+        "cluster": "c", "node_sets": [{"name": set_name, "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": [set_name]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")}))
+    shown = CliRunner().invoke(cli, ["--config", str(spot_yaml), "events", "--noheader",
+                                     "--format", "action,jobs"])
+    assert shown.exit_code == 0, shown.output
+    assert [line.split() for line in shown.stdout.splitlines()] == [
+        ["notice", "4_3"], ["signalled", "4_3"], ["requeued", "4_3"]]
 
 
 def test_notice_on_an_idle_node_powers_it_down_and_requeues_nothing(tmp_path: Path) -> None:

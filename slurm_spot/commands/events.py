@@ -16,7 +16,7 @@ from slurm_spot.commands.common import (
 )
 from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.commands.tables import Field, print_table, table_options
-from slurm_spot.events import read_events
+from slurm_spot.events import job_labels, read_events
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
@@ -47,8 +47,7 @@ COLUMNS = ("time", "source", "action", "node", "instance", "jobs", "reason")
 
 
 def _cells(event: dict) -> dict[str, str]:
-    job_ids = event.get("job_ids") or []
-    jobs = ",".join(str(j) for j in job_ids) if isinstance(job_ids, list) else ""
+    jobs = ",".join(job_labels(event))  # an array task as Slurm shows it: 11_1
     return {"time": str(event.get("time") or ""), "source": str(event.get("source") or ""),
             "action": str(event.get("action") or ""), "node": str(event.get("node") or "-"),
             "instance": str(event.get("instance") or "-"), "jobs": jobs or "-",
