@@ -19,7 +19,8 @@ On an interruption notice for its node it:
 6. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
    once (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
 
-Every step is an event (``notice``, ``prewarm``, ``signalled``/``signal_withheld``,
+Every step is an event (``notice``, ``prewarm``, ``signalled``/``signal_withheld`` (and
+``signal_failed`` where scancel could not reach a step, which then gets it by kill(2)),
 ``requeue_ended``/``not_requeued``, ``requeued``/``powered_down``) with its time, which
 ``slurm-spot demo`` uses for its recovery breakdown. A ``signalled`` event says both which
 signal and why (``reason``, ``extra.signal``, ``extra.steps``/``pids``) and when
