@@ -204,12 +204,16 @@ class PartitionConfig(_Model):
     default: bool = False
     suspend_time_s: int | None = Field(None, ge=0, le=365 * 86400)
     resume_timeout_s: int | None = Field(None, ge=30, le=86400)
-    max_time: str = Field("INFINITE", pattern=MAX_TIME_PATTERN)
+    max_time: str = "INFINITE"
 
     @field_validator("max_time")
     @classmethod
     def _max_time_in_range(cls, value: str) -> str:
         """A limit Slurm can hold and a person meant: see :func:`max_time_minutes`."""
+        if not re.fullmatch(MAX_TIME_PATTERN, value):
+            raise ValueError(f"{value!r} is not a Slurm time: use minutes (90), "
+                             f"days-hours[:minutes[:seconds]] (1-12), "
+                             f"hours:minutes:seconds (2:00:00) or INFINITE")
         max_time_minutes(value)
         return value
 
