@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -37,9 +38,14 @@ from slurm_spot.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm/spot.yaml")
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,40}$"
-# Node set names become node names (<name>-<i>): Slurm takes any string there (slurm.conf(5)
-# NodeName), so "." "_" "+" are allowed too; GCE instance names are checked by its provider.
-NODE_SET_PATTERN = r"^[a-z][a-z0-9._+-]{0,40}$"
+# Node set names become node names (<name>-<i>): slurmctld takes any string there (slurm.conf(5)
+# NodeName), so "." and "_" are allowed too; GCE instance names are checked by its provider.
+# Not "+": slurmd 22.05 finds a job step's slurmstepd socket ("<node>_<job>.<step>" in its spool
+# dir) with a regular expression built from the node name unescaped, so on a node named
+# "a+b-1" `scancel -s USR2 <job>.<step>` fails with "Invalid job id specified" and the job never
+# gets its preemption signal ("." happens to match itself; "+" means "one or more").
+NODE_SET_PATTERN = r"^[a-z][a-z0-9._-]{0,40}$"
+_SLURM_UNSIGNALLABLE = "+"
 # slurm.conf(5) MaxTime: minutes, [days-]hours[:minutes[:seconds]], or INFINITE/UNLIMITED.
 MAX_TIME_PATTERN = r"^(INFINITE|UNLIMITED|[0-9]+(-[0-9]{1,2})?(:[0-9]{1,2}){0,2})$"
 SIGNAL_NAMES = {"USR1": 10, "USR2": 12, "TERM": 15, "INT": 2, "HUP": 1, "QUIT": 3, "URG": 23}
@@ -149,7 +155,7 @@ class NodeSetConfig(_Model):
     primary market has no capacity (``on-demand`` for a spot node set), or ``none``.
     """
 
-    name: str = Field(pattern=NODE_SET_PATTERN)
+    name: str
     provider: str
     count: StrictInt = Field(ge=1, le=10000)
     market: Literal["spot", "on-demand"] = "spot"
@@ -162,6 +168,22 @@ class NodeSetConfig(_Model):
     weight: int = Field(1, ge=0, le=65533)  # slurm.conf(5) Weight: 0..65533
     aws: AwsNodeSetOptions | None = None
     gcp: GcpNodeSetOptions | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _signallable_name(cls, value: str) -> str:
+        """Refuses names Slurm 22.05 cannot signal a job step on (see NODE_SET_PATTERN)."""
+        bad = sorted({c for c in value if c in _SLURM_UNSIGNALLABLE})
+        if bad:
+            raise ValueError(
+                f"node set {value!r}: {' '.join(repr(c) for c in bad)} cannot be used in a node "
+                f"set name: slurmd 22.05 cannot signal job steps on nodes named so (scancel "
+                f"fails with 'Invalid job id specified'), so jobs there would get no "
+                f"preemption signal; use '_', '.' or '-' instead")
+        if not re.fullmatch(NODE_SET_PATTERN, value):
+            raise ValueError(f"node set {value!r}: must start with a-z and hold only a-z, 0-9, "
+                             f"'.', '_', '-' (at most 41 characters)")
+        return value
 
     @property
     def node_names(self) -> list[str]:
@@ -182,7 +204,80 @@ class PartitionConfig(_Model):
     default: bool = False
     suspend_time_s: int | None = Field(None, ge=0, le=365 * 86400)
     resume_timeout_s: int | None = Field(None, ge=30, le=86400)
-    max_time: str = Field("INFINITE", pattern=MAX_TIME_PATTERN)
+    max_time: str = "INFINITE"
+
+    @field_validator("max_time")
+    @classmethod
+    def _max_time_in_range(cls, value: str) -> str:
+        """A limit Slurm can hold and a person meant: see :func:`max_time_minutes`."""
+        if not re.fullmatch(MAX_TIME_PATTERN, value):
+            raise ValueError(f"{value!r} is not a Slurm time: use minutes (90), "
+                             f"days-hours[:minutes[:seconds]] (1-12), "
+                             f"hours:minutes:seconds (2:00:00) or INFINITE")
+        max_time_minutes(value)
+        return value
+
+
+MAX_TIME_LIMIT_MINUTES = 366 * 24 * 60  # a year; longer is INFINITE
+
+
+def max_time_minutes(value: str) -> int | None:
+    """Minutes of a slurm.conf(5) ``MaxTime`` (None for INFINITE/UNLIMITED).
+
+    Formats (slurm.conf(5) MaxTime, as sbatch(1) ``--time``): ``minutes``,
+    ``minutes:seconds``, ``hours:minutes:seconds``, ``days-hours``, ``days-hours:minutes``,
+    ``days-hours:minutes:seconds``; seconds are rounded up to a minute as Slurm does.
+
+    Raises:
+        ValueError: not one of those formats, a field out of its range (hours < 24 after a
+            day count, minutes and seconds < 60), zero, or over :data:`MAX_TIME_LIMIT_MINUTES`
+            (Slurm keeps minutes in 32 bits; "99999999999999999999" is a typo, not a limit).
+    """
+    if value in ("INFINITE", "UNLIMITED"):
+        return None
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
+    if not match:
+        raise ValueError(f"{value!r} is not a Slurm time (minutes, days-hours[:min[:sec]], "
+                         f"hours:min:sec or INFINITE)")
+    days, first, second, third = match.groups()
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        d, h, m, sec = int(days), int(first), int(second or 0), int(third or 0)
+        if h > 23:
+            raise ValueError(f"{value!r}: hours must be 0-23 after a day count")
+    elif third is not None:  # hours:minutes:seconds
+        d, h, m, sec = 0, int(first), int(second), int(third)
+    else:  # minutes[:seconds]
+        d, h, m, sec = 0, 0, int(first), int(second or 0)
+        if len(first) > 9:
+            raise ValueError(f"{value!r}: over a year; use INFINITE for no limit")
+    if (second is not None and (days is not None or third is not None) and m > 59) or sec > 59:
+        raise ValueError(f"{value!r}: minutes and seconds must be 0-59")
+    minutes = ((d * 24 + h) * 60 + m) + (1 if sec else 0)
+    if minutes < 1:
+        raise ValueError(f"{value!r}: a time limit of 0 lets no job run; use at least 1 minute")
+    if minutes > MAX_TIME_LIMIT_MINUTES:
+        raise ValueError(f"{value!r} is {minutes} minutes, over a year "
+                         f"({MAX_TIME_LIMIT_MINUTES}); use INFINITE for no limit")
+    return minutes
+
+
+SLURM_COMMANDS = ("scontrol", "sinfo", "squeue", "scancel", "sbatch")
+
+
+def slurm_bin_problems(config: SpotConfig) -> list[str]:
+    """``slurm_bin_dir`` problems for ``config check``: each Slurm command slurm-spot runs
+    (:data:`SLURM_COMMANDS`) must be an executable there. Not checked at load: a compute
+    image may be built before Slurm is installed."""
+    where = config.slurm_bin_dir
+    if not where.is_dir():
+        return [f"slurm_bin_dir: {where} is not a directory (where scontrol, squeue, ... are; "
+                f"'command -v scontrol' shows it)"]
+    missing = [c for c in SLURM_COMMANDS if not os.access(where / c, os.X_OK)
+               or not (where / c).is_file()]
+    if missing:
+        return [f"slurm_bin_dir: {where} has no executable {', '.join(missing)} "
+                f"('command -v scontrol' shows where Slurm's commands are)"]
+    return []
 
 
 class PreemptionConfig(_Model):
@@ -520,11 +615,24 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
     """
     file = config_path(path)
     try:
-        with open(file, "rb") as fh:
+        # O_NONBLOCK: opening a named pipe must not wait for a writer; a non-regular file is
+        # refused before anything is read from it (/dev/zero never ends).
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with open(fd, "rb") as fh:
             info = os.fstat(fh.fileno())
-            raw = fh.read()
+            kind = _not_regular(info)
+            if kind:
+                raise ConfigError(str(file), [f"not a regular file ({kind}): give the path of "
+                                              f"a spot.yaml file"])
+            if info.st_size > MAX_CONFIG_BYTES:
+                raise ConfigError(str(file), [
+                    f"{info.st_size} bytes: a spot.yaml is a few KiB; files over "
+                    f"{MAX_CONFIG_BYTES // 1024} KiB are refused"])
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(str(file), [f"cannot read the file: {exc.strerror}"]) from None
+    if len(raw) > MAX_CONFIG_BYTES:  # grew while read
+        raise ConfigError(str(file), [f"over {MAX_CONFIG_BYTES // 1024} KiB: refused"])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -549,6 +657,20 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
     config._source_path = file.absolute()
     config._lines = lines
     return config
+
+
+MAX_CONFIG_BYTES = 1024 * 1024  # a real spot.yaml is a few KiB
+
+
+def _not_regular(info: os.stat_result) -> str | None:
+    """What kind of file ``info`` (an ``os.stat`` result) is, when not a regular file."""
+    mode = info.st_mode
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return None if stat.S_ISREG(mode) else "not a file"
 
 
 def _credential_problems(config: SpotConfig, lines: dict[Path_, int]) -> list[str]:

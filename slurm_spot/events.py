@@ -43,6 +43,8 @@ class Action(str, enum.Enum):
     # why now (replacement up, checkpoint deadline, ...), extra.prewarmed/replacements
     SIGNALLED = "signalled"
     SIGNAL_WITHHELD = "signal_withheld"  # nothing of the job catches one yet
+    # scancel could not signal a step (reason: its error); extra.fallback_pids got kill(2)
+    SIGNAL_FAILED = "signal_failed"
     REQUEUE_ENDED = "requeue_ended"  # also the reconciler: a job ended during an interruption
     NOT_REQUEUED = "not_requeued"  # ... and why it was left as it ended
     REBALANCE = "rebalance_recommendation"
@@ -71,7 +73,9 @@ class Action(str, enum.Enum):
 @dataclass(frozen=True)
 class Event:
     """One decision. ``time`` is ISO 8601 UTC; ``source`` is the component (resume, suspend,
-    resume-fail, reconcile, watch, preempt)."""
+    resume-fail, reconcile, watch, preempt). ``job_ids`` are squeue's unique ids (``%A``);
+    where a job is an array task, ``extra.job_refs`` maps its id to Slurm's name for it
+    (``{"12": "11_1"}``, :func:`with_job_refs`)."""
 
     action: Action
     source: str
@@ -88,6 +92,31 @@ class Event:
         if not data["extra"]:
             data.pop("extra")
         return json.dumps(data, sort_keys=True)
+
+
+def with_job_refs(fields: dict[str, object], refs: dict[str, str]) -> dict[str, object]:
+    """``fields`` (an :class:`Event`'s keyword arguments) with ``extra.job_refs`` set to
+    ``refs`` (``{"12": "11_1"}``: job id -> Slurm's name of an array task) when there are any,
+    so ``slurm-spot events`` shows the job as squeue/sacct do."""
+    if not refs:
+        return fields
+    extra = dict(fields.get("extra") or {})  # type: ignore[call-overload]
+    extra["job_refs"] = refs
+    return {**fields, "extra": extra}
+
+
+def job_labels(event: dict[str, object]) -> list[str]:
+    """An event's jobs as Slurm names them: ``11_1`` for an array task whose event recorded
+    ``extra.job_refs``, else the job id."""
+    job_ids = event.get("job_ids") or []
+    extra = event.get("extra")
+    refs = extra.get("job_refs") if isinstance(extra, dict) else None
+    refs = refs if isinstance(refs, dict) else {}
+    labels = []
+    for job in job_ids if isinstance(job_ids, list) else []:
+        ref = refs.get(str(job))
+        labels.append(ref if isinstance(ref, str) and ref else str(job))
+    return labels
 
 
 def emit(log_dir: Path, event: Event) -> None:
@@ -149,22 +178,47 @@ def read_lines(fh: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES,
         yield fh.tell(), line
 
 
+_TEXT_FIELDS = ("time", "source", "node", "instance", "reason")
+
+
+def is_event(data: object) -> bool:
+    """True if ``data`` has the shape :meth:`Event.to_json` writes: an object whose
+    ``action`` is a non-empty string; ``time``, ``source``, ``node``, ``instance`` and
+    ``reason``, where present, strings or null; ``job_ids`` a list of integers; ``extra`` an
+    object. Valid JSON of another shape (``{"action": 1}``, ``{"job_ids": "12"}``) is not an
+    event of ours and must not be shown or counted as one."""
+    if not isinstance(data, dict):
+        return False
+    if not isinstance(data.get("action"), str) or not data["action"]:
+        return False
+    if any(not isinstance(data.get(k), (str, type(None))) for k in _TEXT_FIELDS):
+        return False
+    job_ids = data.get("job_ids", [])
+    if not isinstance(job_ids, list) or any(
+            isinstance(j, bool) or not isinstance(j, int) for j in job_ids):
+        return False
+    return isinstance(data.get("extra", {}), dict)
+
+
 def parse_line(line: bytes | None) -> dict[str, object] | None:
-    """One events-file line as an event dict, or None (not a JSON object, too long)."""
+    """One events-file line as an event dict, or None (not JSON, not of an event's shape
+    (:func:`is_event`), too long)."""
     if line is None or not line.strip():
         return None
     try:
         data = json.loads(line)
     except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the limit
         return None
-    return data if isinstance(data, dict) else None
+    return data if is_event(data) else None
 
 
 def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[str, object]]:
     """Events from the file, oldest first.
 
-    Lines that are not JSON objects, longer than :data:`MAX_LINE_BYTES`, or whose time cannot
-    be read when ``since`` is given, are skipped; how many is logged as one warning at the end.
+    Lines that are not events (not JSON, or JSON of another shape: :func:`is_event`), longer
+    than :data:`MAX_LINE_BYTES`, or whose time cannot be read when ``since`` is given, are
+    skipped; how many is logged as one warning at the end. A missing or unreadable file reads
+    as no events (the commands check it first: ``commands.common.require_events_file``).
     """
     path = log_dir / EVENTS_FILE
     try:
@@ -190,5 +244,5 @@ def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[s
                     continue
             yield data
     if skipped:
-        log.warning("%s: skipped %d line(s) that are not events (malformed or longer than "
-                    "%d bytes)", path, skipped, MAX_LINE_BYTES)
+        log.warning("%s: skipped %d line(s) that are not events (malformed, not of an event's "
+                    "shape, or longer than %d bytes)", path, skipped, MAX_LINE_BYTES)

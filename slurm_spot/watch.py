@@ -19,7 +19,8 @@ On an interruption notice for its node it:
 6. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
    once (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
 
-Every step is an event (``notice``, ``prewarm``, ``signalled``/``signal_withheld``,
+Every step is an event (``notice``, ``prewarm``, ``signalled``/``signal_withheld`` (and
+``signal_failed`` where scancel could not reach a step, which then gets it by kill(2)),
 ``requeue_ended``/``not_requeued``, ``requeued``/``powered_down``) with its time, which
 ``slurm-spot demo`` uses for its recovery breakdown. A ``signalled`` event says both which
 signal and why (``reason``, ``extra.signal``, ``extra.steps``/``pids``) and when
@@ -115,6 +116,8 @@ class Watcher:
         self._when: dict[int, dict[str, object]] = {}
 
     def _event(self, action: events.Action, **fields: object) -> None:
+        job_ids = fields.get("job_ids") or ()
+        fields = events.with_job_refs(fields, self.slurm.known_refs(job_ids))  # type: ignore[arg-type]
         events.emit(self.config.log_dir,
                     events.Event(action, "watch", node=self.node, instance=self.instance_id,
                                  **fields))  # type: ignore[arg-type]

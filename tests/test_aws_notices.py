@@ -184,6 +184,9 @@ class FakeSlurm:
     def expedite(self, job_id: int) -> None:
         self.calls.append(("expedite", job_id))
 
+    def known_refs(self, job_ids: list[int]) -> dict[str, str]:
+        return {}  # job 42 is no array task
+
     def record_interruption(self, job_ids: list[int], text: str) -> list[str]:
         if job_ids:
             self.calls.append(("admin_comment", tuple(job_ids), text))

@@ -55,3 +55,42 @@ def test_local_commands_read_slurm_spot_config(tmp_path: Path,
     monkeypatch.delenv("SLURM_SPOT_CONFIG")
     without = CliRunner().invoke(cli, ["local", "status", "--conf-dir", str(empty)])
     assert without.exit_code == 2 and str(empty / "spot.yaml") in without.output
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["render", "--output-dir", ""], "--output-dir"),
+    (["render", "--hooks-dir", ""], "--hooks-dir"),
+    (["render", "--slurm-version", ""], "'' is not a Slurm version"),
+    (["render", "--slurm-version", " "], "is not a Slurm version"),
+])
+def test_render_refuses_empty_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     args: list[str], says: str) -> None:
+    """An empty --output-dir used to write into the current directory, and an empty
+    --slurm-version meant "the installed one"."""
+    path = write_config(tmp_path)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = CliRunner().invoke(cli, ["--config", str(path), *args])
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+    assert "empty path" in result.output or "Slurm version" in result.output
+    assert list(work.iterdir()) == []  # nothing written anywhere
+
+
+@pytest.mark.parametrize("args", [["spot", "-1"], ["spot", "-1", "--json"], ["spot", "--", "-3"]])
+def test_local_capacity_answers_a_negative_count_as_a_count(tmp_path: Path,
+                                                            args: list[str]) -> None:
+    path = write_config(tmp_path)
+    result = CliRunner().invoke(cli, ["--config", str(path), "local", "capacity", *args])
+    assert result.exit_code == 2, result.output
+    assert "count must be >= 0" in result.output and "No such option" not in result.output
+    assert not (tmp_path / "state").exists()  # no limit was recorded
+
+
+def test_local_capacity_still_takes_zero_and_options_after_the_count(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    result = CliRunner().invoke(cli, ["local", "capacity", "spot", "0", "--json",
+                                      "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"node_set": "spot", "limit": 0}

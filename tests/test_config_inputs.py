@@ -105,3 +105,43 @@ def test_provider_check_problems_name_their_line_too(tmp_path: Path) -> None:
     assert code == 2, out
     (line,) = [x for x in out.splitlines() if "max_price_usd_per_hour" in x]
     assert "line 12: node_sets.0.aws.max_price_usd_per_hour" in line
+
+
+@pytest.mark.parametrize(("make", "kind"), [
+    (lambda tmp: Path("/dev/zero"), "not a regular file (a character device)"),
+    (lambda tmp: Path("/dev/null"), "not a regular file (a character device)"),
+    (lambda tmp: (os.mkfifo(tmp / "fifo"), tmp / "fifo")[1], "not a regular file (a named pipe)"),
+    (lambda tmp: tmp, "is a directory"),
+], ids=["dev-zero", "dev-null", "fifo", "directory"])
+def test_a_config_that_is_not_a_regular_file_is_refused_at_once(tmp_path: Path, make,  # type: ignore[no-untyped-def]
+                                                                kind: str) -> None:
+    """/dev/zero never ends and a named pipe waits for a writer: both are refused before
+    anything is read (no hang), and /dev/null gets no 'chmod go-w' advice."""
+    path = make(tmp_path)
+    code, out = check(path)
+    assert code == 2, out
+    assert str(path) in out and kind in out
+    assert "chmod" not in out
+
+
+def test_a_config_of_absurd_size_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "spot.yaml"
+    with open(path, "wb") as fh:
+        fh.write(GOOD.encode())
+        fh.truncate(5 * 1024 * 1024)  # sparse: 5 MiB of NULs after the settings
+    code, out = check(path)
+    assert code == 2, out
+    assert f"{5 * 1024 * 1024} bytes" in out and "over 1024 KiB are refused" in out
+
+
+@pytest.mark.parametrize(("value", "minutes"), [
+    ("60", 60), ("1:30", 2), ("2:00:00", 120), ("1-0", 1440), ("7-12:30", 10830),
+    ("365-23:59:59", 366 * 1440), ("INFINITE", None), ("UNLIMITED", None)])
+def test_max_time_in_slurms_formats_is_accepted(tmp_path: Path, value: str,
+                                                 minutes: int | None) -> None:
+    from slurm_spot.config import max_time_minutes
+
+    path = tmp_path / "spot.yaml"
+    path.write_text(GOOD.replace("node_sets: [gpu]}", f"node_sets: [gpu], max_time: '{value}'}}"))
+    assert load_config(path).partitions[0].max_time == value
+    assert max_time_minutes(value) == minutes

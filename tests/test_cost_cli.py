@@ -136,6 +136,16 @@ def test_plan_with_the_rate_observed_in_the_event_log(tmp_path: Path) -> None:
     assert plan["assumption"].startswith("observed: 1 interruptions in ")
     # the fixture's spot instances are still alive "now", so the rate is below 1 per 15.05 h
     assert 0 < plan["node_rate_per_h"] < 1 / 15.05
+    # JSON lines that are not events (wrong shape) are skipped, not counted as interruptions
+    notice = next(e for e in EVENTS if e["action"] == "notice")  # gpu-2 at 12:00
+    odd = [{**notice, "node": 5}, {**notice, "node": "gpu-1", "job_ids": "12"},
+           {**notice, "node": "gpu-4", "extra": []}]  # each another node: would count
+    with open(tmp_path / "log" / "events.jsonl", "a") as fh:
+        fh.write("".join(json.dumps(e) + "\n" for e in odd))
+    code, again = run("plan", "--checkpoint-s", "60", "--interruption-rate", "observed", "--json",
+                      config=config)
+    assert code == 0, again
+    assert json.loads(again)["assumption"] == plan["assumption"]
 
 
 def _unverified_catalogue(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -136,3 +136,65 @@ def test_tail_forgets_events_older_than_it_needs(tmp_path: Path) -> None:
     _emit(tmp_path, "old", ago_s=30)
     assert len(tail.read(NOW)) == 1
     assert tail.read(NOW + timedelta(seconds=31)) == []
+
+
+SHAPES = [b'{"action": 1, "time": "2026-03-01T00:00:00+00:00"}\n',  # showed as "None None 1 - -"
+          b'{"time": null, "source": null, "action": null}\n',
+          b'{"action": "notice", "node": 5}\n',
+          b'{"action": "notice", "job_ids": "12"}\n',
+          b'{"action": "notice", "job_ids": [true]}\n',
+          b'{"action": "launched", "extra": ["market", "spot"]}\n',
+          b'{}\n']
+
+
+def test_json_lines_of_another_shape_are_skipped_like_malformed_ones(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write_config(tmp_path)
+    log_dir = tmp_path / "log"
+    _emit(log_dir, "launched", ago_s=20)
+    for line in SHAPES:
+        _append(log_dir, line)
+    _emit(log_dir, "terminated", ago_s=10)
+    result = CliRunner().invoke(cli, ["--config", str(path), "events", "--noheader"])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if line.strip()]
+    assert [row.split()[2] for row in rows] == ["launched", "terminated"]
+    assert "None" not in result.stdout
+    with caplog.at_level(logging.WARNING):
+        assert len(list(read_events(log_dir))) == 2
+    assert f"skipped {len(SHAPES)} line(s)" in caplog.text
+
+
+@pytest.mark.parametrize("broken", ["log_dir_file", "log_dir_under_file", "events_dir"])
+def test_events_when_the_log_is_not_where_a_directory_or_file_should_be(
+        tmp_path: Path, broken: str) -> None:
+    """Before, 'events' printed nothing and exited 0: as if nothing had happened."""
+    log_dir = tmp_path / "log"
+    if broken == "log_dir_file":
+        log_dir.write_text("oops")
+        path, expect = write_config(tmp_path), f"log_dir {log_dir} (set in "
+    elif broken == "log_dir_under_file":
+        (tmp_path / "f").write_text("oops")
+        log_dir = tmp_path / "f" / "log"
+        path = write_config(tmp_path, log_dir=str(log_dir))
+        expect = f"log_dir {log_dir} (set in "
+    else:
+        (log_dir / EVENTS_FILE).mkdir(parents=True)
+        path, expect = write_config(tmp_path), f"events file {log_dir / EVENTS_FILE} is not a " \
+                                               "regular file"
+    for args in (["events"], ["events", "--json"],
+                 ["plan", "--checkpoint-s", "60", "--interruption-rate", "observed"]):
+        result = CliRunner().invoke(cli, ["--config", str(path), *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert expect in result.output, (args, result.output)
+
+
+def test_instances_and_local_status_refuse_a_state_dir_that_is_a_file(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    (tmp_path / "state").write_text("oops")
+    for args in (["instances"], ["instances", "--json"], ["local", "status"],
+                 ["local", "status", "--json"]):
+        result = CliRunner().invoke(cli, ["--config", str(path), *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert f"state_dir {tmp_path / 'state'} (set in {path}) is not a directory" \
+            in result.output, (args, result.output)

@@ -18,7 +18,7 @@ from tests.cluster import Cluster, base_config, wait_for
 from tests.conftest import _slurm_available
 
 pytestmark = pytest.mark.e2e
-ODD = "gpu+a100_sxm"   # nodes gpu+a100_sxm-1, -2
+ODD = "gpu_a100.sxm"   # nodes gpu_a100.sxm-1, -2 ("+" is refused: see test_config_inputs)
 DOTTED = "n.rack1"     # nodes n.rack1-1, -2
 REASON = "maint: State=bad disk Exit=1 on step 3"
 

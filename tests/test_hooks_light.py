@@ -82,6 +82,12 @@ def test_prolog_and_epilog_do_their_work_without_heavy_imports(site: Path) -> No
     assert out == {"rc": 0, "heavy": []}
     (event,) = [json.loads(line) for line in (site / "log" / "events.jsonl").read_text().splitlines()]
     assert (event["action"], event["job_ids"]) == ("job_end", [77])
+    # an array task: its event keeps Slurm's name for it, which 'slurm-spot events' shows
+    out, _ = probe(site, "epilog", [], env={**JOB_ENV, "SLURM_ARRAY_JOB_ID": "76",
+                                             "SLURM_ARRAY_TASK_ID": "1"})
+    assert out == {"rc": 0, "heavy": []}
+    last = json.loads((site / "log" / "events.jsonl").read_text().splitlines()[-1])
+    assert last["job_ids"] == [77] and last["extra"]["job_refs"] == {"77": "76_1"}
 
 
 def test_bad_job_env_is_exit_2_with_a_message(site: Path) -> None:

@@ -183,3 +183,44 @@ def test_signaller_withholds_then_delivers_once_a_handler_appears(tmp_path: Path
     assert ["-s", "USR1", "5.0"] in fake.commands
     assert [c for c in fake.commands if c[:2] == ["write", "batch_script"]] == [
         ["write", "batch_script", "5", "-"]]  # the script is read once
+
+
+def test_a_step_scancel_cannot_reach_gets_the_signal_by_kill_and_the_failure_is_an_event(
+        tmp_path: Path) -> None:
+    """scancel exits 225 "Invalid job id specified" for the step (what slurmd 22.05 answers
+    on a node whose name holds a regex character): the watcher records ``signal_failed`` with
+    the error, and the step's real process here that catches SIGUSR2 still gets it by kill(2)."""
+    marker = tmp_path / "got"
+    catcher = subprocess.Popen([sys.executable, "-c", HANDLER.format(sig="USR2"), str(marker)])
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(str(marker) + ".ready").exists():
+            assert time.monotonic() < deadline, "handler did not start"
+            time.sleep(0.05)
+        fake = FakeSlurm("#!/bin/sh\nsrun python train.py\n")
+
+        def runner(argv: list[str], timeout_s: float) -> CommandResult:
+            if argv[1:2] == ["listpids"]:
+                return CommandResult(argv, 0, f"PID JOBID STEPID LOCALID GLOBALID\n"
+                                              f"{catcher.pid} 3 0 0 0\n", "")
+            if argv[1:2] == ["-s"]:
+                fake.commands.append(argv[1:])
+                return CommandResult(argv, 225, "", "scancel: error: Kill job error on job "
+                                                    "step id 3: Invalid job id specified\n")
+            return fake(argv, timeout_s)
+
+        emitted: list[tuple[str, dict]] = []
+        signaller = JobSignaller(SlurmClient("/usr/bin", runner=runner), "a+b-1", "USR2",
+                                 lambda a, **f: emitted.append((a, f)))
+        assert signaller.deliver([3]) == []
+        assert catcher.wait(timeout=20) == 0 and marker.read_text() == "USR2"
+        assert ["-s", "USR2", "3.0"] in fake.commands  # scancel was tried first
+        assert [a for a, _ in emitted] == ["signal_failed", "signalled"]
+        failed, done = emitted[0][1], emitted[1][1]
+        assert "Invalid job id specified" in failed["reason"]
+        assert failed["extra"] == {"signal": "USR2", "step": "0", "fallback_pids": [catcher.pid]}
+        assert done["extra"]["steps"] == [] and done["extra"]["pids"] == [catcher.pid]
+        assert signaller.signalled(3)
+    finally:
+        catcher.kill()
+        catcher.wait()

@@ -128,3 +128,42 @@ def test_cli_uptime_is_counted_from_launch(world: tuple, monkeypatch: pytest.Mon
     provider.add("spot-1", 0, datetime.now(timezone.utc) - timedelta(seconds=125), ip="10.0.0.1")
     data = json.loads(_invoke(world, monkeypatch, "--json").output)
     assert 124 <= {r["node"]: r["uptime_s"] for r in data["nodes"]}["spot-1"] <= 140
+
+
+def test_no_slurm_conf_is_a_clear_error_not_scontrols(world: tuple,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cluster set up (no $SLURM_CONF, no /etc/slurm/slurm.conf): the real scontrol fails
+    with "fatal: Could not establish a configuration source" after its DNS SRV attempt; the
+    user sees which slurm.conf was meant and what to do, exit 2."""
+    if not Path("/usr/bin/scontrol").exists() or Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("needs Slurm's scontrol and no system slurm.conf")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setattr(status_module, "get_provider", lambda c, n: world[2])
+    result = CliRunner().invoke(cli, ["--config", str(world[3]), "status"])
+    assert result.exit_code == 2, result.output
+    assert "no Slurm controller answered: /usr/bin/scontrol found no slurm.conf" in result.output
+    assert "/etc/slurm/slurm.conf" in result.output and "slurm-spot local up" in result.output
+    assert "resolve_ctls_from_dns_srv" not in result.output
+
+
+def test_a_controller_that_does_not_answer_is_named(world: tuple, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slurm.conf whose slurmctld is not running: exit 1 (an operation failed, cli.py's
+    contract) with the slurm.conf used and the same advice."""
+    if not Path("/usr/bin/scontrol").exists():
+        pytest.skip("needs Slurm's scontrol")
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=t\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={port}\n"
+                    f"MessageTimeout=2\nNodeName=n1 CPUs=1 State=UNKNOWN\n"
+                    f"PartitionName=p Nodes=n1\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    monkeypatch.setattr(status_module, "get_provider", lambda c, n: world[2])
+    result = CliRunner().invoke(cli, ["--config", str(world[3]), "status"])
+    assert result.exit_code == 1, result.output
+    assert f"no Slurm controller answered (SLURM_CONF={conf}): is slurmctld running?" \
+        in result.output

@@ -64,12 +64,12 @@ class ScriptedSlurm:
 
 
 @pytest.mark.parametrize(("set_name", "version"), [
-    ("spot", "22.05.8"), ("spot", "24.11.5"), ("gpu+a100_sxm", "22.05.8"), ("n.rack1", "24.11.5")])
+    ("spot", "22.05.8"), ("spot", "24.11.5"), ("gpu_a100.sxm", "22.05.8"), ("n.rack1", "24.11.5")])
 def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path, set_name: str,
                                                                   version: str) -> None:
     """With prewarm off: the old order, signal at once, requeue by power-down. Also on nodes
     whose names hold characters Slurm allows (issue 11: the watcher crashed after draining,
-    before signalling the job, on gpu+a100_sxm-1)."""
+    before signalling the job, on gpu_a100.sxm-1)."""
     config = parse_config({
         "cluster": "c", "node_sets": [{"name": set_name, "provider": "local", "count": 2}],
         "partitions": [{"name": "spot", "node_sets": [set_name]}],
@@ -113,6 +113,17 @@ def test_notice_drains_signals_the_task_powers_down_and_expedites(tmp_path: Path
     assert clock[0] <= deadline.timestamp() - 5
     assert [e["action"] for e in read_events(config.log_dir)] == ["notice", "signalled",
                                                                   "requeued"]
+    # 'slurm-spot events' names the array task as squeue/sacct do (4_3), not by its unique id 5
+    spot_yaml = tmp_path / "spot.yaml"
+    spot_yaml.write_text(json.dumps({
+        "cluster": "c", "node_sets": [{"name": set_name, "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": [set_name]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")}))
+    shown = CliRunner().invoke(cli, ["--config", str(spot_yaml), "events", "--noheader",
+                                     "--format", "action,jobs"])
+    assert shown.exit_code == 0, shown.output
+    assert [line.split() for line in shown.stdout.splitlines()] == [
+        ["notice", "4_3"], ["signalled", "4_3"], ["requeued", "4_3"]]
 
 
 def test_notice_on_an_idle_node_powers_it_down_and_requeues_nothing(tmp_path: Path) -> None:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from slurm_spot.config import SpotConfig, load_config
+from slurm_spot.errors import BadInputError
+from slurm_spot.events import EVENTS_FILE
 from slurm_spot.slurm.client import SlurmClient
 
 if TYPE_CHECKING:
@@ -42,6 +47,52 @@ class AppContext:
 
 
 pass_app = click.make_pass_decorator(AppContext)
+
+
+def require_dir(config: SpotConfig, key: str) -> Path:
+    """``config``'s directory setting ``key`` (``log_dir``, ``state_dir``), checked before a
+    command reads it: a missing directory is fine (nothing recorded yet), but one that is a
+    file, or under a file, would read as empty and print nothing.
+
+    Raises:
+        BadInputError: the path exists and is not a directory, or cannot be looked at
+            (exit 2, naming the setting, the path and the config file).
+    """
+    path = Path(getattr(config, key))
+    where = f"{key} {path} (set in {config.source_path})"
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return path
+    except NotADirectoryError:
+        raise BadInputError(f"{where}: a part of the path is a file, not a directory") from None
+    except OSError as exc:
+        raise BadInputError(f"{where}: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise BadInputError(f"{where} is not a directory")
+    return path
+
+
+def require_events_file(config: SpotConfig) -> Path:
+    """``<log_dir>/events.jsonl``, checked as :func:`require_dir` (missing: no events yet).
+
+    Raises:
+        BadInputError: the log dir is not a directory, or the events file is not a regular
+            file or cannot be read.
+    """
+    path = require_dir(config, "log_dir") / EVENTS_FILE
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise BadInputError(f"events file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise BadInputError(f"events file {path} is not a regular file; move it away: "
+                            f"slurm-spot appends its events there")
+    if not os.access(path, os.R_OK):
+        raise BadInputError(f"events file {path}: cannot read it (permission denied)")
+    return path
 
 
 def check_config_path(value: str | None) -> str | None:

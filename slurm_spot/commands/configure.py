@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.config import slurm_bin_problems
 from slurm_spot.errors import BadInputError, ConfigError
 from slurm_spot.providers import check_config
 from slurm_spot.render import render, slurm_version, write_rendered
@@ -24,7 +25,7 @@ def config_group() -> None:
 def check_command(app: AppContext, as_json: bool) -> None:
     """Validate spot.yaml: exit 0 if good, 2 with every problem (file, field, reason) if not."""
     config = app.config
-    problems = check_config(config)
+    problems = check_config(config) + slurm_bin_problems(config)
     if problems:
         raise ConfigError(str(config.source_path), config.with_lines(problems))
     summary = {
@@ -42,23 +43,42 @@ def check_command(app: AppContext, as_json: bool) -> None:
                    f"{', '.join(summary['partitions'])})")  # type: ignore[arg-type]
 
 
+def _dir_given(_ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    """A directory option's value as a Path; an empty one is an error (it would silently
+    mean the current directory)."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter("empty path (leave the option out for its default)")
+    return Path(value)
+
+
+def _version_given(_ctx: click.Context, _param: click.Parameter,
+                   value: str | None) -> SlurmVersion | None:
+    """``--slurm-version``: None (detect the installed one) or a parsed release; an empty
+    value is an error, not "the installed one"."""
+    return None if value is None else _parse_version(value)
+
+
 @click.command("render")
-@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--output-dir", type=click.Path(file_okay=False), default=None,
+              callback=_dir_given,
               help="Write slurm-spot.conf and gres.conf here (default: print them).")
-@click.option("--hooks-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--hooks-dir", type=click.Path(file_okay=False), default=None,
+              callback=_dir_given,
               help="Where the slurm-spot-* hook executables are (default: this install's).")
-@click.option("--slurm-version", "version_text", default=None,
+@click.option("--slurm-version", "version_given", default=None, callback=_version_given,
               help="Render for this Slurm release (e.g. 23.11); default: the installed one.")
 @json_option
 @pass_app
 def render_command(app: AppContext, output_dir: Path | None, hooks_dir: Path | None,
-                   version_text: str | None, as_json: bool) -> None:
+                   version_given: SlurmVersion | None, as_json: bool) -> None:
     """Render the slurm.conf fragment (slurm-spot.conf) and gres.conf from spot.yaml."""
     config = app.config
     problems = check_config(config)
     if problems:
         raise ConfigError(str(config.source_path), config.with_lines(problems))
-    version = _parse_version(version_text) if version_text else slurm_version()
+    version = version_given if version_given is not None else slurm_version()
     rendered = render(config, hooks_dir=hooks_dir, version=version)
     if output_dir is None:
         if as_json:

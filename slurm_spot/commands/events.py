@@ -7,10 +7,16 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import (
+    AppContext,
+    json_option,
+    pass_app,
+    print_json,
+    require_events_file,
+)
 from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.commands.tables import Field, print_table, table_options
-from slurm_spot.events import read_events
+from slurm_spot.events import job_labels, read_events
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
@@ -41,8 +47,7 @@ COLUMNS = ("time", "source", "action", "node", "instance", "jobs", "reason")
 
 
 def _cells(event: dict) -> dict[str, str]:
-    job_ids = event.get("job_ids") or []
-    jobs = ",".join(str(j) for j in job_ids) if isinstance(job_ids, list) else ""
+    jobs = ",".join(job_labels(event))  # an array task as Slurm shows it: 11_1
     return {"time": str(event.get("time") or ""), "source": str(event.get("source") or ""),
             "action": str(event.get("action") or ""), "node": str(event.get("node") or "-"),
             "instance": str(event.get("instance") or "-"), "jobs": jobs or "-",
@@ -61,6 +66,7 @@ def events_command(app: AppContext, since: str | None, node: str | None, as_json
     """Show slurm-spot's events (launches, terminations, notices, requeues, cooldowns),
     oldest first. Plain columns when stdout is not a terminal; --json for scripts."""
     after = parse_since(since) if since else None
+    require_events_file(app.config)
     found = [e for e in read_events(app.config.log_dir, after) if node in (None, e.get("node"))]
     if as_json:
         print_json(found)

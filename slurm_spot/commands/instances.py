@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import (
+    AppContext,
+    json_option,
+    pass_app,
+    print_json,
+    require_dir,
+)
 from slurm_spot.commands.tables import Field, print_table, table_options
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
@@ -14,6 +20,8 @@ def list_all(app: AppContext, include_ended: bool) -> list[tuple[str, Instance]]
     """``(provider name, instance)`` for every provider that has a node set."""
     config = app.config
     used = sorted({ns.provider for ns in config.node_sets})
+    if any(config.providers[name].type == "local" for name in used):
+        require_dir(config, "state_dir")  # where local instances are recorded
     found = []
     for name in used:
         for inst in get_provider(config, name).list_instances():

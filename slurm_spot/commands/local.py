@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import click
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import (
+    AppContext,
+    json_option,
+    pass_app,
+    print_json,
+    require_dir,
+)
 from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.commands.progress import waiting
 from slurm_spot.commands.tables import Field, is_terminal, print_table, table_options
@@ -108,7 +115,9 @@ def status_command(app: AppContext, conf_dir: Path, as_json: bool, fields: list[
                    noheader: bool) -> None:
     """Show what runs: daemons (on stderr when stdout is not a terminal, so the table alone
     goes down a pipe) and instances."""
-    info = localcluster.status(_config(app, conf_dir))
+    config = _config(app, conf_dir)
+    require_dir(config, "state_dir")  # where up's record and the instances are
+    info = localcluster.status(config)
     if as_json:
         print_json(info)
         return
@@ -162,9 +171,29 @@ def preempt_command(app: AppContext, node: str, notice_s: float, conf_dir: Path,
         click.echo(f"killed the instance of {node} without notice")
 
 
-@local_group.command("capacity")
+class _CountCommand(click.Command):
+    """A command whose arguments are counts: ``-1`` is answered as a count below 0, not as
+    click's "No such option '-1'" (a negative number looks like a short option to click)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:
+            if arg == "--":
+                break
+            if re.fullmatch(r"-\d+", arg):
+                raise click.BadParameter(f"{arg}: count must be >= 0", ctx=ctx,
+                                         param_hint="'LIMIT'")
+        return super().parse_args(ctx, args)
+
+
+def _count(_ctx: click.Context, _param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise click.BadParameter(f"{value}: count must be >= 0")
+    return value
+
+
+@local_group.command("capacity", cls=_CountCommand)
 @click.argument("node_set")
-@click.argument("limit", required=False, type=click.IntRange(min=0))
+@click.argument("limit", required=False, type=int, callback=_count)
 @_conf_dir_option
 @json_option
 @pass_app

@@ -9,7 +9,13 @@ from typing import Any
 
 import click
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import (
+    AppContext,
+    json_option,
+    pass_app,
+    print_json,
+    require_events_file,
+)
 from slurm_spot.config import CostConfig, SpotConfig, config_path
 from slurm_spot.cost import planner
 from slurm_spot.cost.prices import PriceBook, UnknownPriceError, catalogue, site_prices
@@ -68,6 +74,7 @@ def node_rate(app: AppContext, band: str | None, rate: str | None, mtbf_h: float
     if rate.strip().lower() == "observed":
         from slurm_spot.cost.accounting import observed_node_rate_per_h
 
+        require_events_file(app.config)
         events = list(read_events(app.config.log_dir))
         return observed_node_rate_per_h(events, datetime.now(timezone.utc))
     try:

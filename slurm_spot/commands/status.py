@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -14,8 +15,8 @@ import click
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.commands.tables import Field, is_terminal, print_table, table_options
 from slurm_spot.config import SpotConfig
-from slurm_spot.errors import SlurmSpotError
-from slurm_spot.power import ProviderFactory
+from slurm_spot.errors import BadInputError, SlurmCommandError, SlurmSpotError
+from slurm_spot.power import ProviderFactory, _controller_unreachable
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.reconcile.reasons import short_state
@@ -111,10 +112,44 @@ def _cells(rows: list[dict[str, object]]) -> list[dict[str, str]]:
     return cells
 
 
+_NO_SLURM_CONF = "could not establish a configuration source"
+
+
+def explain_slurm_failure(exc: SlurmCommandError) -> SlurmSpotError:
+    """``exc`` (Slurm's nodes could not be read) as the error the user should see.
+
+    Slurm 22.05's scontrol/sinfo print "fatal: Could not establish a configuration source"
+    when they find no slurm.conf (no ``$SLURM_CONF``, no /etc/slurm/slurm.conf, no DNS SRV
+    record, slurm.conf(5)): that is a setup the user gives, so :class:`BadInputError` (exit 2).
+    "Unable to contact slurm controller" and the like (:func:`slurm_spot.power._controller_
+    unreachable`) mean a slurmctld that does not answer: an operation failure (exit 1). Both
+    say which slurm.conf was meant and how to point at another; anything else is ``exc``.
+    """
+    conf = os.environ.get("SLURM_CONF")
+    where = f"SLURM_CONF={conf}" if conf else "no SLURM_CONF set, so /etc/slurm/slurm.conf"
+    hint = ("set SLURM_CONF to your cluster's slurm.conf, or start the local cluster with "
+            "'slurm-spot local up' and use the SLURM_CONF it prints")
+    if _NO_SLURM_CONF in str(exc).lower():
+        return BadInputError(f"no Slurm controller answered: {exc.argv[0]} found no slurm.conf "
+                             f"({where}); {hint}")
+    if _controller_unreachable(exc):
+        return SlurmSpotError(f"no Slurm controller answered ({where}): is slurmctld "
+                              f"running? {hint} ({exc.stderr or 'timed out'})")
+    return exc
+
+
 def _show(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
           one_line: bool = False) -> list[str]:
-    """Print the status once; returns the providers' errors (also printed on stderr)."""
-    rows, errors = status_rows(app.config, app.slurm(), providers=get_provider)
+    """Print the status once; returns the providers' errors (also printed on stderr).
+
+    Raises:
+        BadInputError, SlurmSpotError: Slurm's nodes cannot be read
+            (:func:`explain_slurm_failure`).
+    """
+    try:
+        rows, errors = status_rows(app.config, app.slurm(), providers=get_provider)
+    except SlurmCommandError as exc:
+        raise explain_slurm_failure(exc) from None
     if as_json and one_line:  # --watch --json: one document per line (JSON Lines)
         click.echo(json.dumps({"nodes": rows, "errors": errors}, sort_keys=True, default=str))
     elif as_json:

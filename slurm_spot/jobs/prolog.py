@@ -281,7 +281,10 @@ def epilog(config: SpotConfig, env: Mapping[str, str]) -> None:
         restarts: int | str = restart_count(env)
     except BadInputError:
         restarts = env.get("SLURM_RESTART_COUNT", "")
+    array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+    valid = job.isascii() and job.isdigit()
+    refs = {job: f"{array}_{task}"} if valid and array.isdigit() and task.isdigit() else {}
     events.emit(config.log_dir, events.Event(
         events.Action.JOB_END, "epilog", node=env.get("SLURMD_NODENAME"),
-        job_ids=(int(job),) if job.isascii() and job.isdigit() else (),
-        extra={"restarts": restarts}))
+        job_ids=(int(job),) if valid else (),
+        extra={"restarts": restarts, **({"job_refs": refs} if refs else {})}))

@@ -34,7 +34,11 @@ from ``scontrol listpids <job> <node>`` (pid and step), else from ``/proc/*/envi
   Such a job keeps running until the node is powered down, and Slurm requeues it then.
 
 Every decision is an event (source ``watch``): ``signalled`` (signal, why, steps and pids) or
-``signal_withheld`` (why), once per job and outcome.
+``signal_withheld`` (why), once per job and outcome. When ``scancel`` fails for a step (it
+exits non-zero), a ``signal_failed`` event records its error and the step's processes on this
+node that catch the signal get it by ``kill(2)`` instead (listed in ``signalled``'s ``pids``);
+the step's processes on the job's other nodes are not reached this way: the collective stop
+of the training loop (docs/DESIGN.md flow 4) carries the flag from this node's ranks to them.
 """
 
 from __future__ import annotations
@@ -299,15 +303,28 @@ class JobSignaller:
             return
         assert plan.signal is not None
         number = SIGNAL_NAMES.get(plan.signal, 0) or int(plan.signal)
+        steps, pids = list(plan.steps), list(plan.pids)
         for step in plan.steps:
-            self.slurm.signal_step(job, step, plan.signal)
+            try:
+                self.slurm.signal_step(job, step, plan.signal)
+            except SlurmCommandError as exc:
+                # Slurm could not deliver it (22.05 finds no step on a node whose name holds
+                # a regex character, see config.NODE_SET_PATTERN): the step's processes here
+                # that catch it get it by kill(2) instead, and the event says so.
+                log.error("signalling job %s step %s: %s; using kill(2)", job, step, exc)
+                fallback = [p.pid for p in procs
+                            if p.step == step and not p.forwards and p.catches(number)]
+                self.emit(Action.SIGNAL_FAILED, job_ids=(job,), reason=str(exc),
+                          extra={"signal": plan.signal, "step": step, "fallback_pids": fallback})
+                steps.remove(step)
+                pids += fallback
         failed = []
-        for pid in plan.pids:
+        for pid in pids:
             try:
                 self.kill(pid, number)
             except OSError as exc:
                 failed.append(f"pid {pid}: {exc.strerror}")
         self.emit(Action.SIGNALLED, job_ids=(job,), reason=plan.why,
-                  extra={**context, "signal": plan.signal, "steps": list(plan.steps),
-                         "pids": list(plan.pids), "spared": list(plan.spared),
+                  extra={**context, "signal": plan.signal, "steps": steps,
+                         "pids": pids, "spared": list(plan.spared),
                          "kill_failed": failed})

@@ -382,6 +382,8 @@ class Reconciler:
                    extra=extra or {})
 
     def _emit(self, result: PassResult, action: Action, **fields: object) -> None:
+        fields = events.with_job_refs(
+            fields, self.slurm.known_refs(fields.get("job_ids") or ()))  # type: ignore[arg-type]
         event = events.Event(action, "reconcile", time=self.clock().isoformat(),
                              **fields)  # type: ignore[arg-type]
         events.emit(self.config.log_dir, event)

@@ -258,6 +258,12 @@ class SlurmClient:
         else:
             self._refs[int(job_id)] = job_id
 
+    def known_refs(self, job_ids: Iterable[int]) -> dict[str, str]:
+        """``{"12": "11_1"}`` for those of ``job_ids`` this client has seen to be array tasks
+        (from its squeue reads; runs nothing), for events to show jobs as Slurm names them."""
+        return {str(j): self._refs[j] for j in job_ids
+                if j in self._refs and self._refs[j] != str(j)}
+
     def job_ref(self, job_id: int | str) -> str:
         """Slurm's name for a job in scontrol/scancel: ``<array job id>_<task id>`` for an
         array task, else the id. Job ids here are squeue's unique ids (``%A``), and a task's
