@@ -108,6 +108,27 @@ def test_the_resume_hook_builds_one_boto3_session(aws: tuple, monkeypatch: pytes
     assert len(made) == 1  # the lookup, CreateFleet and tagging clients share it
 
 
+def test_more_nodes_than_one_fleet_takes_launch_in_one_call_per_batch(
+        aws: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_spot.providers.aws import launch as aws_launch
+
+    monkeypatch.setattr(aws_launch, "MAX_FLEET_TARGET", 2)  # EC2's 1000, scaled down
+    _, world = aws
+    config = make_config(world, count=7)
+    session = boto3.session.Session(region_name=REGION)
+    calls: Counter[str] = Counter()
+    session.events.register("before-parameter-build.ec2",
+                            lambda event_name, **_: calls.update([event_name.rsplit(".", 1)[1]]))
+    settings = config.providers["aws"]
+    assert settings.type == "aws"
+    provider = AwsProvider(config, "aws", settings, session=session)
+    result = provider.launch(LaunchRequest("c1", config.node_sets[0],
+                                           tuple(f"gpu-{i}" for i in range(1, 8)), "t"))
+    assert sorted(i.node or "" for i in result.launched) == sorted(f"gpu-{i}" for i in range(1, 8))
+    assert result.failed == ()
+    assert calls["CreateFleet"] == 4  # ceil(7 / 2), all in the spot market
+
+
 # -- GCE: one listing per pass whatever the orphans; concurrent deletes -------------------------
 GPU_SET: dict[str, Any] = {"name": "gpu", "count": 100, "market": "on-demand",
                            "gcp": {"zones": ["us-central1-a"], "machine_type": "n1-standard-8",
