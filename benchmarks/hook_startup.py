@@ -20,6 +20,7 @@ nodes down through an ``scontrol`` that does not exist, and logs that).
 Usage (from the repository root)::
 
     python benchmarks/hook_startup.py [--baseline REF] [--current REF] [--runs N] [--no-write]
+        [--smoke]   # one run of the current tree only, nothing written
 """
 
 from __future__ import annotations
@@ -152,13 +153,19 @@ def main() -> int:
     parser.add_argument("--current", default="HEAD", help="git ref measured against it")
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one run of the current tree (also as the baseline), no writing")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.no_write, args.baseline = 1, True, args.current
     current = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.current],  # noqa: S603
                              capture_output=True, text=True, check=True, timeout=30).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="hook-startup-") as tmp:
         work = Path(tmp)
         trees = {}
-        for name, ref in (("baseline", args.baseline), ("current", current)):
+        refs = (("current", current),) if args.smoke else (
+            ("baseline", args.baseline), ("current", current))
+        for name, ref in refs:
             source = work / f"{name}-src"
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--quiet",  # noqa: S603
                             "--detach", str(source), ref], check=True, timeout=120)
@@ -167,6 +174,8 @@ def main() -> int:
             finally:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",  # noqa: S603
                                 str(source)], check=False, timeout=120)
+        if args.smoke:
+            trees["baseline"] = trees["current"]
         site = work / "site"
         site.mkdir()
         results = measure(trees, write_site(site), args.runs)
