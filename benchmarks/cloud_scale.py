@@ -19,8 +19,8 @@ Method:
   (benchmarks/slurm_canned.py) that counts them.
 - One node set: AWS 2 instance types x 2 subnets, spot with on-demand fallback; GCE one zone,
   a machine type and an image. Before each run the fakes are reset.
-- Figures: median over ``--runs`` runs (``--big-runs`` at 5000 nodes, and from 1000 on moto,
-  which needs ~1.5 min of its own per 1000 instances launched) and the spread (max - min).
+- Figures: median over ``--runs`` runs (``--big-runs`` from 1000 nodes on: moto needs ~1.5
+  min of its own per 1000 instances launched) and the spread (max - min).
   Results are kept in benchmarks/cloud_scale.json; a row this run did not measure (AWS at
   5000 nodes is not in ``make bench``: ~10 min of moto per run) is taken from there, dated.
 
@@ -280,7 +280,7 @@ def measure(trees: dict[str, Path], sizes: dict[str, list[int]], runs: int,
                           ("resume", "pass")))
             for nodes, phases in cases:
                 samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
-                many = nodes >= 5000 or (cloud == "aws" and nodes >= 1000)
+                many = nodes >= 1000
                 for run in range(big_runs if many else runs):
                     for name, tree in trees.items():
                         site = workdir / f"{cloud}-{nodes}-{name}-{run}"
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="results kept here; rows this run did not measure are taken "
                              "from it (with their date)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--big-runs", type=int, default=1, help="runs at 5000 nodes and more")
+    parser.add_argument("--big-runs", type=int, default=1, help="runs at 1000 nodes and more")
     parser.add_argument("--baseline", default=BASELINE, help="git ref to compare with ('' none)")
     parser.add_argument("--smoke", action="store_true",
                         help="10 nodes, one run, this tree only, no BENCHMARKS.md update")
