@@ -90,10 +90,14 @@ def world(nodes: int, now: datetime, log_dir: str, state_dir: str) -> tuple[Any,
     from slurm_spot.config import SpotConfig
     from slurm_spot.providers.base import Instance, InstanceState
 
+    per_set = 10_000  # a node set's largest count
+    sets = [f"spot{k}" if nodes > per_set else "spot" for k in range(-(-nodes // per_set))]
     config = SpotConfig.model_validate({
         "cluster": "bench", "providers": {"local": {"type": "local"}},
-        "node_sets": [{"name": "spot", "provider": "local", "count": nodes}],
-        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "node_sets": [{"name": name, "provider": "local",
+                       "count": min(per_set, nodes - k * per_set)}
+                      for k, name in enumerate(sets)],
+        "partitions": [{"name": "spot", "node_sets": sets}],
         "state_dir": state_dir, "log_dir": log_dir,
         "reconcile": {"missing_grace_s": 0, "orphan_grace_s": 60}})
     canned, instances, pending = [], [], []
@@ -101,11 +105,12 @@ def world(nodes: int, now: datetime, log_dir: str, state_dir: str) -> tuple[Any,
 
     def inst(i: int, node: str, ip: str, state: Any = InstanceState.RUNNING, reason: str = "",
              age: datetime = old) -> Any:
-        return Instance(f"i-{i:08d}", node, "spot", state, "spot", "g5.xlarge", "us-east-1a",
+        return Instance(f"i-{i:08d}", node, node.rsplit("-", 1)[0], state, "spot", "g5.xlarge", "us-east-1a",
                         age, private_ip=ip, hostname=node, state_reason=reason)
 
     for i in range(1, nodes + 1):
-        name, ip, kind = f"spot-{i}", f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", i % 100
+        name = f"{sets[(i - 1) // per_set]}-{(i - 1) % per_set + 1}"
+        ip, kind = f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", i % 100
         job = (i,) if kind < 35 or 70 <= kind < 75 else ()
         if kind < 70:
             canned.append(slurm_canned.CannedNode(name, "ALLOCATED" if job else "IDLE",

@@ -33,7 +33,8 @@ class CannedNode:
 
 class CannedSlurm:
     """A CommandRunner: ``sinfo --json`` (Slurm 22.05's node listing), ``squeue`` (text and
-    ``--json``), ``scontrol -V``; every other command succeeds and prints nothing."""
+    ``--json``), ``scontrol -o show job`` (the jobs on the nodes, running), ``scontrol -V``;
+    every other command succeeds and prints nothing."""
 
     def __init__(self, nodes: Sequence[CannedNode], pending_jobs: Sequence[int] = (),
                  spawn: bool = False, version: str = "22.05.8") -> None:
@@ -49,6 +50,10 @@ class CannedSlurm:
              "partitions": ["spot"], "boot_time": 0} for n in nodes]}, indent=2)
         self.squeue_text = "".join(
             f"{j} {j} N/A {n.name}\n" for n in nodes for j in n.jobs)
+        self.job_lines = {
+            j: f"JobId={j} JobName=train JobState=RUNNING Reason=None AdminComment=(null) "
+               f"Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 EndTime=Unknown NodeList={n.name}\n"
+            for n in nodes for j in n.jobs}
         self.squeue_json = json.dumps({"jobs": [
             {"job_id": j, "job_state": "PENDING", "state_reason": "BeginTime", "nodes": "",
              "restart_cnt": 1, "partition": "spot", "name": "train"} for j in pending_jobs]})
@@ -67,6 +72,9 @@ class CannedSlurm:
             out = self.sinfo
         elif tool == "scontrol" and args[:1] == ["--json"]:
             return self._result(argv, 1, "", "scontrol: unrecognized option '--json'")
+        elif tool == "scontrol" and args[:3] == ["-o", "show", "job"]:
+            out = "".join(self.job_lines.values()) if len(args) == 3 else \
+                self.job_lines.get(int(args[3]) if args[3].isdigit() else -1, "")
         elif tool == "squeue" and "--json" in args:
             out = self.squeue_json
         elif tool == "squeue":

@@ -199,6 +199,11 @@ def test_reclaimed_nodes_are_updated_in_one_scontrol_per_state(tmp_path: Path) -
                  and c[-1] == "StartTime=now"]
     assert expedites == [["update", "jobid=1,2,3", "StartTime=now"]]
     assert sorted(world.slurm.expedited) == [1, 2, 3]
+    # every job read twice per pass, not per node: jobs that ended there, earlier comments
+    reads = [c[1:] for c in world.slurm.calls if c[1:4] == ["-o", "show", "job"]]
+    assert reads == [["-o", "show", "job"]] * 2
+    assert [world.slurm.jobs[j].admin_comment.split(" (")[1] for j in (1, 2, 3)] == [
+        "spot-1)", "spot-2)", "spot-3)"]
 
 
 def test_a_node_slurm_refuses_does_not_stop_the_batch(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ from slurm_spot.reconcile.rules import (
     missing_since,
     plan_pass,
 )
-from slurm_spot.slurm.client import Node, SlurmClient
+from slurm_spot.slurm.client import JobRecord, Node, SlurmClient
 
 log = logging.getLogger(__name__)
 # Jobs that ended this long (plus one pass interval) before a lost node was seen are taken as
@@ -150,6 +150,8 @@ class Reconciler:
         self._tail = EventTail(config.log_dir, history_keep_s(self.settings))
         # node -> first pass that found it up with no instance listed (see missing_since)
         self._missing_since: dict[str, datetime] = {}
+        self._notes: list[tuple[int, str]] = []
+        self._job_records: list[JobRecord] | SlurmCommandError | None = None
         # the pass's providers: each built once per pass (one cloud session and client)
         self._providers: ProviderFactory = provider_cache(providers)
         # verdict -> (Slurm updates for nodes that share a reason, what to record per node)
@@ -251,6 +253,8 @@ class Reconciler:
             elif d.verdict in self._handlers:
                 groups.setdefault((d.verdict, d.reason), []).append(d)
         requeued: list[int] = []
+        self._notes = []  # AdminComment notes, written at the end
+        self._job_records = None  # every job, read once if a lost node needs them
         for (verdict, reason), members in groups.items():
             update, record = self._handlers[verdict]
             for d in self._update_batched(update, reason, members, result):
@@ -262,6 +266,7 @@ class Reconciler:
                 self.metrics.action(d.verdict.value, ok=True)
                 if d.verdict in (Verdict.RECLAIMED, Verdict.BOOT_LOST):
                     requeued += list(d.jobs) + self._requeue_ended(d, snap, result)
+        result.errors += self.slurm.record_interruptions(self._notes)
         return requeued
 
     def _update_batched(self, update: Callable[[list[str], str], None], reason: str,
@@ -298,7 +303,14 @@ class Reconciler:
         ended within the last pass interval plus the longest notice (AWS's 120 s)."""
         since = snap.now.timestamp() - self.config.reconcile.interval_s - ENDED_WINDOW_S
         try:
-            decisions, errors = requeue_ended_on(self.slurm, d.node, since)
+            if self._job_records is None:  # once per pass, however many nodes were lost
+                try:
+                    self._job_records = self.slurm.job_records()
+                except SlurmCommandError as exc:
+                    self._job_records = exc
+            if isinstance(self._job_records, SlurmCommandError):
+                raise self._job_records
+            decisions, errors = requeue_ended_on(self.slurm, d.node, since, self._job_records)
         except SlurmCommandError as exc:
             result.errors.append(f"{d.node}: requeue ended jobs: {exc}")
             return []
@@ -335,8 +347,8 @@ class Reconciler:
             self.metrics.interruptions.labels(self.node_set_of[d.node]).inc()
         action = Action.RECLAIMED if d.verdict is Verdict.RECLAIMED else Action.BOOT_LOST
         self._record(result, action, d, extra={"reclaimed": reclaimed, "instance_state": d.why})
-        result.errors += self.slurm.record_interruption(d.jobs if reclaimed else (),
-                                                        f"requeued: {d.reason} ({d.node})")
+        self._notes += [(job, f"requeued: {d.reason} ({d.node})")
+                        for job in (d.jobs if reclaimed else ())]
 
     def _return_to_idle(self, nodes: list[str], reason: str) -> None:
         """``state=IDLE`` turns down~ into idle~ and clears the reason; reset the address."""

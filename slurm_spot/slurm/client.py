@@ -511,15 +511,41 @@ class SlurmClient:
         Never raises: a job that cannot be read or updated (it ended meanwhile) does not stop
         the others. Returns one message per failure, for the caller's log or result.
         """
-        errors = []
-        for job in job_ids:
+        return self.record_interruptions([(job, text) for job in job_ids])
+
+    def record_interruptions(self, notes: Sequence[tuple[int, str]]) -> list[str]:
+        """:meth:`record_interruption` for many ``(job id, text)`` pairs: the earlier
+        comments of several jobs come from one ``scontrol -o show job`` (every job slurmctld
+        holds), then one update per job (each job's comment is its own). Never raises;
+        returns one message per job that could not be noted."""
+        errors: list[str] = []
+        shown: dict[int, str] | None = None
+        if len({job for job, _ in notes}) > 1:
+            try:
+                shown = {}
+                for line in self.run("scontrol", "-o", "show", "job").stdout.splitlines():
+                    found = re.match(r"JobId=(\d+)\s", line)
+                    if found:
+                        shown[int(found.group(1))] = line
+            except SlurmCommandError as exc:
+                return [f"job {job}: AdminComment not recorded: {exc}" for job, _ in notes]
+        for job, text in notes:
             try:
                 ref = self.job_ref(job)
-                shown = self.run("scontrol", "-o", "show", "job", ref).stdout
-                old = re.search(r"(?:^|\s)AdminComment=(.*?)(?=\s[A-Za-z:]+=|$)", shown.strip())
+                if shown is None:
+                    line = self.run("scontrol", "-o", "show", "job", ref).stdout
+                elif job in shown:
+                    line = shown[job]
+                else:
+                    errors.append(f"job {job}: AdminComment not recorded: slurmctld does not "
+                                  "know the job")
+                    continue
+                old = re.search(r"(?:^|\s)AdminComment=(.*?)(?=\s[A-Za-z:]+=|$)", line.strip())
                 previous = old.group(1) if old and old.group(1) not in ("", "(null)") else ""
                 comment = f"{previous}; {text}" if previous else text
                 self.run("scontrol", "update", f"jobid={ref}", f"AdminComment={comment[-1000:]}")
+                if shown is not None:
+                    shown[job] = f"JobId={job} AdminComment={comment[-1000:]}"
             except SlurmCommandError as exc:
                 errors.append(f"job {job}: AdminComment not recorded: {exc}")
         return errors
