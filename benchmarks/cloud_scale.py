@@ -370,7 +370,9 @@ Why these calls. AWS resume: one DescribeInstances for what exists, one CreateFl
 nodes, DescribeInstances by launch tag (a page per 1000), CreateTags for the node mapping (one
 per bit of the largest node index, plus the completion mark); suspend: one DescribeInstances
 (a page per 1000) and one TerminateInstances per 1000 ids. GCE resume: one aggregatedList page
-per 500 instances, one bulkInsert, operation waits, the listing again; suspend: the listing and
+per 500 instances, one bulkInsert (up to 5000 VMs per call, [About bulk creation of
+VMs](https://cloud.google.com/compute/docs/instances/multiple/about-bulk-creation)), operation
+waits, the listing again; suspend: the listing and
 one `instances.delete` per instance: Compute Engine has no bulk delete for instances outside a
 managed instance group, and its HTTP batch endpoint (up to 1000 calls in one request) still
 counts every call against the quota

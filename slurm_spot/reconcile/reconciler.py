@@ -304,8 +304,10 @@ class Reconciler:
         since = snap.now.timestamp() - self.config.reconcile.interval_s - ENDED_WINDOW_S
         try:
             if self._job_records is None:  # once per pass, however many nodes were lost
-                try:
-                    self._job_records = self.slurm.job_records()
+                try:  # only the jobs that ended in the window: each lost node scans these
+                    self._job_records = [
+                        r for r in self.slurm.job_records() if r.state.is_finished
+                        and r.end_time is not None and r.end_time >= since]
                 except SlurmCommandError as exc:
                     self._job_records = exc
             if isinstance(self._job_records, SlurmCommandError):
