@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: all setup system-deps venv lint typecheck unit e2e test demo clean slurm-roots test-slurm
+.PHONY: all setup system-deps venv lint typecheck unit e2e test demo bench bench-smoke clean slurm-roots test-slurm
 
 all: test
 
@@ -58,6 +58,17 @@ slurm-roots: setup
 test-slurm: setup
 	@test -n "$(VERSION)" || { echo "usage: make test-slurm VERSION=22.05|24.11|26.05" >&2; exit 2; }
 	$(PY) -m tests.slurmroots test $(VERSION) $(PYTEST_ARGS)
+
+# Every benchmark, then BENCHMARKS.md rewritten (machine, versions, method, medians, baselines
+# side by side); under 20 minutes on a 2-CPU machine. BENCH_ARGS=--no-cluster leaves out the
+# three that need the local Slurm cluster.
+BENCH_ARGS ?=
+bench: setup
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+# Each benchmark once, tiny, nothing written (the test suite runs this too).
+bench-smoke: setup
+	$(PY) benchmarks/run.py --smoke
 
 # A real local Slurm, spot nodes, a torchrun job that is interrupted twice and finishes.
 demo: setup

@@ -13,9 +13,11 @@ Method:
 The count does not depend on moto: lookup (1 DescribeInstances page of up to 1000), CreateFleet
 (1 per 1000 nodes), DescribeInstances by launch tag (1 page), CreateTags for the node mapping
 (one per bit of the largest node index, 10 for 1000, plus the completion mark). moto's wall time
-is reported but says nothing about EC2's.
+is reported but says nothing about EC2's (benchmarks/fast_moto.py makes moto's tag lookups
+per instance cheaper; the answers are the same).
 
-Run from the repository root: ``python benchmarks/aws_launch_calls.py [--nodes N] [--no-write]``.
+Run from the repository root: ``python benchmarks/aws_launch_calls.py [--nodes N] [--no-write]
+[--smoke]`` (``--smoke``: 10 nodes, nothing written).
 Results go to stdout (JSON) and into BENCHMARKS.md between the aws-launch-calls markers.
 """
 
@@ -44,7 +46,10 @@ def measure(nodes: int) -> dict[str, Any]:
     """Launch ``nodes`` nodes on moto, then again; the calls of each, by operation."""
     os.environ.update(AWS_ENV)
     import boto3
+    import fast_moto
     from moto import mock_aws
+
+    fast_moto.patch()  # moto's own speed only (benchmarks/fast_moto.py)
 
     from slurm_spot.config import AwsProviderConfig, parse_config
     from slurm_spot.providers.aws.provider import AwsProvider
@@ -126,7 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--smoke", action="store_true", help="10 nodes, no BENCHMARKS.md update")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.nodes, args.no_write = 10, True
     result = measure(args.nodes)
     print(json.dumps(result, indent=2))
     if not args.no_write:

@@ -1,7 +1,8 @@
 """Goodput of the four recovery strategies by interruption band and job size, and the canonical
 20-node setup's saving and extra wall time, from ``slurm_spot.cost.simulator``.
 
-Writes the ``cost-simulation`` section of BENCHMARKS.md (``--no-write``: print only).
+Writes the ``cost-simulation`` section of BENCHMARKS.md (``--no-write``: print only;
+``--smoke``: 10 runs per cell, print only).
 Deterministic: every figure comes from seeded runs, so a re-run gives the same table.
 """
 
@@ -132,7 +133,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--smoke", action="store_true", help="10 runs per cell, print only")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.runs, args.no_write = 10, True
     text = section(args.runs, args.seed)
     if args.no_write:
         print(text)

@@ -12,6 +12,7 @@ It prints one JSON object: the SHA-256 of the final weights of both runs and whe
 equal, with the device name. Deterministic algorithms are on (``CUBLAS_WORKSPACE_CONFIG``).
 
     python benchmarks/cuda_resume_check.py [--device cuda] [--steps 300] [--stop-at 137]
+    python benchmarks/cuda_resume_check.py --smoke   # CPU, 6 steps, stop at 3
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ def main() -> int:
     parser.add_argument("--stop-at", type=int, default=137)
     parser.add_argument("--phase", choices=["all", "reference", "part"], default="all")
     parser.add_argument("--checkpoint-dir", type=Path)
+    parser.add_argument("--smoke", action="store_true", help="CPU, 6 steps, stop at 3")
     args = parser.parse_args()
+    if args.smoke:
+        args.device, args.steps, args.stop_at = "cpu", 6, 3
     if args.phase == "reference":
         print(train(args.device, args.steps, None, None))
         return 0

@@ -212,8 +212,17 @@ def parse_line(line: bytes | None) -> dict[str, object] | None:
     return data if is_event(data) else None
 
 
+# Writers stamp an event when they decide, then append: lines are in time order only up to
+# this much (a hook's event may land after a later one of the reconciler's).
+ORDER_SLACK_S = 600.0
+
+
 def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[str, object]]:
     """Events from the file, oldest first.
+
+    With ``since``, reading starts near the end: :func:`start_offset` seeks backwards to the
+    first line older than ``since`` minus :data:`ORDER_SLACK_S`, so the cost follows the
+    events asked for, not the file's length.
 
     Lines that are not events (not JSON, or JSON of another shape: :func:`is_event`), longer
     than :data:`MAX_LINE_BYTES`, or whose time cannot be read when ``since`` is given, are
@@ -227,22 +236,60 @@ def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[s
         return
     skipped = 0
     with fh:
+        if since is not None:
+            fh.seek(start_offset(fh, since.timestamp() - ORDER_SLACK_S))
         for _, line in read_lines(fh):
             data = parse_line(line)
             if data is None:
                 skipped += 1 if line is None or line.strip() else 0
                 continue
             if since is not None:
-                try:
-                    when = datetime.fromisoformat(str(data.get("time")))
-                except ValueError:
+                when = event_time(data)
+                if when is None:
                     skipped += 1
                     continue
-                if when.tzinfo is None:
-                    when = when.replace(tzinfo=timezone.utc)
                 if when < since:
                     continue
             yield data
     if skipped:
         log.warning("%s: skipped %d line(s) that are not events (malformed, not of an event's "
                     "shape, or longer than %d bytes)", path, skipped, MAX_LINE_BYTES)
+
+
+def event_time(data: dict[str, object]) -> datetime | None:
+    """An event's ``time`` as an aware datetime (UTC if it has no zone), or None."""
+    try:
+        when = datetime.fromisoformat(str(data.get("time")))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def start_offset(fh: BinaryIO, before: float, block: int = 64 * 1024) -> int:
+    """Offset of a line start in ``fh`` at or before every event newer than ``before``
+    (epoch seconds), found from the end of the file: probe the first whole event line of
+    each window of ``block``, ``2 x block``, ... bytes before the end, until one is older than
+    ``before`` (or the start of the file is reached). Reads about twice the bytes that follow
+    the offset, never the whole of a long file. 0 if the file is short or has no older event.
+    """
+    size = fh.seek(0, os.SEEK_END)
+    end = size
+    while end > 0:
+        start = max(0, end - block)
+        fh.seek(start)
+        if start > 0:
+            fh.readline(MAX_LINE_BYTES + 1)  # the rest of the line the window starts in
+        for offset, line in read_lines(fh):
+            line_start = offset - len(line or b"")
+            if line_start >= end:
+                break
+            data = parse_line(line)
+            when = event_time(data) if data is not None else None
+            if when is None:
+                continue
+            if when.timestamp() < before:
+                return line_start if line is not None else 0
+            break  # this window's first event is new enough: look further back
+        end = start
+        block *= 2
+    return 0

@@ -42,6 +42,21 @@ log = logging.getLogger(__name__)
 ProviderFactory = Callable[[SpotConfig, str], Provider]
 
 
+def provider_cache(factory: ProviderFactory) -> ProviderFactory:
+    """``factory``, building each named provider once: one provider object (so one boto3
+    session and its clients, one Compute API client) for a whole hook call or reconciler
+    pass, instead of one per node set or per action (~0.2-0.4 s of CPU each for boto3)."""
+    made: dict[tuple[int, str], Provider] = {}
+
+    def get(config: SpotConfig, name: str) -> Provider:
+        key = (id(config), name)
+        if key not in made:
+            made[key] = factory(config, name)
+        return made[key]
+
+    return get
+
+
 @dataclass
 class PowerResult:
     """What a hook did: instances launched or terminated, failures, and Slurm errors."""
@@ -97,6 +112,7 @@ def resume(
     """
     groups = group_by_node_set(config, hostlist)
     result = PowerResult()
+    providers = provider_cache(providers)
     for set_name, nodes in groups.items():
         node_set = config.node_set(set_name)
         try:
@@ -375,6 +391,7 @@ def terminate_nodes(
     for set_name, nodes in groups.items():
         by_provider[config.node_set(set_name).provider].extend(nodes)
     result = PowerResult()
+    providers = provider_cache(providers)
     for provider_name, nodes in by_provider.items():
         try:
             ended = providers(config, provider_name).terminate(nodes)

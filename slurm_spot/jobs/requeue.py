@@ -21,7 +21,7 @@ A job Slurm no longer knows (older than MinJobAge, 300 s by default) cannot be r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from slurm_spot.errors import SlurmCommandError
@@ -80,17 +80,19 @@ def ended_on(records: Iterable[JobRecord], node: str, since: float) -> list[JobR
             and r.nodes and node in expand(r.nodes)]
 
 
-def requeue_ended_on(slurm: SlurmClient, node: str, since: float
+def requeue_ended_on(slurm: SlurmClient, node: str, since: float,
+                     records: Sequence[JobRecord] | None = None,
                      ) -> tuple[list[RequeueDecision], list[str]]:
     """Requeue the jobs that ended on ``node`` since ``since`` (epoch seconds), for a node
-    reclaimed without notice. Returns the decisions for every such job and the errors (one
-    job's trouble never stops the others).
+    reclaimed without notice. ``records``: every job as :meth:`SlurmClient.job_records`
+    read it (a pass with many lost nodes reads them once), else read here. Returns the
+    decisions for every such job and the errors (one job's trouble never stops the others).
 
     Raises:
         SlurmCommandError: Slurm's jobs cannot be read.
     """
     decisions, errors = [], []
-    for record in ended_on(slurm.job_records(), node, since):
+    for record in ended_on(slurm.job_records() if records is None else records, node, since):
         decision = decide(record)
         if decision.requeue:
             try:

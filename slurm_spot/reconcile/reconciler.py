@@ -38,7 +38,7 @@ from slurm_spot.config import SpotConfig
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.events import Action
 from slurm_spot.jobs.requeue import requeue_ended_on
-from slurm_spot.power import ProviderFactory
+from slurm_spot.power import ProviderFactory, provider_cache
 from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
@@ -54,7 +54,7 @@ from slurm_spot.reconcile.rules import (
     missing_since,
     plan_pass,
 )
-from slurm_spot.slurm.client import Node, SlurmClient
+from slurm_spot.slurm.client import JobRecord, Node, SlurmClient
 
 log = logging.getLogger(__name__)
 # Jobs that ended this long (plus one pass interval) before a lost node was seen are taken as
@@ -150,14 +150,20 @@ class Reconciler:
         self._tail = EventTail(config.log_dir, history_keep_s(self.settings))
         # node -> first pass that found it up with no instance listed (see missing_since)
         self._missing_since: dict[str, datetime] = {}
-        self._handlers: dict[Verdict, Callable[[NodeDecision, PassResult], None]] = {
-            Verdict.RECLAIMED: self._power_down_lost,
-            Verdict.BOOT_LOST: self._power_down_lost,
-            Verdict.RESUME_FAILED: self._return_to_idle,
-            Verdict.REENABLE: self._return_to_idle,
-            Verdict.BREAKER: self._trip_breaker,
-            Verdict.COOL: self._cool,
-            Verdict.UNDRAIN: self._undrain,
+        self._notes: list[tuple[int, str]] = []
+        self._job_records: list[JobRecord] | SlurmCommandError | None = None
+        # the pass's providers: each built once per pass (one cloud session and client)
+        self._providers: ProviderFactory = provider_cache(providers)
+        # verdict -> (Slurm updates for nodes that share a reason, what to record per node)
+        self._handlers: dict[Verdict, tuple[Callable[[list[str], str], None],
+                                            Callable[[NodeDecision, PassResult], None]]] = {
+            Verdict.RECLAIMED: (self._power_down_lost, self._record_lost),
+            Verdict.BOOT_LOST: (self._power_down_lost, self._record_lost),
+            Verdict.RESUME_FAILED: (self._return_to_idle, self._record_idle),
+            Verdict.REENABLE: (self._return_to_idle, self._record_idle),
+            Verdict.BREAKER: (self._trip_breaker, self._record_breaker),
+            Verdict.COOL: (self._cool, self._record_cool),
+            Verdict.UNDRAIN: (self._undrain, self._record_undrain),
         }
 
     # -- snapshot -------------------------------------------------------------------------
@@ -174,7 +180,7 @@ class Reconciler:
         unavailable: set[str] = set()
         for name in sorted({ns.provider for ns in self.config.node_sets}):
             try:
-                listed = self.providers(self.config, name).list_instances()
+                listed = self._providers(self.config, name).list_instances()
             except Exception as exc:  # any SDK error: skip this provider
                 log.error("provider %s: listing failed: %s", name, exc)
                 result.errors.append(f"provider {name}: listing failed: {exc}")
@@ -208,6 +214,7 @@ class Reconciler:
         """
         started = time.monotonic()
         result = PassResult(self.clock())
+        self._providers = provider_cache(self.providers)
         snap = self.snapshot(result)
         self._missing_since = missing_since(
             snap.nodes, snap.instances, self.node_set_of, snap.unavailable_sets, snap.now,
@@ -219,11 +226,10 @@ class Reconciler:
             name = decision.verdict.value
             result.verdicts[name] = result.verdicts.get(name, 0) + 1
         vetoed = self._recheck(plan)
-        requeued: list[int] = []
-        for decision in plan.nodes:
-            if decision.node not in vetoed:
-                requeued += self._act(decision, snap, result)
-        self._terminate_orphans(plan.orphans, snap, result)
+        acting = [d for d in plan.nodes if d.node not in vetoed]
+        failed = self._terminate_all([t for d in acting for t in d.terminate], plan.orphans,
+                                     snap, result)
+        requeued = self._act_all(acting, failed, snap, result)
         self._expedite(requeued, plan.expedite, result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
@@ -231,25 +237,65 @@ class Reconciler:
         self._observe(snap, result, time.monotonic() - started)
         return result
 
-    def _act(self, decision: NodeDecision, snap: Snapshot, result: PassResult) -> list[int]:
-        """Terminate first, then the verdict's handler; a failure stops only this node.
+    def _act_all(self, decisions: Sequence[NodeDecision], failed: Mapping[str, str],
+                 snap: Snapshot, result: PassResult) -> list[int]:
+        """Carry out the verdicts: one Slurm update per verdict and reason for all its nodes
+        (``scontrol update nodename=<hostlist>``), one node at a time only if that batch is
+        refused, so one node's refusal never stops the others. A node whose instance could
+        not be terminated (``failed``: instance id -> error) is left for the next pass.
         Returns the jobs to expedite."""
-        handler = self._handlers.get(decision.verdict)
+        groups: dict[tuple[Verdict, str], list[NodeDecision]] = {}
+        for d in decisions:
+            bad = [failed[t.instance.instance_id] for t in d.terminate
+                   if t.instance.instance_id in failed]
+            if bad:
+                self._failed(d, bad[0], result)
+            elif d.verdict in self._handlers:
+                groups.setdefault((d.verdict, d.reason), []).append(d)
+        requeued: list[int] = []
+        self._notes = []  # AdminComment notes, written at the end
+        self._job_records = None  # every job, read once if a lost node needs them
+        for (verdict, reason), members in groups.items():
+            update, record = self._handlers[verdict]
+            for d in self._update_batched(update, reason, members, result):
+                try:
+                    record(d, result)
+                except Exception as exc:  # isolate one node's failure
+                    self._failed(d, exc, result)
+                    continue
+                self.metrics.action(d.verdict.value, ok=True)
+                if d.verdict in (Verdict.RECLAIMED, Verdict.BOOT_LOST):
+                    requeued += list(d.jobs) + self._requeue_ended(d, snap, result)
+        result.errors += self.slurm.record_interruptions(self._notes)
+        return requeued
+
+    def _update_batched(self, update: Callable[[list[str], str], None], reason: str,
+                        members: list[NodeDecision], result: PassResult) -> list[NodeDecision]:
+        """``update`` for all members at once; if refused, for each alone. Returns the
+        members whose update went through."""
         try:
-            for term in decision.terminate:
-                self._terminate(term, snap, result)
-            if handler is not None:
-                handler(decision, result)
-        except Exception as exc:  # isolate one node's failure
-            log.error("%s: %s failed: %s", decision.node, decision.verdict.value, exc)
-            result.errors.append(f"{decision.node}: {decision.verdict.value}: {exc}")
-            self.metrics.action(decision.verdict.value, ok=False)
-            return []
-        if handler is not None:
-            self.metrics.action(decision.verdict.value, ok=True)
-        if decision.verdict in (Verdict.RECLAIMED, Verdict.BOOT_LOST):
-            return list(decision.jobs) + self._requeue_ended(decision, snap, result)
-        return []
+            update([d.node for d in members], reason)
+            return members
+        except Exception as exc:  # one node may spoil the batch: retry each alone
+            if len(members) == 1:
+                self._failed(members[0], exc, result)
+                return []
+            log.warning("batched %s of %d nodes refused (%s); one node at a time",
+                        members[0].verdict.value, len(members), exc)
+        done = []
+        for d in members:
+            try:
+                update([d.node], reason)
+            except Exception as exc:  # isolate one node's failure
+                self._failed(d, exc, result)
+                continue
+            done.append(d)
+        return done
+
+    def _failed(self, d: NodeDecision, exc: object, result: PassResult) -> None:
+        log.error("%s: %s failed: %s", d.node, d.verdict.value, exc)
+        result.errors.append(f"{d.node}: {d.verdict.value}: {exc}")
+        self.metrics.action(d.verdict.value, ok=False)
 
     def _requeue_ended(self, d: NodeDecision, snap: Snapshot, result: PassResult) -> list[int]:
         """Requeue the batch jobs that ended on a lost node during its interruption (an
@@ -257,7 +303,16 @@ class Reconciler:
         ended within the last pass interval plus the longest notice (AWS's 120 s)."""
         since = snap.now.timestamp() - self.config.reconcile.interval_s - ENDED_WINDOW_S
         try:
-            decisions, errors = requeue_ended_on(self.slurm, d.node, since)
+            if self._job_records is None:  # once per pass, however many nodes were lost
+                try:  # only the jobs that ended in the window: each lost node scans these
+                    self._job_records = [
+                        r for r in self.slurm.job_records() if r.state.is_finished
+                        and r.end_time is not None and r.end_time >= since]
+                except SlurmCommandError as exc:
+                    self._job_records = exc
+            if isinstance(self._job_records, SlurmCommandError):
+                raise self._job_records
+            decisions, errors = requeue_ended_on(self.slurm, d.node, since, self._job_records)
         except SlurmCommandError as exc:
             result.errors.append(f"{d.node}: requeue ended jobs: {exc}")
             return []
@@ -282,47 +337,90 @@ class Reconciler:
             return set(names)
         return {n for n in names if n not in fresh or not fresh[n].state.is_powered_down}
 
-    # -- handlers (one per verdict) -------------------------------------------------------
-    def _power_down_lost(self, d: NodeDecision, result: PassResult) -> None:
+    # -- handlers (per verdict: Slurm updates for a batch of nodes, then one record each) --
+    def _power_down_lost(self, nodes: list[str], reason: str) -> None:
         """DOWN (requeues the jobs at once), then POWER_DOWN_FORCE (back to idle~)."""
-        self.slurm.set_state([d.node], "DOWN", d.reason)
-        self.slurm.power_down_force([d.node], d.reason)
+        self.slurm.set_state(nodes, "DOWN", reason)
+        self.slurm.power_down_force(nodes, reason)
+
+    def _record_lost(self, d: NodeDecision, result: PassResult) -> None:
         reclaimed = d.reason.startswith("spot-interruption:")
         if reclaimed:
             self.metrics.interruptions.labels(self.node_set_of[d.node]).inc()
         action = Action.RECLAIMED if d.verdict is Verdict.RECLAIMED else Action.BOOT_LOST
         self._record(result, action, d, extra={"reclaimed": reclaimed, "instance_state": d.why})
-        result.errors += self.slurm.record_interruption(d.jobs if reclaimed else (),
-                                                        f"requeued: {d.reason} ({d.node})")
+        self._notes += [(job, f"requeued: {d.reason} ({d.node})")
+                        for job in (d.jobs if reclaimed else ())]
 
-    def _return_to_idle(self, d: NodeDecision, result: PassResult) -> None:
+    def _return_to_idle(self, nodes: list[str], reason: str) -> None:
         """``state=IDLE`` turns down~ into idle~ and clears the reason; reset the address."""
-        self.slurm.set_state([d.node], "IDLE")
-        self.slurm.set_addresses({d.node: (d.node, d.node)})
+        self.slurm.set_state(nodes, "IDLE")
+        self.slurm.set_addresses({n: (n, n) for n in nodes})
+
+    def _record_idle(self, d: NodeDecision, result: PassResult) -> None:
         action = Action.RESUME_FAILED if d.verdict is Verdict.RESUME_FAILED else Action.COOLDOWN_END
         self._record(result, action, d, reason=d.why)
 
-    def _trip_breaker(self, d: NodeDecision, result: PassResult) -> None:
-        self.slurm.set_state([d.node], "IDLE")
-        self.slurm.set_addresses({d.node: (d.node, d.node)})
-        self.slurm.set_state([d.node], "DRAIN", d.reason)
+    def _trip_breaker(self, nodes: list[str], reason: str) -> None:
+        self._return_to_idle(nodes, reason)
+        self.slurm.set_state(nodes, "DRAIN", reason)
+
+    def _record_breaker(self, d: NodeDecision, result: PassResult) -> None:
         self._record(result, Action.BREAKER, d)
 
-    def _cool(self, d: NodeDecision, result: PassResult) -> None:
-        self.slurm.set_state([d.node], "DOWN", d.reason)
+    def _cool(self, nodes: list[str], reason: str) -> None:
+        self.slurm.set_state(nodes, "DOWN", reason)
+
+    def _record_cool(self, d: NodeDecision, result: PassResult) -> None:
         self._record(result, Action.COOLDOWN, d, extra={"node_set": self.node_set_of[d.node],
                                                    "previous_reason": d.why})
 
-    def _undrain(self, d: NodeDecision, result: PassResult) -> None:
-        self.slurm.set_state([d.node], "RESUME")
+    def _undrain(self, nodes: list[str], reason: str) -> None:
+        self.slurm.set_state(nodes, "RESUME")
+
+    def _record_undrain(self, d: NodeDecision, result: PassResult) -> None:
         self._record(result, Action.UNDRAINED, d, reason=d.why)
 
     # -- instances ------------------------------------------------------------------------
-    def _terminate(self, term: Termination, snap: Snapshot, result: PassResult) -> None:
-        """Terminate one instance through its own provider (raises what the provider raises)."""
+    def _terminate_all(self, for_nodes: Sequence[Termination], orphans: Sequence[Termination],
+                       snap: Snapshot, result: PassResult) -> dict[str, str]:
+        """Terminate every instance of the pass: one ``terminate_instances`` call per
+        provider (EC2 takes 1000 ids per TerminateInstances), one instance at a time only if
+        that call fails, so one bad instance never stops the others. Returns instance id ->
+        error for those that could not be terminated."""
+        by_provider: dict[str, list[Termination]] = {}
+        for term in (*for_nodes, *orphans):
+            by_provider.setdefault(snap.provider_of[term.instance.instance_id], []).append(term)
+        failed: dict[str, str] = {}
+        for name, terms in by_provider.items():
+            provider = self._providers(self.config, name)
+            try:
+                provider.terminate_instances([t.instance.instance_id for t in terms])
+                done = terms
+            except Exception as exc:  # one instance may spoil the batch: retry each alone
+                log.warning("terminating %d instances at %s failed (%s); one at a time",
+                            len(terms), name, exc)
+                done = []
+                for term in terms:
+                    try:
+                        provider.terminate_instances([term.instance.instance_id])
+                    except Exception as one_exc:  # isolate one instance's failure
+                        failed[term.instance.instance_id] = str(one_exc)
+                        continue
+                    done.append(term)
+            for term in done:
+                self._terminated(term, name, snap, result)
+        for term in orphans:
+            if term.instance.instance_id in failed:
+                error = failed[term.instance.instance_id]
+                log.error("terminating orphan %s failed: %s", term.instance.instance_id, error)
+                result.errors.append(f"{term.instance.instance_id}: terminate: {error}")
+                self.metrics.action("terminate-orphan", ok=False)
+        return failed
+
+    def _terminated(self, term: Termination, provider: str, snap: Snapshot,
+                    result: PassResult) -> None:
         inst = term.instance
-        provider = snap.provider_of[inst.instance_id]
-        self.providers(self.config, provider).terminate_instances([inst.instance_id])
         if term.why == "orphan":
             self.metrics.orphans.labels(provider).inc()
         self.metrics.action(f"terminate-{term.why}", ok=True)
@@ -330,24 +428,13 @@ class Reconciler:
                    reason=term.why, extra={"provider": provider,
                                            "age_s": round(inst.age_s(snap.now), 1)})
 
-    def _terminate_orphans(
-        self, orphans: Sequence[Termination], snap: Snapshot, result: PassResult
-    ) -> None:
-        for term in orphans:
-            try:
-                self._terminate(term, snap, result)
-            except Exception as exc:  # isolate one instance's failure
-                log.error("terminating orphan %s failed: %s", term.instance.instance_id, exc)
-                result.errors.append(f"{term.instance.instance_id}: terminate: {exc}")
-                self.metrics.action("terminate-orphan", ok=False)
-
     # -- jobs -----------------------------------------------------------------------------
     def _expedite(self, requeued: list[int], held: Sequence[int], result: PassResult) -> None:
         """Clear the requeue delay of ``held`` jobs at once and of ``requeued`` ones as soon
-        as they are PENDING (up to ``expedite_wait_s``)."""
+        as they are PENDING (up to ``expedite_wait_s``): one ``scontrol update jobid=<list>``
+        per round for all of them (:meth:`SlurmClient.expedite_many`)."""
         waiting = set(requeued)
-        for job_id in held:
-            self._expedite_one(job_id, result, "safety net")
+        self._expedite_jobs(list(held), result, "safety net")
         deadline = time.monotonic() + self.expedite_wait_s
         while waiting:
             try:
@@ -355,24 +442,24 @@ class Reconciler:
             except SlurmCommandError as exc:
                 result.errors.append(str(exc))
                 return
-            for job in jobs:
-                if job.state.is_pending:
-                    self._expedite_one(job.job_id, result, Action.REQUEUED)
+            self._expedite_jobs([j.job_id for j in jobs if j.state.is_pending], result,
+                                Action.REQUEUED)
             waiting &= {j.job_id for j in jobs if not j.state.is_pending and j.state.is_active}
             if not waiting or time.monotonic() >= deadline:
                 return
             self.sleep(0.5)
 
-    def _expedite_one(self, job: int, result: PassResult, why: str) -> None:
-        try:
-            self.slurm.expedite(job)
-        except SlurmCommandError as exc:
-            log.error("expediting job %s failed: %s", job, exc)
-            result.errors.append(str(exc))
-            self.metrics.action("expedite", ok=False)
+    def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> None:
+        if not job_ids:
             return
-        self.metrics.action("expedite", ok=True)
-        self._emit(result, Action.EXPEDITED, job_ids=(job,), reason=why)
+        done, errors = self.slurm.expedite_many(job_ids)
+        for error in errors:
+            log.error("expediting: %s", error)
+            result.errors.append(error)
+            self.metrics.action("expedite", ok=False)
+        for job in done:
+            self.metrics.action("expedite", ok=True)
+            self._emit(result, Action.EXPEDITED, job_ids=(job,), reason=why)
 
     # -- events and metrics ---------------------------------------------------------------
     def _record(self, result: PassResult, action: Action, d: NodeDecision, reason: str | None = None,

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 30.0
 # scontrol accepts a hostlist of any length, but keep each argv well under ARG_MAX.
 _MAX_NODES_PER_UPDATE = 2000
+# Job ids per ``scontrol update jobid=<list>`` (well under ARG_MAX too).
+_MAX_JOBS_PER_UPDATE = 1000
 # Where node records come from, tried in this order (see slurm_spot.slurm.output).
 _NODE_SOURCES: dict[str, tuple[str, ...]] = {
     "scontrol-json": ("scontrol", "--json", "show", "node"),
@@ -454,6 +456,63 @@ class SlurmClient:
         self.run("scontrol", "update", f"jobid={self.job_ref(job_id)}", "StartTime=now")
         return "start_time"
 
+    def expedite_many(self, job_ids: Iterable[int]) -> tuple[list[int], list[str]]:
+        """:meth:`expedite` for many jobs in one ``scontrol update jobid=<id>,<id>,...
+        StartTime=now`` per :data:`_MAX_JOBS_PER_UPDATE` jobs (scontrol(1): "JobId=<job_list>
+        ... may be a comma separated list of job IDs"), with one ``squeue`` for the array
+        names of jobs not seen yet. If a batch is refused (a job ended meanwhile), its jobs
+        are sent one by one so the others still get through.
+
+        Returns (the jobs now eligible or already expedited by Slurm, one message per job that
+        could not be expedited). Never raises for a refusal.
+        """
+        ids = sorted({int(j) for j in job_ids})
+        if not ids:
+            return [], []
+        done: list[int] = []
+        if self.version.expedited_requeue:
+            try:
+                found = {j.job_id: j for j in self.jobs(ids)}
+            except SlurmCommandError:
+                found = {}
+            skip = {i for i, j in found.items()
+                    if j.state.is_pending and j.reason != "BeginTime"}
+            done += sorted(skip)
+            ids = [i for i in ids if i not in skip]
+        self._learn_refs([i for i in ids if i not in self._refs])
+        errors: list[str] = []
+        for start in range(0, len(ids), _MAX_JOBS_PER_UPDATE):
+            chunk = ids[start : start + _MAX_JOBS_PER_UPDATE]
+            refs = ",".join(self.job_ref(j) for j in chunk)
+            try:
+                self.run("scontrol", "update", f"jobid={refs}", "StartTime=now")
+                done += chunk
+                continue
+            except SlurmCommandError as exc:
+                if len(chunk) == 1:
+                    errors.append(str(exc))
+                    continue
+            for job in chunk:
+                try:
+                    self.run("scontrol", "update", f"jobid={self.job_ref(job)}", "StartTime=now")
+                    done.append(job)
+                except SlurmCommandError as exc:
+                    errors.append(str(exc))
+        return done, errors
+
+    def _learn_refs(self, job_ids: Sequence[int]) -> None:
+        """One ``squeue -j <ids> -o "%A %F %K"`` for the Slurm names of ``job_ids``."""
+        if not job_ids:
+            return
+        out = self.run("squeue", "-h", "-j", ",".join(str(j) for j in job_ids),
+                       "-o", "%A %F %K", check=False).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0].isdigit():
+                self._remember_ref(*parts)
+        for job in job_ids:  # not listed (ended): its own id is its name
+            self._refs.setdefault(job, str(job))
+
     def record_interruption(self, job_ids: Iterable[int], text: str) -> list[str]:
         """Append ``text`` to each job's AdminComment (``scontrol update jobid=N
         AdminComment=...``), where ``sacct --format=AdminComment`` shows it once slurmdbd has
@@ -464,15 +523,41 @@ class SlurmClient:
         Never raises: a job that cannot be read or updated (it ended meanwhile) does not stop
         the others. Returns one message per failure, for the caller's log or result.
         """
-        errors = []
-        for job in job_ids:
+        return self.record_interruptions([(job, text) for job in job_ids])
+
+    def record_interruptions(self, notes: Sequence[tuple[int, str]]) -> list[str]:
+        """:meth:`record_interruption` for many ``(job id, text)`` pairs: the earlier
+        comments of several jobs come from one ``scontrol -o show job`` (every job slurmctld
+        holds), then one update per job (each job's comment is its own). Never raises;
+        returns one message per job that could not be noted."""
+        errors: list[str] = []
+        shown: dict[int, str] | None = None
+        if len({job for job, _ in notes}) > 1:
+            try:
+                shown = {}
+                for line in self.run("scontrol", "-o", "show", "job").stdout.splitlines():
+                    found = re.match(r"JobId=(\d+)\s", line)
+                    if found:
+                        shown[int(found.group(1))] = line
+            except SlurmCommandError as exc:
+                return [f"job {job}: AdminComment not recorded: {exc}" for job, _ in notes]
+        for job, text in notes:
             try:
                 ref = self.job_ref(job)
-                shown = self.run("scontrol", "-o", "show", "job", ref).stdout
-                old = re.search(r"(?:^|\s)AdminComment=(.*?)(?=\s[A-Za-z:]+=|$)", shown.strip())
+                if shown is None:
+                    line = self.run("scontrol", "-o", "show", "job", ref).stdout
+                elif job in shown:
+                    line = shown[job]
+                else:
+                    errors.append(f"job {job}: AdminComment not recorded: slurmctld does not "
+                                  "know the job")
+                    continue
+                old = re.search(r"(?:^|\s)AdminComment=(.*?)(?=\s[A-Za-z:]+=|$)", line.strip())
                 previous = old.group(1) if old and old.group(1) not in ("", "(null)") else ""
                 comment = f"{previous}; {text}" if previous else text
                 self.run("scontrol", "update", f"jobid={ref}", f"AdminComment={comment[-1000:]}")
+                if shown is not None:
+                    shown[job] = f"JobId={job} AdminComment={comment[-1000:]}"
             except SlurmCommandError as exc:
                 errors.append(f"job {job}: AdminComment not recorded: {exc}")
         return errors

@@ -69,6 +69,7 @@ class FakeSlurm:
         self.expedited: list[int] = []
         self.on_show: Callable[[int], None] | None = None
         self.show_calls = 0
+        self.calls: list[list[str]] = []  # every argv run, in order (what an admin's ps sees)
         # Like Slurm 22.05: sinfo --json lists nodes, scontrol has no --json. False: neither
         # (the text fallback); "warn": sinfo prints a warning line before its JSON.
         self.json_nodes: bool | str = True
@@ -103,6 +104,7 @@ class FakeSlurm:
     # -- the runner -----------------------------------------------------------------------
     def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
         tool, args = Path(argv[0]).name, argv[1:]
+        self.calls.append(list(argv))
         try:
             out = getattr(self, f"_{tool}")(args)
         except _Refused as exc:
@@ -138,7 +140,17 @@ class FakeSlurm:
             names = expand(args[3]) if len(args) > 3 else list(self.nodes)
             return "".join(self._show(n) for n in names)
         if args[0] == "update" and args[1].startswith("jobid="):
-            return self._update_job(int(args[1].split("=", 1)[1]), args[2:])
+            # scontrol(1): JobId=<job_list>, comma separated; each job is updated on its own
+            # and a refused one makes the exit status non-zero.
+            refused = []
+            for job_id in args[1].split("=", 1)[1].split(","):
+                try:
+                    self._update_job(int(job_id), args[2:])
+                except _Refused as exc:
+                    refused.append(str(exc))
+            if refused:
+                raise _Refused("\n".join(refused))
+            return ""
         if args[0] == "update" and args[1].startswith("nodename="):
             return self._update_nodes(args[1].split("=", 1)[1], args[2:])
         if args[:3] == ["-o", "show", "job"]:

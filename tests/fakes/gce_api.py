@@ -33,6 +33,7 @@ import itertools
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -77,6 +78,9 @@ class FakeCompute:
     not_offered: set[tuple[str, str]] = field(default_factory=set)  # (type, zone)
     clock_offset_s: float = 0.0
     polls_until_done: int = 1
+    latency_s: float = 0.0  # each request waits this long before it is handled (API latency)
+    max_in_flight: int = 0  # most requests being handled at once so far
+    _in_flight: int = 0
     _polls: dict[str, int] = field(default_factory=dict)
     _request_ids: dict[str, str] = field(default_factory=dict)
     _op_failures: list[_OpFailure] = field(default_factory=list)
@@ -343,12 +347,21 @@ class _Handler(BaseHTTPRequestHandler):
             match = re.fullmatch(pattern, rest)
             if method_verb == verb and match:
                 with self.fake._lock:
-                    self.fake.requests.append(
-                        {"method": method, "path": url.path, "query": query, "body": body})
-                    failure = self.fake.take_http_failure(method)
-                    if failure is not None:
-                        return self._error(failure.status, failure.reason, "injected")
-                    return getattr(self, "_" + method)(query, body, *match.groups())
+                    self.fake._in_flight += 1
+                    self.fake.max_in_flight = max(self.fake.max_in_flight, self.fake._in_flight)
+                try:
+                    if self.fake.latency_s:
+                        time.sleep(self.fake.latency_s)
+                    with self.fake._lock:
+                        self.fake.requests.append(
+                            {"method": method, "path": url.path, "query": query, "body": body})
+                        failure = self.fake.take_http_failure(method)
+                        if failure is not None:
+                            return self._error(failure.status, failure.reason, "injected")
+                        return getattr(self, "_" + method)(query, body, *match.groups())
+                finally:
+                    with self.fake._lock:
+                        self.fake._in_flight -= 1
         return self._error(404, "notFound", f"no route for {verb} {url.path}")
 
     def _send(self, payload: dict[str, Any], status: int = 200) -> None:

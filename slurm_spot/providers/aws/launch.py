@@ -7,7 +7,8 @@ DescribeInstances, CreateFleet, CreateTags):
 1. one DescribeInstances by cluster + node-set tag: nodes that already have an alive instance
    are returned as launched (a re-run starts nothing); alive, not yet mapped instances of an
    unfinished launch whose token we are about to use are adopted instead of launching again;
-2. CreateFleet (instant) for all missing nodes at once (<= 1000 per call), over every
+2. CreateFleet (instant) for all missing nodes at once (<= 1000 per call: more nodes take
+   one call per 1000, a batch launched whole is not a retry round), over every
    instance type x subnet, in the node set's market. What comes back is handled by error class
    (:mod:`slurm_spot.providers.aws.errors`):
 
@@ -318,6 +319,9 @@ class FleetLauncher:
             remaining = self._place(got, target, remaining, out)
             if not remaining:
                 break
+            if len(got) >= len(target) and not errors:  # a whole batch: on to the next one
+                rounds -= 1
+                continue
             error = decisive(errors) or FleetError(
                 "UnfulfillableCapacity", f"CreateFleet launched {len(got)} of {len(target)}"
             )

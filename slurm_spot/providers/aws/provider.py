@@ -60,7 +60,8 @@ class AwsProvider:
         config: the whole configuration (cluster name, node sets).
         name: this provider's key under ``providers:``.
         settings: its :class:`~slurm_spot.config.AwsProviderConfig` (region, endpoint, profile).
-        session: a ``boto3.session.Session`` to use instead of building one (tests).
+        session: a ``boto3.session.Session`` to use instead of building one (tests); else one
+            is built on first use and shared by both clients.
         sleep: waits between retries (seconds); tests pass a recorder.
         now: wall clock, seconds since the epoch.
 
@@ -110,8 +111,9 @@ class AwsProvider:
         if kind not in self._clients:
             from botocore.config import Config
 
-            session = self._session or boto_session(self.settings)
-            client = session.client(
+            if self._session is None:  # one session for both clients (~0.2 s each)
+                self._session = boto_session(self.settings)
+            client = self._session.client(
                 "ec2",
                 region_name=self.settings.region,
                 endpoint_url=self.settings.endpoint_url or None,

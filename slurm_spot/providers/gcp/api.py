@@ -19,6 +19,7 @@ else Application Default Credentials. No credential material is ever logged.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -113,6 +114,7 @@ class ComputeApi:
         self._auth_errors = auth_errors
         self.project = settings.project
         self.calls = 0
+        self._count_lock = threading.Lock()  # deletes run from several threads
         self.call_timeout_s = call_timeout_s
         self._read_retry = retry.Retry(
             predicate=retry.if_exception_type(
@@ -128,7 +130,8 @@ class ComputeApi:
         self._region_ops = compute_v1.RegionOperationsClient(**kwargs)
 
     def _call(self, fn: Callable[..., T], **kwargs: Any) -> T:
-        self.calls += 1
+        with self._count_lock:
+            self.calls += 1
         try:
             return fn(**kwargs)
         except self._exceptions.GoogleAPICallError as exc:

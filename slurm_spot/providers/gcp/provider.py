@@ -85,6 +85,8 @@ class GcpProvider:
         backoff_s: first back-off, seconds (doubles, jittered to 50-100 %, capped at 30 s).
         replay_window_s: an operation returned already DONE and older than the launch by
             more than this (seconds) is a replay of an earlier request id: sent again anew.
+        delete_workers: ``instances.delete`` calls in flight at once (the API has no bulk
+            delete for standalone instances; under the HTTP client's pool of 10 connections).
 
     Reference: Compute Engine API v1 ``instances.bulkInsert``, ``regionInstances.bulkInsert``,
     ``instances.aggregatedList``, ``instances.delete``, ``zoneOperations.wait``,
@@ -97,6 +99,7 @@ class GcpProvider:
         now: Callable[[], datetime] = _utcnow, monotonic: Callable[[], float] = time.monotonic,
         rng: Callable[[], float] = random.random, operation_timeout_s: float = 240.0,
         max_attempts: int = 3, backoff_s: float = 2.0, replay_window_s: float = 60.0,
+        delete_workers: int = 8,
     ) -> None:
         self.config = config
         self.name = name
@@ -110,6 +113,9 @@ class GcpProvider:
         self.unoffered: UnofferedPairs | None = UnofferedPairs(
             config.state_dir / "gcp" / f"{name}-unoffered.json")
         self._ranker: PoolRanker | None = None
+        self.delete_workers = delete_workers
+        # instance name -> instance, from this object's listings (a name's zone never changes)
+        self._seen: dict[str, Instance] = {}
 
     @property
     def api(self) -> ComputeApi:
@@ -149,8 +155,10 @@ class GcpProvider:
 
     def _listed(self, labels: dict[str, str]) -> list[Instance]:
         cluster = self.config.cluster
-        return [instance_from_resource(r, cluster)
-                for r in self.api.list_instances(label_filter(labels))]
+        found = [instance_from_resource(r, cluster)
+                 for r in self.api.list_instances(label_filter(labels))]
+        self._seen.update((i.instance_id, i) for i in found)
+        return found
 
     def list_instances(self) -> list[Instance]:
         """Every instance labelled with this cluster, in every zone, alive or ended (one
@@ -203,22 +211,46 @@ class GcpProvider:
     def terminate_instances(self, instance_ids: Sequence[str]) -> None:
         """Delete instances by name (this cluster's only); unknown or gone ones are ignored.
 
+        ``instances.delete`` needs each instance's zone: it comes from this provider's last
+        listing (the reconciler lists before it terminates), so only names it has not seen
+        cost one more listing, whatever the number of names.
+
         Raises:
-            ProviderError: the listing failed.
+            ProviderError: that listing failed.
         """
         wanted = set(instance_ids)
-        self.delete([i for i in self.list_instances() if i.instance_id in wanted])
+        if wanted - set(self._seen):
+            self.list_instances()
+        # Every listed instance carries this cluster's label: names seen nowhere are not ours.
+        self.delete([self._seen[name] for name in sorted(wanted) if name in self._seen])
 
     def delete(self, instances: Sequence[Instance], wait: bool = False) -> list[Instance]:
-        """``instances.delete`` each instance (404 ignored), optionally waiting (bounded) for
-        the operations. A failure is logged and does not stop the others."""
-        ended, ops = [], []
-        for inst in instances:
+        """``instances.delete`` each instance (404 ignored), up to ``delete_workers`` calls at
+        once, optionally waiting (bounded) for the operations. A failure is logged and does not
+        stop the others.
+
+        Compute Engine has no bulk delete for instances outside a managed group, and its HTTP
+        batch endpoint still counts one request per call against the quota (Compute Engine
+        "Batching requests"), which google-cloud-compute does not offer: the calls go out
+        concurrently instead, so 1000 deletions take the time of ~1000 / ``delete_workers``.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(inst: Instance) -> OperationStatus | None:
             try:
-                op = self.api.delete(inst.zone, inst.instance_id)
+                return self.api.delete(inst.zone, inst.instance_id)
             except GceCallError as exc:
                 log.error("cannot delete %s in %s: %s", inst.instance_id, inst.zone, exc)
-                continue
+                return None
+
+        if not instances:
+            return []
+        self.api  # noqa: B018 - build the client once, before the threads share it
+        workers = max(1, min(self.delete_workers, len(instances)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            answers = list(pool.map(one, instances))
+        ended, ops = [], []
+        for inst, op in zip(instances, answers, strict=True):
             if op is None:
                 continue
             ops.append(op)

@@ -1,0 +1,199 @@
+"""Run every benchmark and rewrite BENCHMARKS.md (``make bench``), or each one once in a tiny
+size (``--smoke``, what ``make test`` runs so that none rots).
+
+Each script in :data:`BENCHMARKS` measures one thing, with its method in its docstring, and
+owns one marked section of BENCHMARKS.md (benchmarks/report.py); this runner starts them one
+after another as ``python benchmarks/<script>.py <arguments>`` (a fresh process each, a time
+limit each), then writes the ``bench-run`` section at the top: the machine, the versions, and
+per script its arguments, outcome, wall and CPU time. A script that fails does not stop the
+others; the runner exits 1 if any failed.
+
+Scripts that need the local Slurm cluster (``slurm-spot local up``: root, slurm-wlm, munge;
+they hold /tmp/slurm-spot-test-cluster.lock while their cluster runs) are marked
+``cluster``; ``--no-cluster`` leaves them out. ``make bench`` runs every script with its
+``bench`` arguments, chosen so that the whole run stays under 20 minutes on a 2-CPU machine
+(the recovery scripts with fewer repetitions than their own defaults; run a script alone with
+its defaults for more). ``--smoke`` passes ``--smoke`` (one tiny run, no BENCHMARKS.md update)
+and skips the cluster scripts, each of which needs minutes for a cluster and a job.
+
+Usage (repository root)::
+
+    python benchmarks/run.py [--smoke] [--no-cluster] [--only NAME,...] [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- bench-run:begin -->", "<!-- bench-run:end -->"
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark script: its arguments for ``make bench`` and for the smoke, whether it
+    needs the local Slurm cluster, its time limit (seconds) and what it measures."""
+
+    name: str
+    bench: tuple[str, ...] = ()
+    smoke: tuple[str, ...] = ("--smoke",)
+    cluster: bool = False
+    limit_s: int = 600
+    what: str = ""
+
+
+BENCHMARKS: tuple[Bench, ...] = (
+    Bench("aws_launch_calls", what="EC2 API calls to launch 1000 nodes and re-run"),
+    Bench("cloud_scale", ("--sizes", "1,100,1000,5000", "--runs", "3", "--big-runs", "1"),
+          limit_s=900, what="resume/suspend 1-5000 nodes, AWS and GCE fakes; a pass with orphans; "
+                            "before/after"),
+    Bench("reconcile_scale", limit_s=900,
+          what="a pass over 1k-50k nodes; the events file to 1M lines; before/after"),
+    Bench("events_tail", what="the reconciler's read of a growing events file"),
+    Bench("hook_startup", ("--runs", "5"), limit_s=600,
+          what="hook start-up vs python -c pass, before/after issue 10"),
+    Bench("cost_simulation", what="simulated goodput of the recovery strategies"),
+    Bench("checkpoint_io", ("--sizes", "10,100,1000", "--runs", "3", "--big-runs", "1"),
+          limit_s=900, what="checkpoint save stall and restore vs plain torch.save/load"),
+    Bench("cuda_resume_check", ("--device", "cpu", "--steps", "120", "--stop-at", "57"),
+          what="bit-exact resume (CPU here; CUDA where a GPU is)"),
+    Bench("recovery_without_notice", ("--skip-baseline",), cluster=True, limit_s=600,
+          what="recovery without notice, reconciler (plain Slurm: run the script alone, ~12 min)"),
+    Bench("demo_recovery", cluster=True, limit_s=600, what="the demo job interrupted twice"),
+    Bench("prewarm_recovery", ("--reps", "1", "--reps-slow", "1", "--only", "5s-on,5s-off,5s-kill"),
+          ("--reps", "1", "--only", "5s-on", "--no-write"), cluster=True, limit_s=900,
+          what="recovery part by part, prewarm on/off, no notice"),
+)
+
+
+def versions() -> str:
+    """Python, the main libraries and Slurm, as installed here."""
+    parts = [f"Python {platform.python_version()}"]
+    for dist in ("torch", "boto3", "moto", "google-cloud-compute", "pydantic"):
+        try:
+            parts.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            pass
+    slurmctld = shutil.which("slurmctld") or "/usr/sbin/slurmctld"
+    try:
+        out = subprocess.run([slurmctld, "-V"], capture_output=True, text=True,  # noqa: S603
+                             timeout=10, check=False).stdout.strip()
+        parts.append(out.replace("slurm ", "Slurm ") or "Slurm: none")
+    except OSError:
+        parts.append("Slurm: none")
+    return ", ".join(parts)
+
+
+def machine() -> str:
+    """CPU model and count, memory, kernel, load average."""
+    model = ""
+    try:
+        found = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+        model = found.group(1).strip() if found else ""
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{platform.machine()} {model}, {os.cpu_count()} CPUs, {memory:.0f} GiB, Linux "
+            f"{platform.release()}")
+
+
+def run_one(bench: Bench, smoke: bool) -> dict[str, object]:
+    """Run one script; its outcome, wall and CPU time (of it and its children)."""
+    script = HERE / f"{bench.name}.py"
+    args = list(bench.smoke if smoke else bench.bench)
+    if smoke and "--smoke" in args and "--smoke" not in script.read_text():
+        # another branch gives it the flag; say so rather than fail on argparse
+        print(f">> {script.name}: skipped, it has no --smoke flag yet", flush=True)
+        return {"name": bench.name, "args": args, "status": "skipped: no --smoke flag",
+                "wall_s": 0.0, "cpu_s": 0.0, "what": bench.what, "tail": ""}
+    argv = [sys.executable, str(script), *args]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}"}
+    print(f">> {' '.join(argv[1:])}", flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(argv, cwd=ROOT, env=env, timeout=bench.limit_s,  # noqa: S603
+                              capture_output=True, text=True, check=False)
+        code, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+    except subprocess.TimeoutExpired as exc:
+        code, tail = None, f"no result within {bench.limit_s} s: {str(exc.stderr or '')[-2000:]}"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.perf_counter() - started
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    status = "ok" if code == 0 else ("timeout" if code is None else f"exit {code}")
+    print(f"   {status} in {wall:.0f} s" + ("" if code == 0 else f"\n{tail}"), flush=True)
+    return {"name": bench.name, "args": args, "status": status, "wall_s": wall, "cpu_s": cpu,
+            "what": bench.what, "tail": tail if code != 0 else ""}
+
+
+def section(results: list[dict[str, object]], started: datetime, total_s: float) -> str:
+    rows = "\n".join(
+        f"| `{' '.join([str(r['name']) + '.py', *map(str, r['args'])])}` | {r['what']} | "  # type: ignore[call-overload]
+        f"{r['status']} | {float(r['wall_s']):.0f} | {float(r['cpu_s']):.0f} |"  # type: ignore[arg-type]
+        for r in results)
+    return f"""{BEGIN}
+## This run
+
+`make bench` (`python benchmarks/run.py`) ran every benchmark below on {started:%Y-%m-%d %H:%M}
+UTC in {total_s / 60:.1f} minutes: {machine()}; {versions()}; load average
+{os.getloadavg()[0]:.1f} at the end (the machine is shared with other work: compare the
+columns of one table, each measured side by side in the same run, rather than absolute times
+across tables). Each section below gives its method, runs, median and spread; its script's
+docstring has the details.
+
+| script | measures | outcome | wall (s) | CPU (s) |
+|---|---|---|---|---|
+{rows}
+{END}"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="each script once, tiny, no BENCHMARKS.md update; no cluster ones")
+    parser.add_argument("--no-cluster", action="store_true",
+                        help="leave out the scripts that need the local Slurm cluster")
+    parser.add_argument("--only", default="", help="comma list of script names")
+    parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md",
+                        help="where the bench-run section goes (each script writes its own)")
+    parser.add_argument("--json-out", type=Path, help="also write the outcomes here (JSON)")
+    args = parser.parse_args(argv)
+    only = {n.strip().removesuffix(".py") for n in args.only.split(",") if n.strip()}
+    unknown = only - {b.name for b in BENCHMARKS}
+    if unknown:
+        parser.error(f"--only: unknown benchmark(s) {', '.join(sorted(unknown))}; known: "
+                     f"{', '.join(b.name for b in BENCHMARKS)}")
+    chosen = [b for b in BENCHMARKS if (not only or b.name in only)
+              and not (b.cluster and (args.smoke or args.no_cluster))]
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    results = [run_one(b, args.smoke) for b in chosen]
+    total = time.perf_counter() - t0
+    summary = [{k: v for k, v in r.items() if k != "tail"} for r in results]
+    print(json.dumps(summary, indent=1))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(summary, indent=1) + "\n")
+    if not args.smoke:
+        sys.path.insert(0, str(HERE))
+        from report import write_section
+
+        write_section(args.output, BEGIN, END, section(results, started, total))
+    return 0 if all(r["status"] == "ok" or str(r["status"]).startswith("skipped")
+                    for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
