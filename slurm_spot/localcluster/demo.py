@@ -253,7 +253,10 @@ class Demo:
 
     def _down(self) -> None:
         if not self.s.keep_cluster:
-            self.say("stopping the local cluster")
+            try:
+                self.say("stopping the local cluster")
+            except OSError:
+                pass  # the terminal or pipe is gone (its reader died): still stop the cluster
             self.spot("local", "down", "--conf-dir", str(self.conf_dir))
 
     def spot_with_config(self, config: Path, *args: str) -> None:
