@@ -20,12 +20,40 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 KEEP_S = 7 * 86400
 log = logging.getLogger(__name__)
+
+
+def _load_json(path: Path, otherwise: str) -> object:
+    """The JSON document in ``path``; None when the file is missing, or unreadable or not
+    JSON (then logged as a warning ending with ``otherwise``: what the caller does instead)."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s unreadable (%s); %s", path, exc, otherwise)
+        return None
+
+
+def _replace_json(path: Path, build: Callable[[], object]) -> None:
+    """Rewrite ``path`` with the JSON of ``build()``, called under an exclusive ``flock`` of
+    ``<path>.lock`` (so concurrent hooks never lose each other's entries) and written to a
+    temporary file that replaces ``path`` atomically.
+
+    Raises:
+        OSError: the directory, the lock or the file cannot be written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(build(), sort_keys=True))
+        os.replace(tmp, path)
 
 
 class TokenLedger:
@@ -35,13 +63,7 @@ class TokenLedger:
         self.path = path
 
     def _read(self) -> dict[str, str]:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.warning("launch token ledger %s unreadable (%s); starting afresh", self.path, exc)
-            return {}
+        data = _load_json(self.path, "starting afresh")
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
     def finished(self, token: str) -> bool:
@@ -55,15 +77,15 @@ class TokenLedger:
             return
         now = now or datetime.now(timezone.utc)
         oldest = (now - timedelta(seconds=KEEP_S)).isoformat()
+        stamp = now.isoformat()
+
+        def build() -> dict[str, str]:
+            data = {k: v for k, v in self._read().items() if v >= oldest}
+            data.update(dict.fromkeys(tokens, stamp))
+            return data
+
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path.with_suffix(".lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                data = {k: v for k, v in self._read().items() if v >= oldest}
-                data.update(dict.fromkeys(tokens, now.isoformat()))
-                tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps(data, sort_keys=True))
-                os.replace(tmp, self.path)
+            _replace_json(self.path, build)
         except OSError as exc:
             log.warning("cannot record launch tokens in %s: %s", self.path, exc)
 
@@ -82,13 +104,7 @@ class UnofferedPairs:
 
     def pairs(self) -> frozenset[tuple[str, str]]:
         """Every remembered ``(instance type, zone)``."""
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return frozenset()
-        except (OSError, ValueError) as exc:
-            log.warning("%s unreadable (%s); trying every pair", self.path, exc)
-            return frozenset()
+        data = _load_json(self.path, "trying every pair")
         if not isinstance(data, list):
             return frozenset()
         return frozenset((str(p[0]), str(p[1])) for p in data
@@ -100,13 +116,7 @@ class UnofferedPairs:
         if not new:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path.with_suffix(".lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                data = sorted(self.pairs() | new)
-                tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps([list(p) for p in data]))
-                os.replace(tmp, self.path)
+            _replace_json(self.path, lambda: [list(p) for p in sorted(self.pairs() | new)])
         except OSError as exc:
             log.warning("cannot remember %s in %s: %s", sorted(new), self.path, exc)
 
@@ -125,13 +135,7 @@ class PoolCooldowns:
         self.path = path
 
     def _read(self) -> dict[str, datetime]:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.warning("%s unreadable (%s); no pool is cooling down", self.path, exc)
-            return {}
+        data = _load_json(self.path, "no pool is cooling down")
         found: dict[str, datetime] = {}
         for pool, end in (data.items() if isinstance(data, dict) else ()):
             try:
@@ -152,16 +156,14 @@ class PoolCooldowns:
         new = set(pools)
         if not new:
             return
+        def build() -> dict[str, str]:
+            data = self.active(now or datetime.now(timezone.utc))
+            for pool in new:
+                data[pool] = max(until, data.get(pool, until))
+            return {p: e.isoformat() for p, e in data.items()}
+
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path.with_suffix(".lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                data = self.active(now or datetime.now(timezone.utc))
-                for pool in new:
-                    data[pool] = max(until, data.get(pool, until))
-                tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps({p: e.isoformat() for p, e in sorted(data.items())}))
-                os.replace(tmp, self.path)
+            _replace_json(self.path, build)
         except OSError as exc:
             log.warning("cannot remember the cooldown of %s in %s: %s", sorted(new), self.path,
                         exc)
