@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import select
 import signal
 import subprocess
 import sys
@@ -144,17 +145,23 @@ def test_status_watch_survives_slurm_errors_and_exits_0_on_sigint(tmp_path: Path
     proc = subprocess.Popen([sys.executable, "-m", "slurm_spot", "--config", str(path),
                              "status", "--watch", "0.2"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    time.sleep(1.5)
-    while time.monotonic() < deadline and proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, err = proc.communicate(timeout=5)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    else:
+    # Ctrl-C once two refreshes have failed (however slowly this machine starts Python).
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    assert proc.stderr is not None
+    while sum("slurm-spot: error:" in line for line in seen) < 2:
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        line = proc.stderr.readline() if ready else ""
+        if not line:
+            proc.kill()
+            pytest.fail(f"status --watch gave no second error line: {''.join(seen)}")
+        seen.append(line)
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, rest = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail("status --watch did not stop on SIGINT")
+    err = "".join(seen) + rest
     assert proc.returncode == 0, err
     assert out.count("Ctrl-C to stop") >= 2 and err.count("slurm-spot: error:") >= 2

@@ -117,6 +117,10 @@ class FakeCompute:
         codes = [codes] if isinstance(codes, str) else codes
         self._op_failures.append(_OpFailure(codes, zone, market, times, message))
 
+    def forget_failures(self) -> None:
+        """Drop every failure :meth:`fail_operation` queued that no insert has used yet."""
+        self._op_failures.clear()
+
     def fail_http(self, method: str, status: int, reason: str, times: int = 1) -> None:
         """The next ``times`` calls of ``method`` (``bulkInsert``, ``delete``,
         ``aggregatedList``, ``list``, ``get``, ``wait``) fail with HTTP ``status``/``reason``."""
