@@ -328,9 +328,13 @@ class Demo:
         self.wait("training to resume on fresh nodes",
                   lambda: len(log.of("resume")) + len(log.of("start")) > resumes_before, log)
         when, first = sorted(log.of("resume") + log.of("start"), key=lambda pair: pair[0])[-1]
+        # A step of the resumed run is one logged after its resume line: after a kill the old
+        # run's later steps (lost work) are already in the log with higher step numbers.
+        resumed_at = max(i for i, (_, e) in enumerate(log.events)
+                         if e.get("event") in ("resume", "start"))
         self.wait("the first resumed step",
-                  lambda: any(e.get("step", 0) > int(first.get("step", 0))
-                              for _, e in log.of("step")), log)
+                  lambda: any(e.get("event") == "step" for _, e in log.events[resumed_at + 1:]),
+                  log)
         if kind == "notice" and log.of("preempted"):
             # Training ran on until the signal reached it; its stop step is what was done.
             event.at_step = max(event.at_step, int(log.of("preempted")[-1][1]["step"]))
