@@ -112,6 +112,16 @@ def line_of(lines: dict[Path_, int], loc: Path_) -> int | None:
     return None
 
 
+def with_line(problem: str, lines: dict[Path_, int]) -> str:
+    """``node_sets.1.name: ...`` -> ``line 9: node_sets.1.name: ...``."""
+    head = problem.split(":", 1)[0]
+    if not lines or " " in head:
+        return problem
+    path = tuple(int(p) if p.isdigit() else p for p in head.split("."))
+    line = line_of(lines, path)
+    return f"line {line}: {problem}" if line else problem
+
+
 def check_trusted_file(path: Path, info: os.stat_result, what: str) -> str | None:
     """Why ``path`` (with ``os.stat``/``fstat`` result ``info``) cannot be trusted, or None.
 

@@ -1,0 +1,204 @@
+"""Reading ``spot.yaml``: where it is, loading it safely, and problems named by file, field
+and line.
+
+Where the file is looked for, first match wins (:func:`config_path`):
+
+1. the ``--config`` option of the CLI;
+2. the ``SLURM_SPOT_CONFIG`` environment variable;
+3. ``spot.yaml`` beside the ``slurm.conf`` named by ``SLURM_CONF`` (slurmctld sets ``SLURM_CONF``
+   for ResumeProgram/SuspendProgram and slurmd for Prolog/Epilog, whose environment is otherwise
+   wiped);
+4. ``/etc/slurm/spot.yaml``.
+
+Every validation error names the file, the field (as a dotted path such as
+``node_sets.0.count``) and the reason; see :class:`~slurm_spot.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import get_args
+
+import yaml
+from pydantic import ValidationError
+
+from slurm_spot.config.models import DEFAULT_CONFIG_PATH, ProviderSettings, SpotConfig
+from slurm_spot.config.yamlfile import Path_, check_trusted_file, line_of, read_yaml, with_line
+from slurm_spot.errors import ConfigError
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Where the configuration is read from (see the module docstring for the order)."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("SLURM_SPOT_CONFIG")
+    if env:
+        return Path(env)
+    slurm_conf = os.environ.get("SLURM_CONF")
+    if slurm_conf:
+        beside = Path(slurm_conf).parent / "spot.yaml"
+        if beside.exists():
+            return beside
+    return DEFAULT_CONFIG_PATH
+
+
+def parse_config(data: object, path: str = "<config>",
+                 lines: dict[Path_, int] | None = None) -> SpotConfig:
+    """Validate already-parsed YAML data.
+
+    Args:
+        lines: where each key was in the file (:func:`slurm_spot.config.yamlfile.read_yaml`), so
+            each problem can start with ``line N:``.
+
+    Raises:
+        ConfigError: naming ``path``, each bad field (with its line when known) and the reason.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(path, ["line 1: (top level): expected a mapping of settings"])
+    try:
+        return SpotConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(path, _describe(exc, lines or {})) from None
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
+    """Read and validate ``spot.yaml``.
+
+    Args:
+        path: explicit file; ``None`` applies :func:`config_path`.
+
+    Raises:
+        ConfigError: the file is missing, is not YAML (the message gives the line), or fails
+            validation (the message gives every bad field).
+    """
+    file = config_path(path)
+    try:
+        # O_NONBLOCK: opening a named pipe must not wait for a writer; a non-regular file is
+        # refused before anything is read from it (/dev/zero never ends).
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with open(fd, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            kind = _not_regular(info)
+            if kind:
+                raise ConfigError(str(file), [f"not a regular file ({kind}): give the path of "
+                                              f"a spot.yaml file"])
+            if info.st_size > MAX_CONFIG_BYTES:
+                raise ConfigError(str(file), [
+                    f"{info.st_size} bytes: a spot.yaml is a few KiB; files over "
+                    f"{MAX_CONFIG_BYTES // 1024} KiB are refused"])
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(str(file), [f"cannot read the file: {exc.strerror}"]) from None
+    if len(raw) > MAX_CONFIG_BYTES:  # grew while read
+        raise ConfigError(str(file), [f"over {MAX_CONFIG_BYTES // 1024} KiB: refused"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(str(file), [f"line {line}: byte {exc.start}: not UTF-8 text"]) from None
+    untrusted = check_trusted_file(file, info, "config file")
+    if untrusted:
+        raise ConfigError(str(file), [untrusted])
+    try:
+        data, lines, problems = read_yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "line ?"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(str(file), [f"{where}: not valid YAML: {problem}"]) from None
+    if problems:
+        raise ConfigError(str(file), problems)
+    config = parse_config(data, str(file), lines)
+    problems = _credential_problems(config, lines)
+    if problems:
+        raise ConfigError(str(file), problems)
+    config._source_path = file.absolute()
+    config._lines = lines
+    return config
+
+
+MAX_CONFIG_BYTES = 1024 * 1024  # a real spot.yaml is a few KiB
+
+
+def _not_regular(info: os.stat_result) -> str | None:
+    """What kind of file ``info`` (an ``os.stat`` result) is, when not a regular file."""
+    mode = info.st_mode
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return None if stat.S_ISREG(mode) else "not a file"
+
+
+def _credential_problems(config: SpotConfig, lines: dict[Path_, int]) -> list[str]:
+    """Credentials files named in the config that root must not trust (see
+    :func:`~slurm_spot.config.yamlfile.check_trusted_file`). A missing file is the provider's
+    error to report when it is used."""
+    problems = []
+    for name, provider in config.providers.items():
+        file = getattr(provider, "credentials_file", None)
+        if file is None:
+            continue
+        try:
+            info = os.stat(file)
+        except OSError:
+            continue
+        problem = check_trusted_file(Path(file), info, "credentials file")
+        if problem:
+            line = line_of(lines, ("providers", name, "credentials_file"))
+            problems.append(f"line {line}: providers.{name}.credentials_file: {problem}"
+                            if line else f"providers.{name}.credentials_file: {problem}")
+    return problems
+
+
+def _describe(exc: ValidationError, lines: dict[Path_, int]) -> list[str]:
+    """One line per problem: ``line N: dotted.path: reason`` (``line N:`` when known)."""
+    problems: list[str] = []
+    for err in exc.errors():
+        msg = err["msg"].removeprefix("Value error, ")
+        loc = _model_loc(err["loc"])
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # providers.<name>.type
+            loc = (*loc, "type")
+            known = ", ".join(repr(c.model_fields["type"].default) for c in get_args(ProviderSettings))
+            given = err["input"].get("type") if isinstance(err["input"], dict) else None
+            msg = (f"unknown provider type {given!r}" if given is not None else "missing") + \
+                f"; known types: {known}"
+        if err["type"] == "value_error" and not err["loc"]:
+            problems.extend(with_line(p, lines) for p in msg.split("; "))
+            continue
+        where = ".".join(str(part) for part in loc) or "(top level)"
+        line = line_of(lines, loc) if lines else None
+        problems.append(f"line {line}: {where}: {msg}" if line else f"{where}: {msg}")
+    return problems
+
+
+def _model_loc(loc: tuple[int | str, ...]) -> Path_:
+    """pydantic's location without the union tag it adds after a provider's name
+    (``providers.ec2.aws.region`` -> ``providers.ec2.region``)."""
+    if len(loc) >= 3 and loc[0] == "providers" and loc[2] in ("local", "aws", "gcp"):
+        return (*loc[:2], *loc[3:])
+    return tuple(loc)
+
+
+SLURM_COMMANDS = ("scontrol", "sinfo", "squeue", "scancel", "sbatch")
+
+
+def slurm_bin_problems(config: SpotConfig) -> list[str]:
+    """``slurm_bin_dir`` problems for ``config check``: each Slurm command slurm-spot runs
+    (:data:`SLURM_COMMANDS`) must be an executable there. Not checked at load: a compute
+    image may be built before Slurm is installed."""
+    where = config.slurm_bin_dir
+    if not where.is_dir():
+        return [f"slurm_bin_dir: {where} is not a directory (where scontrol, squeue, ... are; "
+                f"'command -v scontrol' shows it)"]
+    missing = [c for c in SLURM_COMMANDS if not os.access(where / c, os.X_OK)
+               or not (where / c).is_file()]
+    if missing:
+        return [f"slurm_bin_dir: {where} has no executable {', '.join(missing)} "
+                f"('command -v scontrol' shows where Slurm's commands are)"]
+    return []
