@@ -1,0 +1,421 @@
+"""Reading the cluster: nodes (``scontrol show node`` / ``sinfo --json``), jobs (``squeue``,
+``scontrol show job``, ``sacct``), job names, pids, ping; and the records they are read into
+(:class:`Node`, :class:`Job`, :class:`JobRecord`). Nothing here changes Slurm's state: that is
+:mod:`slurm_spot.slurm.actions`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_spot.errors import BadInputError, HostlistError, SlurmCommandError
+from slurm_spot.hostlist import compress, expand
+from slurm_spot.slurm.output import job_fields_json, load_json, node_fields_text, nodes_json
+from slurm_spot.slurm.runner import DEFAULT_TIMEOUT_S, CommandResult, CommandRunner, run_command
+from slurm_spot.slurm.states import JobState, NodeState, parse_job_state, parse_oneline
+from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
+
+log = logging.getLogger(__name__)
+
+# Where node records come from, tried in this order (see slurm_spot.slurm.output).
+_NODE_SOURCES: dict[str, tuple[str, ...]] = {
+    "scontrol-json": ("scontrol", "--json", "show", "node"),
+    "sinfo-json": ("sinfo", "--json"),
+    "text": (),
+}
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node as ``scontrol show node`` reports it.
+
+    ``addr``/``hostname`` are NodeAddr/NodeHostName; ``reason`` is the free text without the
+    ``[user@time]`` suffix Slurm appends; ``jobs`` is filled by :meth:`SlurmClient.nodes` from
+    squeue (running and completing jobs only); ``weight`` is the scheduling Weight slurmctld
+    uses now (slurm.conf(5) Weight; ``scontrol update nodename=N weight=W`` changes it until
+    slurmctld restarts or reconfigures, scontrol(1) of Slurm 22.05), None if not shown.
+    ``instance_id``/``instance_type`` are the node's InstanceId/InstanceType (Slurm 23.11+,
+    set by the resume hook; empty before 23.11 or when unset, which scontrol shows as
+    ``(null)`` or ``N/A``). ``slurmd_start_time`` is SlurmdStartTime in Unix seconds: when the
+    node's slurmd started, which slurmctld learns when it registers (None before that).
+    """
+
+    name: str
+    state: NodeState
+    reason: str = ""
+    addr: str = ""
+    hostname: str = ""
+    partitions: tuple[str, ...] = ()
+    jobs: tuple[int, ...] = ()
+    boot_time: str = ""
+    weight: int | None = None
+    instance_id: str = ""
+    instance_type: str = ""
+    slurmd_start_time: float | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as ``squeue --json`` reports it. ``nodes`` is the allocated hostlist;
+    ``submit_time``/``start_time`` are Unix seconds (squeue's ``submit_time``/``start_time``;
+    a requeued job's start is its latest run's; None when unset or not yet known)."""
+
+    job_id: int
+    state: JobState
+    name: str = ""
+    reason: str = ""
+    nodes: str = ""
+    partition: str = ""
+    restarts: int = 0
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    user: str = ""
+    flags: frozenset[str] = field(default_factory=frozenset)
+    submit_time: float | None = None
+    start_time: float | None = None
+
+
+class SlurmQueries:
+    """The reads of :class:`~slurm_spot.slurm.client.SlurmClient` (its constructor arguments
+    are described there), and the plumbing every call goes through (:meth:`run`,
+    :attr:`version`, :meth:`job_ref`)."""
+
+    def __init__(
+        self,
+        bin_dir: str | os.PathLike[str] = "/usr/bin",
+        runner: CommandRunner = run_command,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        version: SlurmVersion | None = None,
+    ) -> None:
+        self.bin_dir = Path(bin_dir)
+        self._run = runner
+        self.timeout_s = timeout_s
+        self._refs: dict[int, str] = {}
+        self._node_source: str | None = None
+        self._version = version
+
+    @property
+    def version(self) -> SlurmVersion:
+        """The Slurm release of ``scontrol -V``, else of ``slurmctld -V`` (26.05's scontrol
+        exits with "Could not establish a configuration source" when no slurm.conf is found,
+        even for ``-V``); the oldest supported one (22.05, whose ways work everywhere) if
+        neither says."""
+        if self._version is None:
+            try:
+                out = self.run("scontrol", "-V", check=False).stdout
+                self._version = SlurmVersion.parse(out)
+            except (SlurmCommandError, BadInputError):
+                sbin = self.bin_dir.parent / "sbin"
+                found = SlurmVersion.detect(sbin_dir=str(sbin), bin_dir=str(self.bin_dir)) \
+                    if self._run is run_command else None
+                self._version = found or OLDEST_SUPPORTED
+        return self._version
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def run(self, tool: str, *args: str, check: bool = True) -> CommandResult:
+        """Run Slurm tool ``tool`` with ``args``.
+
+        Raises:
+            SlurmCommandError: non-zero exit (when ``check``), timeout, or missing program.
+        """
+        argv = [str(self.bin_dir / tool), *args]
+        result = self._run(argv, self.timeout_s)
+        if check and result.returncode != 0:
+            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+        return result
+
+    # -- nodes ------------------------------------------------------------------------------
+    def nodes(self, names: Iterable[str] | None = None, with_jobs: bool = True) -> list[Node]:
+        """Nodes of the cluster (all nodes, or those of ``names`` that exist).
+
+        Read from JSON where this Slurm has it (``scontrol --json show node``, 23.02+; else
+        ``sinfo --json``, 22.05), else from ``scontrol -o show node`` text; see
+        :mod:`slurm_spot.slurm.output`. The first call finds out which works and later calls
+        use it. A node whose record cannot be read is logged and left out: one odd node never
+        hides the others.
+
+        Raises:
+            SlurmCommandError: no source could be read (slurmctld down, ...).
+        """
+        wanted = list(names) if names is not None else None
+        if wanted is not None and not wanted:
+            return []
+        records = self._node_records(wanted)
+        if wanted is not None:
+            keep = set(wanted)
+            records = [r for r in records if r["name"] in keep]
+        job_map = self._jobs_by_node() if with_jobs else {}
+        return [Node(**r, jobs=tuple(job_map.get(r["name"], ()))) for r in records]
+
+    def _node_records(self, wanted: list[str] | None) -> list[dict[str, Any]]:
+        for source in ([self._node_source] if self._node_source else list(_NODE_SOURCES)):
+            if source == "text":
+                records = self._node_records_text(wanted)
+                self._node_source = source  # only once it answered (slurmctld may be away)
+                return records
+            argv = _NODE_SOURCES[source]
+            result = self.run(argv[0], *argv[1:], check=False)
+            found = nodes_json(result.stdout) if result.returncode == 0 else None
+            if found is not None:
+                self._node_source = source
+                return found
+            if self._node_source == source:  # it worked before: a real failure now
+                raise SlurmCommandError([str(self.bin_dir / argv[0]), *argv[1:]],
+                                        result.returncode, result.stderr or "no JSON nodes")
+        raise AssertionError("unreachable: the text source always answers or raises")
+
+    def _node_records_text(self, wanted: list[str] | None) -> list[dict[str, Any]]:
+        args = ["-o", "show", "node"]
+        if wanted is not None:
+            args.append(compress(wanted))
+        records = []
+        for line in self.run("scontrol", *args).stdout.splitlines():
+            if not line.startswith("NodeName="):
+                continue
+            try:
+                records.append(node_fields_text(line))
+            except ValueError as exc:
+                log.error("skipping a node scontrol printed: %s", exc)
+        return records
+
+    def _jobs_by_node(self) -> dict[str, list[int]]:
+        out = self.run("squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING",
+                       "-o", "%A %F %K %N").stdout
+        result: dict[str, list[int]] = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) != 4 or not parts[0].isdigit():
+                continue
+            self._remember_ref(parts[0], parts[1], parts[2])
+            try:
+                names = expand(parts[3], allow_duplicates=True)
+            except HostlistError as exc:  # one job's odd node list never stops the others
+                log.error("job %s: cannot read its nodes: %s", parts[0], exc)
+                continue
+            for node in names:
+                result.setdefault(node, []).append(int(parts[0]))
+        return result
+
+    def _remember_ref(self, job_id: str, array_id: str, task_id: str) -> None:
+        if task_id.isdigit() and array_id.isdigit():
+            self._refs[int(job_id)] = f"{array_id}_{task_id}"
+        else:
+            self._refs[int(job_id)] = job_id
+
+    def known_refs(self, job_ids: Iterable[int]) -> dict[str, str]:
+        """``{"12": "11_1"}`` for those of ``job_ids`` this client has seen to be array tasks
+        (from its squeue reads; runs nothing), for events to show jobs as Slurm names them."""
+        return {str(j): self._refs[j] for j in job_ids
+                if j in self._refs and self._refs[j] != str(j)}
+
+    def job_ref(self, job_id: int | str) -> str:
+        """Slurm's name for a job in scontrol/scancel: ``<array job id>_<task id>`` for an
+        array task, else the id. Job ids here are squeue's unique ids (``%A``), and a task's
+        unique id can equal its array's id, which scancel/scontrol would read as the whole
+        array (squeue(1): ``%A``, ``%F``, ``%K``). A string is taken as Slurm's name as is."""
+        if isinstance(job_id, str):
+            return job_id  # already Slurm's name for it (e.g. from SLURM_ARRAY_* variables)
+        text = str(job_id)
+        if job_id not in self._refs:
+            out = self.run("squeue", "-h", "-j", text, "-o", "%A %F %K", check=False).stdout
+            for line in out.splitlines():
+                parts = line.split()
+                if len(parts) == 3 and parts[0] == text:
+                    self._remember_ref(*parts)
+        return self._refs.get(int(text), text)
+
+    # -- jobs -------------------------------------------------------------------------------
+    def jobs(self, job_ids: Iterable[int] | None = None) -> list[Job]:
+        """Jobs from ``squeue --json`` (all, or ``job_ids``); finished jobs drop out.
+
+        ``job_ids`` are also applied here: Slurm 22.05's ``squeue --json`` ignores ``--jobs``
+        and lists every job it still holds (finished ones within MinJobAge too), so without
+        this a caller asking for one job could read another's state. An array job id matches
+        no other task.
+
+        Raises:
+            SlurmCommandError: squeue failed.
+        """
+        args = ["--json"]
+        wanted: set[int] | None = None
+        if job_ids is not None:
+            wanted = {int(j) for j in job_ids}
+            if not wanted:
+                return []
+            args += ["--jobs", ",".join(str(j) for j in sorted(wanted))]
+        out = self.run("squeue", *args)
+        try:
+            data = load_json(out.stdout) if out.stdout.strip() else {}
+        except ValueError as exc:
+            raise SlurmCommandError(out.argv, out.returncode, f"unreadable JSON: {exc}") from None
+        found = []
+        for obj in data.get("jobs", []) if isinstance(data, dict) else []:
+            try:
+                found.append(_job_from_json(obj))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("skipping a job squeue printed: %s", exc)
+        if wanted is None:
+            return found
+        # Unique ids only: an array task's id can equal its array's id (see job_ref).
+        return [j for j in found if j.job_id in wanted]
+
+    def _learn_refs(self, job_ids: Sequence[int]) -> None:
+        """One ``squeue -j <ids> -o "%A %F %K"`` for the Slurm names of ``job_ids``."""
+        if not job_ids:
+            return
+        out = self.run("squeue", "-h", "-j", ",".join(str(j) for j in job_ids),
+                       "-o", "%A %F %K", check=False).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0].isdigit():
+                self._remember_ref(*parts)
+        for job in job_ids:  # not listed (ended): its own id is its name
+            self._refs.setdefault(job, str(job))
+
+    def sacct_runs(self, job_id: int) -> list[dict[str, str]] | None:
+        """Every run of ``job_id`` as ``sacct -X -D`` reports it (one row per requeue):
+        dicts with JobIDRaw, User, Start, End, NodeList, State and AdminComment.
+        Returns None when accounting is not available (sacct fails: no slurmdbd).
+
+        Raises:
+            SlurmCommandError: sacct could not be run at all (missing, timeout)."""
+        fields = ("JobIDRaw", "User", "Start", "End", "NodeList", "State", "AdminComment")
+        result = self.run("sacct", "-j", str(job_id), "-X", "-D", "-n", "-P",
+                          f"--format={','.join(fields)}", check=False)
+        if result.returncode != 0:
+            return None
+        rows = []
+        for line in result.stdout.splitlines():
+            values = line.split("|", len(fields) - 1)
+            if len(values) == len(fields):
+                rows.append(dict(zip(fields, values, strict=True)))
+        return rows
+
+    def job_record(self, job_id: int | str) -> JobRecord | None:
+        """One job as ``scontrol -o show job <job>`` reports it, finished jobs included (they
+        stay in slurmctld's memory for MinJobAge, 300 s by default; slurm.conf(5), 22.05).
+        None when slurmctld no longer knows the job.
+
+        Raises:
+            SlurmCommandError: scontrol failed for another reason (slurmctld down, ...).
+        """
+        result = self.run("scontrol", "-o", "show", "job", self.job_ref(job_id), check=False)
+        if result.returncode != 0:
+            text = (result.stderr + result.stdout).lower()
+            if "invalid job id" in text:
+                return None
+            raise SlurmCommandError(result.argv, result.returncode, result.stderr)
+        records = [parse_job_record(line) for line in result.stdout.splitlines()
+                   if line.startswith("JobId=")]
+        return records[0] if records else None
+
+    def job_records(self) -> list[JobRecord]:
+        """Every job slurmctld holds (``scontrol -o show job``), finished ones included.
+
+        Raises:
+            SlurmCommandError: scontrol failed.
+        """
+        out = self.run("scontrol", "-o", "show", "job").stdout
+        return [parse_job_record(line) for line in out.splitlines() if line.startswith("JobId=")]
+
+    def batch_script(self, job_id: int | str) -> str | None:
+        """The job's batch script (``scontrol write batch_script <job> -``; root, an operator
+        or the job's owner only, scontrol(1) 22.05). None when Slurm has none to give (not a
+        batch job, job gone, no permission).
+
+        Raises:
+            SlurmCommandError: scontrol could not be run or did not answer.
+        """
+        result = self.run("scontrol", "write", "batch_script", self.job_ref(job_id), "-",
+                          check=False)
+        return result.stdout if result.returncode == 0 else None
+
+    def list_pids(self, job_id: int, node: str) -> list[tuple[int, str]] | None:
+        """``(pid, step)`` of the job's processes on ``node``, which must be the host this runs
+        on: ``scontrol listpids <job> <node>`` (scontrol(1) 22.05: only processes spawned by
+        Slurm on the local node and their descendants; the node name picks the slurmd when
+        several run on one host). ``step`` is Slurm's step id: ``batch``, ``extern``, ``0``...
+        None when scontrol cannot tell (no slurmd step daemon answered).
+
+        Raises:
+            SlurmCommandError: scontrol could not be run or did not answer.
+        """
+        result = self.run("scontrol", "listpids", str(job_id), node, check=False)
+        if result.returncode != 0:
+            return None
+        found = []
+        for line in result.stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0].isdigit():
+                found.append((int(parts[0]), parts[2]))
+        return found
+
+    def ping(self) -> bool:
+        """True if slurmctld answers ``scontrol ping``."""
+        result = self.run("scontrol", "ping", check=False)
+        return result.returncode == 0 and "UP" in result.stdout
+
+
+def _job_from_json(obj: dict) -> Job:
+    return Job(**job_fields_json(obj))
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job as ``scontrol -o show job`` reports it (finished jobs too, unlike squeue).
+
+    ``exit_code`` is Slurm's ``<exit status>:<signal>`` (``0:0`` is success); ``requeue`` is
+    False for a job submitted ``--no-requeue``; ``batch`` is False for salloc/srun jobs;
+    ``end_time`` is seconds since the epoch, None while unknown.
+    """
+
+    job_id: int
+    state: JobState
+    exit_code: str = "0:0"
+    requeue: bool = True
+    batch: bool = True
+    restarts: int = 0
+    nodes: str = ""
+    batch_host: str = ""
+    end_time: float | None = None
+
+
+def _slurm_time(text: str) -> float | None:
+    """scontrol's local ``2026-03-01T08:22:00`` as epoch seconds; None for Unknown/None."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def parse_job_record(line: str) -> JobRecord:
+    """One ``scontrol -o show job`` line as a :class:`JobRecord`.
+
+    Raises:
+        ValueError: no JobId or no known JobState in the line.
+    """
+    fields = parse_oneline(line)
+    restarts = fields.get("Restarts", "0")
+    return JobRecord(
+        job_id=int(fields["JobId"]),
+        state=parse_job_state(fields.get("JobState", "")),
+        exit_code=fields.get("ExitCode", "0:0"),
+        requeue=fields.get("Requeue", "1") != "0",
+        batch=fields.get("BatchFlag", "1") != "0",
+        restarts=int(restarts) if restarts.isdigit() else 0,
+        nodes="" if fields.get("NodeList", "(null)") == "(null)" else fields.get("NodeList", ""),
+        batch_host=fields.get("BatchHost", ""),
+        end_time=_slurm_time(fields.get("EndTime", "")),
+    )
+
+
+def parse_job_json(obj: dict) -> Job:
+    """One job object of ``squeue --json`` (22.05 or 23.02+) as a :class:`Job`."""
+    return _job_from_json(obj)
