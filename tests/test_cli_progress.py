@@ -4,40 +4,20 @@
 from __future__ import annotations
 
 import json
-import os
-import pty
 import subprocess
 import sys
 from pathlib import Path
 
 from slurm_spot.commands.progress import waiting
+from tests.terminal import run_in_terminal
 from tests.test_reconcile_daemon import write_config
-
-
-def _in_terminal(argv: list[str], timeout_s: float = 60) -> tuple[int, str]:
-    """Run ``argv`` with stdout and stderr on a pseudo-terminal; (exit code, what it showed)."""
-    controller, terminal = pty.openpty()
-    env = {**os.environ, "COLUMNS": "160", "LINES": "40", "TERM": "xterm"}
-    proc = subprocess.Popen(argv, stdout=terminal, stderr=terminal, env=env)
-    os.close(terminal)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(controller, 4096)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(controller)
-    return proc.wait(timeout=timeout_s), seen.decode(errors="replace")
 
 
 def test_node_name_wait_shows_a_spinner_at_a_terminal_only(tmp_path: Path) -> None:
     """No Slurm answers (no scontrol there) and the host is no node: it waits out --wait."""
     path = write_config(tmp_path, slurm_bin_dir=str(tmp_path / "no-slurm"))
     argv = [sys.executable, "-m", "slurm_spot", "--config", str(path), "node-name", "--wait", "3"]
-    code, shown = _in_terminal(argv)
+    code, shown, _ = run_in_terminal(argv)
     assert code == 1, shown
     assert "node-name: waiting up to 3 s for this host's address in Slurm" in shown
     assert "0:00:0" in shown  # the elapsed time
@@ -82,25 +62,10 @@ main(sys.argv[1:])
 def test_demo_json_keeps_progress_off_stdout_with_a_spinner_on_a_terminal(tmp_path: Path) -> None:
     """stdout (piped) carries only the JSON result; stderr, a terminal, gets the stage lines
     and the spinner."""
-    controller, terminal = pty.openpty()
-    env = {**os.environ, "COLUMNS": "160", "TERM": "xterm"}
-    proc = subprocess.Popen([sys.executable, "-c", _STUB_DEMO, "demo", "--json", "--workdir",
-                             str(tmp_path)], stdout=subprocess.PIPE, stderr=terminal, env=env)
-    os.close(terminal)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(controller, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(controller)
-    out = proc.communicate(timeout=60)[0].decode()
-    assert proc.returncode == 0
+    code, shown, out = run_in_terminal([sys.executable, "-c", _STUB_DEMO, "demo", "--json",
+                                        "--workdir", str(tmp_path)], on_terminal=("stderr",))
+    assert code == 0
     assert json.loads(out) == {"state": "COMPLETED", "exact_resume": True, "job": 1}
-    shown = seen.decode(errors="replace")
     assert "submitted job 1" in shown and "demo: job 1 finished" in shown  # line, then spinner
     piped = subprocess.run([sys.executable, "-c", _STUB_DEMO, "demo", "--json", "--workdir",
                             str(tmp_path)], capture_output=True, text=True, timeout=60,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import select
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from slurm_spot.cli import cli
 from slurm_spot.commands import status as status_module
 from slurm_spot.commands.tables import Field, plain_lines
 from slurm_spot.events import Event, emit
+from tests.terminal import run_in_terminal
 from tests.test_reconcile_daemon import write_config
 from tests.test_status import _invoke, world  # noqa: F401 - the fixture
 
@@ -99,21 +99,8 @@ def test_events_at_a_terminal_get_a_table_and_in_a_pipe_plain_lines(tmp_path: Pa
     assert piped.stdout.splitlines() == [
         "time                       source  action    node    instance  jobs  reason",
         "2026-03-01T08:00:00+00:00  resume  launched  spot-1  loc-1     7     spot"]
-    controller, terminal = pty.openpty()
-    proc = subprocess.Popen(argv, stdout=terminal, stderr=subprocess.PIPE, env=env)
-    os.close(terminal)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(controller, 4096)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(controller)
-    assert proc.wait(timeout=60) == 0
-    text = seen.decode()
+    code, text, err = run_in_terminal(argv, on_terminal=("stdout",))
+    assert code == 0, err
     assert BOX & set(text) and "loc-1" in text and "launched" in text
 
 

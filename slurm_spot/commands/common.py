@@ -7,7 +7,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -15,9 +15,6 @@ from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.errors import BadInputError
 from slurm_spot.events import EVENTS_FILE
 from slurm_spot.slurm.client import SlurmClient
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -138,12 +135,3 @@ def json_option(func: F) -> F:
 def print_json(data: object) -> None:
     """Print ``data`` as indented JSON."""
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
-def console() -> Console:
-    """A rich console for tables: the terminal's width on a terminal; piped or redirected
-    (``slurm-spot status | grep gpu``), wide enough that no column is cut or wrapped."""
-    from rich.console import Console  # here: only table output needs rich
-
-    terminal = Console()
-    return terminal if terminal.is_terminal else Console(width=1000)
