@@ -27,10 +27,11 @@ def test_demo_survives_two_interruptions_bit_exact(tmp_path: Path) -> None:
     """The README's main job: two interruptions (notice, then kill), exact final weights."""
     with acquire_cluster_lock():
         proc = subprocess.run(
-            # --steps 160 (the fewest the demo takes): both interruptions as with the default
-            # 240, 20 s less training (this test also runs in every root of the matrix).
+            # --steps 170: both interruptions as with the default 240 (the kill comes 45 steps
+            # before the end, after the checkpoint at 120), ~20 s less training; this test also
+            # runs in every root of the matrix.
             [sys.executable, "-m", "slurm_spot", "demo", "--json", "--workdir", str(tmp_path),
-             "--steps", "160"],
+             "--steps", "170"],
             capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
@@ -47,7 +48,7 @@ def test_demo_survives_two_interruptions_bit_exact(tmp_path: Path) -> None:
     assert all(notice["breakdown"][part] is not None for part in PARTS)
     assert kill["prewarmed"] is False and kill["breakdown"]["exit_to_first_step_s"] is not None
     assert kill["recovery_s"] < 120  # the reconciler, not SlurmdTimeout (300 s), brought it back
-    print(json.dumps(result["interruptions"]))
+    print(json.dumps({"wall_s": result["wall_s"], "interruptions": result["interruptions"]}))
 
 
 def test_array_task_requeues_alone_and_sigterm_alone_checkpoints(cluster: Cluster) -> None:
