@@ -17,8 +17,9 @@ from slurm_spot.localcluster.demo import Demo, DemoSettings, example_script, sum
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("/tmp/slurm-spot-demo"), show_default=True,
               help="Where the demo cluster's config, state, logs and checkpoints go.")
-@click.option("--steps", type=click.IntRange(min=100), default=240, show_default=True,
-              help="Training steps.")
+@click.option("--steps", type=click.IntRange(min=160), default=240, show_default=True,
+              help="Training steps (0.25 s each): the notice comes at step 50, the kill "
+                   "at least 45 steps before the end; fewer would end before the kill.")
 @click.option("--keep-cluster", is_flag=True, help="Leave the local cluster running.")
 @click.option("--boot-delay", "boot_delay_s", type=click.FloatRange(1, 3600), default=2.0,
               show_default=True,

@@ -1,12 +1,14 @@
 """``slurm-spot demo``: a torchrun job on local spot nodes, interrupted twice, that finishes.
 
 1. bring up the local cluster (real slurmctld, local instances, the reconciler);
-2. compute the reference: the same training, uninterrupted, on this machine;
-3. submit the training with ``slurm-spot sbatch --torchrun`` on 2 nodes;
+2. submit the training with ``slurm-spot sbatch --torchrun`` on 2 nodes, and meanwhile compute
+   the reference: the same training, uninterrupted, on this machine (it runs while the job
+   waits for its nodes, so it adds no time);
 4. preempt one of its nodes with a notice (the watcher drains it and signals the job, which
    checkpoints and requeues); wait until training resumes on fresh nodes;
 5. kill one of its nodes without notice (the reconciler notices, requeues and expedites);
-   wait until training resumes again;
+   wait until training resumes again (at the latest :data:`DemoSettings.tail_steps` before
+   the end, so the job is still running when its node dies);
 6. wait for the job to complete and compare the final weights with the reference.
 
 The training prints JSON events (examples/train_digits.py); the demo reads them from the job's
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -78,6 +81,10 @@ class DemoSettings:
     notice_s: float = 30.0
     first_at_step: int = 50
     second_after_steps: int = 60
+    #: the kill comes at least this many steps before the last one (or a quarter of ``steps``
+    #: if that is more): at ``step_sleep_s`` a step it leaves the job ~10 s to still be running
+    #: when its node dies, however late the notice's signal stopped it
+    tail_steps: int = 45
     timeout_s: float = 900.0
     keep_cluster: bool = False
     boot_delay_s: float = 2.0
@@ -193,18 +200,44 @@ class Demo:
             time.sleep(0.5)
 
     # -- stages ---------------------------------------------------------------------------
-    def reference(self) -> dict:
-        """Train uninterrupted on this machine (2 ranks, same seed) for the reference."""
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node=2", str(example_script()), "--reference", "--steps", str(self.s.steps)]
+    def _reference_argv(self) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node=2", str(example_script()), "--reference", "--steps",
+                str(self.s.steps)]
+
+    def start_reference(self) -> subprocess.Popen[str]:
+        """Start the reference training (:meth:`reference`) in the background; the job on
+        the cluster spends its first half minute waiting for nodes, so both fit."""
+        return subprocess.Popen(  # noqa: S603 - argv list, no shell
+            self._reference_argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=self.env)
+
+    def reference(self, started: subprocess.Popen[str] | None = None) -> dict:
+        """Train uninterrupted on this machine (2 ranks, same seed) for the reference: the
+        ``done`` event of ``examples/train_digits.py --reference``. ``started`` is a run from
+        :meth:`start_reference` to collect first (10 minutes at most); a failed run is
+        retried, 3 runs in all.
+
+        Raises:
+            SlurmSpotError: every run failed (the last one's stderr is in the message).
+        """
         errors = ""
         for attempt in range(3):  # deterministic, so a retry changes nothing but luck with gloo
-            proc = run_command(argv, 600, env=self.env)
-            done = [json.loads(line) for line in proc.stdout.splitlines()
+            if attempt == 0 and started is not None:
+                try:
+                    stdout, stderr = started.communicate(timeout=600)
+                except subprocess.TimeoutExpired:
+                    started.kill()
+                    stdout, stderr = started.communicate()
+                code = started.returncode
+            else:
+                proc = run_command(self._reference_argv(), 600, env=self.env)
+                code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+            done = [json.loads(line) for line in stdout.splitlines()
                     if line.startswith("{") and '"done"' in line]
-            if proc.returncode == 0 and done:
+            if code == 0 and done:
                 return dict(done[-1])
-            errors = proc.stderr[-2000:]
+            errors = stderr[-2000:]
             self.say(f"  reference run failed (attempt {attempt + 1} of 3), retrying")
         raise SlurmSpotError(f"reference run failed: {errors}")
 
@@ -266,13 +299,20 @@ class Demo:
             raise SlurmSpotError(proc.stderr.strip() or proc.stdout)
 
     def _run_job(self) -> dict[str, object]:
-        self.say("computing the reference (uninterrupted run on this machine)")
-        reference = self.reference()
-        job, log = self._submit(self.s.steps)
-        self.wait("training to start", lambda: log.last_step() >= 1, log)
-        interruptions = [self._interrupt("notice", job, log, self.s.first_at_step)]
-        nxt = log.last_step() + self.s.second_after_steps
-        interruptions.append(self._interrupt("kill", job, log, nxt))
+        self.say("computing the reference (uninterrupted run on this machine) meanwhile")
+        started = self.start_reference()
+        try:
+            job, log = self._submit(self.s.steps)
+            self.wait("training to start", lambda: log.last_step() >= 1, log)
+            interruptions = [self._interrupt("notice", job, log, self.s.first_at_step)]
+            nxt = min(log.last_step() + self.s.second_after_steps,
+                      self.s.steps - max(self.s.tail_steps, self.s.steps // 4))
+            interruptions.append(self._interrupt("kill", job, log, nxt))
+            reference = self.reference(started)
+        finally:
+            if started.poll() is None:  # the demo failed first: stop the reference too
+                started.kill()
+                started.communicate()
         self.wait("the job to finish", lambda: log.of("done") and
                   self.job_fields(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"),
                   log)
