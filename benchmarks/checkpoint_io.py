@@ -63,7 +63,7 @@ MB = 10**6
 def _state(size_mb: float, step: int, grad: bool = False) -> Any:
     import torch
 
-    from slurm_spot.checkpoint.checkpointer import TrainState
+    from slurm_spot.checkpoint import TrainState
 
     model = torch.nn.Module()
     weight = torch.nn.Parameter(torch.rand(int(size_mb * MB) // 4))
@@ -103,7 +103,7 @@ def _measure(store_factory: Any, size_mb: float, runs: int, fwd_bwd_s: float,
              local_dir: Path | None) -> dict[str, Any]:
     """Medians (seconds) over ``runs`` of every figure of one store and size."""
 
-    from slurm_spot.checkpoint.checkpointer import Checkpointer
+    from slurm_spot.checkpoint import Checkpointer
 
     out: dict[str, list[float]] = {}
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from slurm_spot.checkpoint.checkpointer import Checkpointer, CheckpointError, TrainState
+from slurm_spot.checkpoint import Checkpointer, CheckpointError, TrainState
 from slurm_spot.checkpoint.snapshot import PendingCopies
 
 
