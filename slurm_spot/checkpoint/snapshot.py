@@ -21,10 +21,11 @@ Either way the writer owns its buffers (a thread, never a forked process: field 
 async-pinned-memory-fork), and a buffer is reused only after the writer that read it is done.
 
 A CPU tensor is copied with the C library's ``memmove`` (:func:`copy_into`), not with
-``Tensor.copy_``: on the 2-core benchmark machine torch's element-wise copy kernel moved a
-1 GB float32 tensor into a reused buffer in 0.35-0.41 s, ``memmove`` (which glibc does with
-non-temporal stores for large sizes, so the destination is not read first) in 0.11 s
-(BENCHMARKS.md, "Checkpoints"). ``ctypes.memmove`` releases the GIL (ctypes' CFUNCTYPE calls
+``Tensor.copy_``: on the shared 2-core benchmark machine torch's element-wise copy kernel
+(two intra-op threads that wait for each other) moved a 1 GB float32 tensor into a reused
+buffer in 0.35-0.77 s, ``memmove`` (which glibc does with non-temporal stores for large sizes,
+so the destination is not read first) in 0.11-0.38 s in the same runs (BENCHMARKS.md,
+"Checkpoints"). ``ctypes.memmove`` releases the GIL (ctypes' CFUNCTYPE calls
 do), so a deferred copy in the writer thread does not hold up the training loop's Python.
 """
 
