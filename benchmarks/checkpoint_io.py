@@ -305,8 +305,9 @@ def _io(args: argparse.Namespace) -> str:
         "physical limit of an eager snapshot: a copy of the state takes at least its bytes "
         "divided by the memory bandwidth left to the process, and the sync save on a "
         "page-cached local disk is itself only a few passes over the same bytes (serialise, "
-        "sha256, write, fsync), so the eager stall cannot fall below the floor, and on this "
-        "shared machine other processes' memory traffic moves it up and down (the same 1 GB "
+        "sha256, write, fsync), so the eager stall stays near the floor (medians of separate "
+        "timings, so either may be the lower), and on this shared machine other processes' "
+        "memory traffic moves both up and down (the same 1 GB "
         "memmove into the same reused buffer took 0.15-0.73 s from one run to the next, with "
         "no page faults). `snapshot=\"deferred\"` takes the copy off the training loop's path "
         "(verdicts under the first table).",
