@@ -5,7 +5,7 @@ synthetic data whose order comes from a seeded generator, for ``--steps`` steps:
 
 1. ``reference``: uninterrupted, in one process;
 2. ``interrupted``: stops after ``--stop-at`` steps and saves through
-   ``slurm_spot.checkpoint.checkpointer.Checkpointer`` (model, optimizer, scheduler, step, every RNG
+   ``slurm_spot.checkpoint.Checkpointer`` (model, optimizer, scheduler, step, every RNG
    state, the data generator), then a *new process* restores it and finishes.
 
 It prints one JSON object: the SHA-256 of the final weights of both runs and whether they are
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from slurm_spot.checkpoint.checkpointer import Checkpointer, TrainState
+from slurm_spot.checkpoint import Checkpointer, TrainState
 
 
 def build(device: str) -> tuple[torch.nn.Module, torch.optim.Optimizer, object, torch.Generator]:

@@ -51,7 +51,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from slurm_spot.checkpoint.checkpointer import Checkpointer, SkipSampler, TrainState
+from slurm_spot.checkpoint import Checkpointer, SkipSampler, TrainState
 from slurm_spot.checkpoint.preemption import PreemptionHandler
 from slurm_spot.jobs import jobenv
 

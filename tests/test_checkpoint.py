@@ -18,13 +18,13 @@ import torch
 import yaml
 from torch import nn
 
-from slurm_spot.checkpoint import files as checkpoint_files
-from slurm_spot.checkpoint.checkpointer import (
+from slurm_spot.checkpoint import (
     Checkpointer,
     CheckpointError,
     TrainState,
     find_latest_valid,
 )
+from slurm_spot.checkpoint import files as checkpoint_files
 from slurm_spot.checkpoint.files import scan
 
 DATA = Path(__file__).parent / "data"

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from slurm_spot.checkpoint.checkpointer import Checkpointer, CheckpointError, TrainState
+from slurm_spot.checkpoint import Checkpointer, CheckpointError, TrainState
 from slurm_spot.checkpoint.s3 import S3Store
 from slurm_spot.checkpoint.store import CheckpointStore, LocalStore
 from tests.fakes.s3_server import client, keys, moto_s3, new_bucket
@@ -67,7 +67,7 @@ def test_unrestorable_extra_is_refused_at_save_naming_the_key(store: CheckpointS
 
 _DISK_FULL = """
 import resource, signal, sys, torch
-from slurm_spot.checkpoint.checkpointer import Checkpointer, TrainState, CheckpointError
+from slurm_spot.checkpoint import Checkpointer, TrainState, CheckpointError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails with EFBIG
 ckpt = Checkpointer(sys.argv[1])
 small, big = torch.nn.Linear(4, 4), torch.nn.Linear(1024, 1024)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from slurm_spot.checkpoint.checkpointer import Checkpointer, CheckpointError, TrainState
+from slurm_spot.checkpoint import Checkpointer, CheckpointError, TrainState
 from slurm_spot.checkpoint.hashing import PARALLEL_MIN_BYTES, HashingWriter, mapped_digest
 from tests.test_checkpoint import _state
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from slurm_spot.checkpoint import checkpointer
-from slurm_spot.checkpoint.checkpointer import Checkpointer, CheckpointError, TrainState
+from slurm_spot.checkpoint import Checkpointer, CheckpointError, TrainState, writer
 from tests.test_checkpoint import _state
 
 
@@ -156,7 +155,7 @@ def test_a_full_device_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         return real_open(path, mode, *args, **kwargs)
 
     message = _save_big_after_small(tmp_path / "ckpt", lambda: monkeypatch.setattr(
-        checkpointer, "open", open_on_dev_full, raising=False))
+        writer, "open", open_on_dev_full, raising=False))
     assert "checkpoint of step 2" in message and "nothing committed" in message
     assert (f"the device holding {tmp_path / 'ckpt'} is full (No space left on device"
             in message), message

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from slurm_spot.checkpoint.checkpointer import Checkpointer, CheckpointError, TrainState
+from slurm_spot.checkpoint import Checkpointer, CheckpointError, TrainState
 from slurm_spot.checkpoint.s3 import S3Store, parse_s3_url
 from slurm_spot.checkpoint.store import LocalStore, open_store
 from tests.fakes.s3_server import client, keys, moto_s3, new_bucket
@@ -138,7 +138,7 @@ def test_corrupted_object_is_skipped_with_a_warning(endpoint: str, tmp_path: Pat
 _KILL_CHILD = """
 import sys, torch
 from slurm_spot.checkpoint.s3 import S3Store
-from slurm_spot.checkpoint.checkpointer import Checkpointer, TrainState
+from slurm_spot.checkpoint import Checkpointer, TrainState
 store = S3Store(sys.argv[1], endpoint_url=sys.argv[2], addressing_style="path",
                 staging_dir=sys.argv[3], part_size=5 << 20, max_concurrency=1)
 model = torch.nn.Linear(4096, 4096)  # 64 MiB of weights: 13 parts, one at a time

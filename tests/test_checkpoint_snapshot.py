@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from slurm_spot.checkpoint.checkpointer import Checkpointer, CheckpointError, TrainState
+from slurm_spot.checkpoint import Checkpointer, CheckpointError, TrainState
 from slurm_spot.checkpoint.snapshot import PendingCopies
 
 
@@ -135,3 +135,61 @@ def test_restore_waits_for_a_deferred_copy_and_a_bad_mode_is_refused(tmp_path: P
     ckpt.wait(60)
     saved = torch.load(tmp_path / "step_000000005" / "state.pt", weights_only=True)
     _same(expected, saved["model"])
+
+
+def test_copy_into_matches_tensor_copy_for_every_kind_of_tensor() -> None:
+    """The memmove fast path gives what Tensor.copy_ gives; what it cannot copy byte for byte
+    (strided views, lazy conjugates, other dtypes) falls back to copy_."""
+    from slurm_spot.checkpoint.snapshot import copy_into
+
+    base = torch.arange(48, dtype=torch.float64).reshape(6, 8)
+    complex_ = torch.randn(5, dtype=torch.complex64)
+    sources = {
+        "float32": torch.randn(1000), "bfloat16": torch.randn(300).to(torch.bfloat16),
+        "int64": torch.arange(-5, 95), "bool": torch.rand(77) > 0.5,
+        "offset view": base[2:4], "transposed": base.t(), "strided": base[:, ::3],
+        "lazy conjugate": complex_.conj(), "empty": torch.empty(0, 3), "scalar": torch.tensor(7.5),
+    }
+    for name, source in sources.items():
+        target = torch.full_like(source.resolve_conj(), 0).contiguous()
+        expected = target.clone().copy_(source)
+        copy_into(target, source)
+        assert torch.equal(target, expected), name
+    widened = torch.zeros(10, dtype=torch.float64)
+    copy_into(widened, torch.arange(10, dtype=torch.int32))  # another dtype: converted
+    assert widened.tolist() == [float(i) for i in range(10)]
+
+
+def test_an_eager_save_holds_the_state_at_the_call_not_later(tmp_path: Path) -> None:
+    """Every tensor of the state (bf16, int, a view, a transposed parameter, optimizer state,
+    an extra tensor) is changed in place right after save_async returns, three saves in a row
+    reusing the snapshot's buffers: each checkpoint holds the values at its call."""
+    model = _model().to(torch.float64)
+    model.register_buffer("bf16", torch.randn(33).to(torch.bfloat16))
+    model.register_buffer("counts", torch.arange(17))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    extra = {"table": torch.randn(9, 4).t(), "ids": torch.arange(20)[5:15]}
+    state = TrainState(model, optimizer, extra=extra)
+    ckpt = Checkpointer(tmp_path, keep=10, writer_timeout_s=60)
+    expected: dict[int, Any] = {}
+    for step in (1, 2, 3):
+        optimizer.zero_grad()
+        model(torch.randn(8, 64, dtype=torch.float64)).square().mean().backward()
+        optimizer.step()
+        state.step = step
+        expected[step] = {"model": _clone(model.state_dict()),
+                          "optimizer": _clone(optimizer.state_dict()),
+                          "extra": _clone(state.extra)}
+        handle = ckpt.save_async(state)
+        with torch.no_grad():  # the trainer reuses its memory at once
+            for tensor in [*model.state_dict().values(), *state.extra.values()]:
+                tensor.add_(1) if tensor.dtype != torch.bool else tensor.logical_not_()
+            for per_param in optimizer.state.values():
+                for value in per_param.values():
+                    if isinstance(value, torch.Tensor):
+                        value.add_(1)
+        handle.wait(60)
+    for step, want in expected.items():
+        saved = torch.load(tmp_path / f"step_{step:09d}" / "state.pt", weights_only=True)
+        for part in ("model", "optimizer", "extra"):
+            _same(want[part], saved[part], f"step {step} {part}")

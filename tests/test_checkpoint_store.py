@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 import torch
 
-from slurm_spot.checkpoint import files
-from slurm_spot.checkpoint.checkpointer import Checkpointer
+from slurm_spot.checkpoint import Checkpointer, files
+from slurm_spot.checkpoint import commit as commit_protocol
 from slurm_spot.checkpoint.store import LocalStore, StagePlan
 from tests.test_checkpoint import _state, _train
 
@@ -34,11 +34,11 @@ class CopyStore:
         final = self.remote / files.step_dir_name(step)
         if final.exists() and not files.validate(files.Candidate(final, step, "dir"), False):
             return ("skip", str(final), f"{final} exists")
-        return ("write", str(files.new_temp_dir(self.staging_root, step)), "")
+        return ("write", str(commit_protocol.new_temp_dir(self.staging_root, step)), "")
 
     def commit(self, staging: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
                meta: dict[str, Any], started_s: float | None = None) -> str:
-        files.write_manifest(staging, step, kind, world_size, meta, started_s=started_s)
+        commit_protocol.write_manifest(staging, step, kind, world_size, meta, started_s=started_s)
         target = self.remote / files.step_dir_name(step)
         data = [p for p in sorted(staging.rglob("*")) if p.is_file() and p.name != files.MANIFEST_NAME]
         for path in [*data, staging / files.MANIFEST_NAME]:
@@ -48,7 +48,7 @@ class CopyStore:
         return str(target)
 
     def prune(self, keep: int, newest: str) -> list[str]:
-        return [str(p) for p in files.prune(self.remote, keep, Path(newest))]
+        return [str(p) for p in commit_protocol.prune(self.remote, keep, Path(newest))]
 
     # one writer, staging shared by the ranks: the token is the staging path
     def local_staging(self, token: str) -> Path:

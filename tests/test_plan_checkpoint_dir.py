@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_spot.checkpoint import files
-from slurm_spot.checkpoint.checkpointer import Checkpointer
+from slurm_spot.checkpoint import Checkpointer
+from slurm_spot.checkpoint import commit as commit_protocol
 from slurm_spot.cli import cli
 from tests.fakes.s3_server import moto_s3, new_bucket
 from tests.test_checkpoint import _state
@@ -85,10 +85,10 @@ def test_no_recorded_save_time_is_exit_2_saying_what_to_do(tmp_path: Path) -> No
     assert "no committed checkpoint there records its save time" in out
     assert "give --checkpoint-s instead" in out
     # a committed checkpoint whose manifest has no save_s (written without a start time)
-    staging = files.new_temp_dir(empty, 7)
+    staging = commit_protocol.new_temp_dir(empty, 7)
     (staging / "state.pt").write_bytes(b"x")
-    files.write_manifest(staging, 7, "torch", 1)
-    files.commit(staging, 7)
+    commit_protocol.write_manifest(staging, 7, "torch", 1)
+    commit_protocol.commit(staging, 7)
     code, out = run("plan", "--checkpoint-dir", str(empty), "--mtbf-h", "24")
     assert code == 2 and "records its save time" in out
 

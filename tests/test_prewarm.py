@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.checkpoint.files import (
-    SaveCost,
-    commit,
-    new_temp_dir,
-    save_costs,
-    write_manifest,
-)
+from slurm_spot.checkpoint.commit import commit, new_temp_dir, write_manifest
+from slurm_spot.checkpoint.files import SaveCost, save_costs
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.events import read_events
 from slurm_spot.prewarm import (

@@ -5,13 +5,18 @@ The names load on first use (PEP 562), so ``slurm_spot.checkpoint.files`` and
 ``slurm_spot.checkpoint.store`` (no torch) can be imported without torch; the torch-based
 ones import it:
 
-- :mod:`.checkpointer`: :class:`Checkpointer`, :class:`TrainState`, :class:`SkipSampler`,
-  the RNG helpers (atomic, validated checkpoints; torch.distributed.checkpoint for sharded
-  state);
+- :mod:`.checkpointer`: :class:`Checkpointer` (atomic, validated checkpoints, sync and async
+  save, restore; torch.distributed.checkpoint for sharded state);
+- :mod:`.trainstate`: :class:`TrainState`, :class:`SkipSampler`, the RNG helpers, the
+  restorable-state check (what a checkpoint holds);
+- :mod:`.snapshot` and :mod:`.writer`: the asynchronous save (the snapshot, :class:`SaveHandle`,
+  the writer thread); :mod:`.verify`: restore-side checks (sha256 while loading, shapes);
 - :mod:`.store`: :class:`CheckpointStore` (where checkpoints live), :class:`LocalStore`
   (a POSIX directory, the default) and :func:`open_store`;
 - :mod:`.s3`: :class:`S3Store` (``s3://bucket/prefix``, boto3; no torch);
-- :mod:`.files`: the on-disk layout, validation, :func:`find_latest_valid`;
+- :mod:`.files`: the on-disk layout, validation, :func:`find_latest_valid`; :mod:`.commit`: the
+  commit protocol (manifest last, rename, retention); :mod:`.diskerrors`: a failed save's
+  error, a full device named as such;
 - :mod:`.preemption`: :class:`PreemptionHandler` (the signal flag, the collective stop
   decision, the requeue).
 """
@@ -22,25 +27,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slurm_spot.checkpoint.checkpointer import (
-        Checkpointer,
-        SaveHandle,
+    from slurm_spot.checkpoint.checkpointer import Checkpointer
+    from slurm_spot.checkpoint.files import Checkpoint, CheckpointError, find_latest_valid
+    from slurm_spot.checkpoint.preemption import PreemptionHandler
+    from slurm_spot.checkpoint.s3 import S3Store
+    from slurm_spot.checkpoint.store import CheckpointStore, LocalStore, open_store
+    from slurm_spot.checkpoint.trainstate import (
         SkipSampler,
         TrainState,
         capture_rng_state,
         restore_rng_state,
     )
-    from slurm_spot.checkpoint.files import Checkpoint, CheckpointError, find_latest_valid
-    from slurm_spot.checkpoint.preemption import PreemptionHandler
-    from slurm_spot.checkpoint.s3 import S3Store
-    from slurm_spot.checkpoint.store import CheckpointStore, LocalStore, open_store
+    from slurm_spot.checkpoint.writer import SaveHandle
 
 _WHERE = {
-    "Checkpointer": "checkpointer", "SkipSampler": "checkpointer", "TrainState": "checkpointer",
-    "capture_rng_state": "checkpointer", "restore_rng_state": "checkpointer",
+    "Checkpointer": "checkpointer", "SkipSampler": "trainstate", "TrainState": "trainstate",
+    "capture_rng_state": "trainstate", "restore_rng_state": "trainstate",
     "Checkpoint": "files", "CheckpointError": "files", "find_latest_valid": "files",
     "PreemptionHandler": "preemption", "CheckpointStore": "store", "LocalStore": "store",
-    "open_store": "store", "S3Store": "s3", "SaveHandle": "checkpointer",
+    "open_store": "store", "S3Store": "s3", "SaveHandle": "writer",
 }
 
 __all__ = [

@@ -61,35 +61,42 @@ from __future__ import annotations
 
 import logging
 import numbers
-import operator
 import os
-import queue
-import random
-import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, Literal, cast
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
 
+from slurm_spot.checkpoint.diskerrors import describe_write_error
 from slurm_spot.checkpoint.files import (
-    FORMAT,
     Candidate,
     Checkpoint,
     CheckpointError,
-    describe_write_error,
     find_latest_valid,
     validate,
 )
-from slurm_spot.checkpoint.hashing import HashingWriter, mapped_digest
 from slurm_spot.checkpoint.snapshot import PendingCopies, Snapshotter, step_tensors, wait_for
 from slurm_spot.checkpoint.store import CheckpointStore, open_store
+from slurm_spot.checkpoint.trainstate import (
+    SkipSampler,
+    TrainState,
+    _counters,
+    _dcp_state,
+    _optimizers,
+    _payload,
+    _rank_state,
+    _unwrap,
+    capture_rng_state,
+    check_restorable,
+    is_sharded,
+    restore_rng_state,
+)
+from slurm_spot.checkpoint.verify import _check_dcp_shapes, _check_shapes, _Corrupt, _load, _own
+from slurm_spot.checkpoint.writer import SaveHandle, _Job, _write_file, _WriterThread
 
 __all__ = [
     "Checkpoint", "CheckpointError", "Checkpointer", "SkipSampler", "TrainState",
@@ -99,263 +106,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 STATE_FILE = "state.pt"
 META_FILE = "meta.pt"
-
-
-@dataclass
-class TrainState:
-    """Everything a resumed run needs; :meth:`Checkpointer.restore` updates it in place.
-
-    Attributes:
-        model: the module (a DDP wrapper is unwrapped; FSDP goes through DCP).
-        optimizer: its optimizer, or None.
-        scheduler: an LR scheduler (anything with ``state_dict``/``load_state_dict``), or None.
-        step: optimizer steps done so far.
-        epoch: the current epoch (feed it to ``DistributedSampler.set_epoch``).
-        batch_in_epoch: batches of ``epoch`` already consumed (skip them on resume).
-        extra: user values (plain Python types and tensors) saved and restored as they are.
-        generators: named ``torch.Generator`` objects whose states are saved per rank.
-    """
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer | None = None
-    scheduler: Any = None
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-    generators: dict[str, torch.Generator] = field(default_factory=dict)
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """This process's RNG states: ``python``, ``numpy`` (None without numpy), ``torch`` (a
-    uint8 tensor) and ``cuda`` (one uint8 tensor per device, or None without CUDA)."""
-    numpy_state: dict[str, Any] | None = None
-    try:
-        import numpy as np
-    except ImportError:
-        pass
-    else:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
-        numpy_state = {"kind": str(kind), "keys": [int(k) for k in keys], "pos": int(pos),
-                       "has_gauss": int(has_gauss), "gauss": float(gauss)}
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return {"python": random.getstate(), "numpy": numpy_state,
-            "torch": torch.get_rng_state(), "cuda": cuda}
-
-
-def restore_rng_state(state: Mapping[str, Any]) -> None:
-    """Set this process's RNGs from :func:`capture_rng_state` output (missing parts are
-    skipped; CUDA states only if CUDA is available here)."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if state.get("numpy") is not None:
-        import numpy as np
-
-        ns = state["numpy"]
-        np.random.set_state((ns["kind"], np.asarray(ns["keys"], dtype=np.uint32), ns["pos"],
-                             ns["has_gauss"], ns["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class SkipSampler(Sampler[int]):
-    """Wrap a sampler so that its next iteration skips the first ``skip`` indices (to resume
-    mid-epoch); later iterations are complete. ``set_epoch`` is passed through.
-
-    Args:
-        base: the sampler (e.g. ``DistributedSampler``); its order must depend only on its
-            seed and epoch.
-    """
-
-    def __init__(self, base: Sampler[int]) -> None:
-        self.base = base
-        self._skip = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forward to ``base.set_epoch`` (if it has one)."""
-        if hasattr(self.base, "set_epoch"):
-            self.base.set_epoch(epoch)
-
-    def skip(self, count: int) -> None:
-        """Skip ``count`` indices (batches done x batch size) in the next iteration only."""
-        self._skip = max(0, count)
-
-    def __iter__(self) -> Iterator[int]:
-        skip, self._skip = self._skip, 0
-        for i, index in enumerate(self.base):
-            if i >= skip:
-                yield index
-
-    def __len__(self) -> int:
-        return max(0, len(self.base) - self._skip)  # type: ignore[arg-type]
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
-
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    """True if ``model`` has DTensor parameters (FSDP2, tensor parallel) or is wrapped in
-    FSDP1: those go through torch.distributed.checkpoint. Runs no collective."""
-    from torch.distributed.tensor import DTensor
-
-    if any(isinstance(p, DTensor) for p in model.parameters()):
-        return True
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - FSDP is part of every distributed build
-        return False
-    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
-
-
-def check_restorable(extra: Mapping[str, Any], where: str = "TrainState.extra") -> None:
-    """Refuse values that ``torch.load(weights_only=True)`` would refuse on restore.
-
-    Containers (dict, list, tuple) are walked and tensors accepted as they are; every other
-    value is round-tripped through ``torch.save`` / ``torch.load(weights_only=True)`` alone,
-    so the error names the first refused key (``TrainState.extra['when']``).
-
-    Raises:
-        CheckpointError: a value (numpy scalar or array, datetime, enum, Path, Decimal, UUID,
-            a lambda, ...) that could be saved but never restored, or not pickled at all; a
-            container that contains itself (a cycle: restoring copies ``extra`` recursively);
-            nesting deeper than Python's recursion limit.
-    """
-    import io
-
-    def walk(value: Any, path: str, outer: dict[int, str]) -> None:
-        if isinstance(value, torch.Tensor) or value is None or type(value) in (
-                bool, int, float, str, bytes, complex):
-            return
-        if type(value) in (dict, list, tuple):
-            if id(value) in outer:
-                raise CheckpointError(
-                    f"{path} is {outer[id(value)]} itself (the {type(value).__name__} contains "
-                    "itself); store plain, acyclic values")
-            inner = {**outer, id(value): path}
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                if isinstance(value, dict) and type(key) not in (str, int, float, bool):
-                    raise CheckpointError(f"{path}: key {key!r} of type {type(key).__name__} "
-                                          "cannot be restored; use str or int keys")
-                walk(item, f"{path}[{key!r}]", inner)
-            return
-        buf = io.BytesIO()
-        try:
-            torch.save(value, buf)
-            buf.seek(0)
-            torch.load(buf, weights_only=True)
-        except Exception as exc:
-            raise CheckpointError(
-                f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which "
-                f"torch.load(weights_only=True) cannot restore ({type(exc).__name__}); store "
-                "plain Python values (int, float, str, list, dict) or tensors instead") from None
-
-    try:
-        walk(dict(extra), where, {})
-    except RecursionError:
-        raise CheckpointError(f"{where} is nested too deeply to save (over Python's recursion "
-                              "limit); flatten it") from None
-
-
-class SaveHandle:
-    """A save that may still be running (from :meth:`Checkpointer.save_async`).
-
-    Attributes:
-        step: the step being saved.
-        location: the store's location (for messages).
-        save_s: seconds from the call until it committed or failed (None while running).
-    """
-
-    def __init__(self, step: int, location: str, default_timeout_s: float) -> None:
-        self.step = step
-        self.location = location
-        self._default_timeout_s = default_timeout_s
-        self._finished = threading.Event()
-        self._result: str | None = None
-        self._error: str | None = None
-        self.save_s: float | None = None
-
-    def _finish(self, result: str | None, error: str | None, save_s: float) -> None:
-        self._result, self._error, self.save_s = result, error, save_s
-        self._finished.set()
-
-    def done(self) -> bool:
-        """True once the save committed or failed (never blocks)."""
-        return self._finished.is_set()
-
-    def wait(self, timeout_s: float | None = None) -> Path | str:
-        """Wait for the save to commit on every rank; returns where it is (a directory, or an
-        ``s3://`` URL).
-
-        Args:
-            timeout_s: seconds to wait (default: the checkpointer's ``writer_timeout_s``).
-
-        Raises:
-            CheckpointError: the writer did not finish within ``timeout_s`` (the message names
-                the checkpoint), or the save failed on some rank (nothing was committed).
-        """
-        limit = self._default_timeout_s if timeout_s is None else timeout_s
-        if not self._finished.wait(max(0.0, limit)):
-            raise CheckpointError(
-                f"checkpoint of step {self.step} to {self.location}: the writer did not "
-                f"finish within {limit:g} s (hung or dead writer; the checkpoint does "
-                "not count)")
-        if self._error is not None:
-            raise CheckpointError(self._error)
-        assert self._result is not None
-        return self._result if self._result.startswith("s3://") else Path(self._result)
-
-
-class _WriterThread:
-    """One long-lived writer thread per checkpointer: handing a save over is a queue put, not
-    a thread start (starting a thread cost milliseconds of the stall on a busy machine). It
-    ends when its checkpointer is garbage-collected."""
-
-    def __init__(self, owner: Checkpointer) -> None:
-        self._queue: queue.SimpleQueue[tuple[_Job, SaveHandle] | None] = queue.SimpleQueue()
-        ref = weakref.ref(owner)
-        self._thread = threading.Thread(target=self._run, args=(ref,), daemon=True,
-                                        name="slurm-spot-checkpoint-writer")
-        self._thread.start()
-        weakref.finalize(owner, self._queue.put, None)
-
-    def _run(self, ref: weakref.ref[Checkpointer]) -> None:
-        while (item := self._queue.get()) is not None:
-            job, handle = item
-            owner = ref()
-            if owner is None:
-                return
-            try:
-                owner._write(job, handle)
-            except BaseException as exc:  # a failed collective or a bug: the save failed
-                handle._finish(None, f"checkpoint of step {job.step} to {handle.location} "
-                               f"failed: {type(exc).__name__}: {exc}",
-                               time.monotonic() - job.started_s)
-            del owner, job, handle, item
-
-    def submit(self, job: _Job, handle: SaveHandle) -> None:
-        self._queue.put((job, handle))
-
-
-@dataclass
-class _Job:
-    """One save between its snapshot (main thread) and its commit (writer)."""
-
-    step: int
-    token: str
-    kind: Literal["torch", "dcp"]
-    payload: dict[str, Any] | None
-    dcp_state: dict[str, Any] | None
-    meta: dict[str, Any]
-    world: int
-    rank: int
-    started_s: float
-    rank_state: dict[str, Any]
-    pending: PendingCopies | None = None
 
 
 class Checkpointer:
@@ -908,162 +658,3 @@ class Checkpointer:
         if problem or found is None:
             raise CheckpointError(f"cannot resume from {path}: {problem}")
         return found
-
-
-def _check_shapes(where: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
-    """Raise before loading when ``saved`` does not fit the model (keys or shapes)."""
-    missing = sorted(set(current) - set(saved))
-    unexpected = sorted(set(saved) - set(current))
-    wrong = [f"{k}: checkpoint {tuple(saved[k].shape)}, model {tuple(current[k].shape)}"
-             for k in current if k in saved and isinstance(saved[k], torch.Tensor)
-             and tuple(saved[k].shape) != tuple(current[k].shape)]
-    if missing or unexpected or wrong:
-        parts = ([f"shape mismatch: {'; '.join(wrong[:5])}"] if wrong else []) + \
-                ([f"missing in checkpoint: {missing[:5]}"] if missing else []) + \
-                ([f"not in the model: {unexpected[:5]}"] if unexpected else [])
-        raise CheckpointError(f"{where}: the checkpoint does not fit this model, nothing was "
-                              f"loaded ({'; '.join(parts)})")
-
-
-def _check_dcp_shapes(where: Path, loaded: Mapping[str, Any]) -> None:
-    """The DCP form of :func:`_check_shapes`, from the checkpoint's ``.metadata``."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    saved = FileSystemReader(str(where)).read_metadata().state_dict_metadata
-    wrong = []
-    for key, tensor in loaded.get("model", {}).items():
-        meta = saved.get(f"model.{key}")
-        if meta is None:
-            wrong.append(f"{key}: missing in checkpoint")
-        elif isinstance(meta, TensorStorageMetadata) and isinstance(tensor, torch.Tensor) \
-                and tuple(meta.size) != tuple(tensor.shape):
-            wrong.append(f"{key}: checkpoint {tuple(meta.size)}, model {tuple(tensor.shape)}")
-    if wrong:
-        raise CheckpointError(f"{where}: the checkpoint does not fit this model, nothing was "
-                              f"loaded ({'; '.join(wrong[:5])})")
-
-
-def _counters(state: TrainState) -> tuple[int, int, int]:
-    """``(step, epoch, batch_in_epoch)`` of ``state`` as ints.
-
-    Whole numbers of any type are accepted: ``int``, numpy integers, a one-element integer
-    tensor, and an integral float (``100.0``, as ``epoch * steps_per_epoch / 1`` gives); the
-    checkpoint stores them as ``int`` (restore reads them back with ``int()``).
-
-    Raises:
-        CheckpointError: a counter is not a whole number >= 0 (``1.5``, NaN, ``"3"``, a bool,
-            negative), naming the attribute, its value and its type.
-    """
-    out = []
-    for name in ("step", "epoch", "batch_in_epoch"):
-        value = getattr(state, name)
-        number: int | None = None
-        if isinstance(value, float):
-            number = int(value) if value.is_integer() else None
-        elif not isinstance(value, bool):
-            try:
-                number = operator.index(value)
-            except TypeError:
-                number = None
-        if number is None or number < 0:
-            kind = type(value).__qualname__ if type(value).__module__ == "builtins" else \
-                f"{type(value).__module__}.{type(value).__qualname__}"
-            raise CheckpointError(
-                f"TrainState.{name} is {value!r} ({kind}); it must be a whole number >= 0")
-        out.append(number)
-    return out[0], out[1], out[2]
-
-
-def _payload(state: TrainState, counters: tuple[int, int, int], per_rank: list[Any],
-             world: int, kind: Literal["torch", "dcp"]) -> dict[str, Any]:
-    step, epoch, batch_in_epoch = counters
-    payload: dict[str, Any] = {
-        "format": FORMAT, "step": step, "epoch": epoch,
-        "batch_in_epoch": batch_in_epoch, "extra": state.extra,
-        "world_size": world, "per_rank": per_rank,
-        "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
-    }
-    if kind == "torch":
-        payload["model"] = _unwrap(state.model).state_dict()
-        payload["optimizer"] = state.optimizer.state_dict() if state.optimizer else None
-    return payload
-
-
-def _write_file(path: Path, payload: Any) -> dict[str, Any]:
-    """``torch.save`` into ``path`` and fsync it; returns its manifest entry (size, sha256),
-    hashed while it was written."""
-    with open(path, "wb") as fh, HashingWriter(fh) as writer:
-        torch.save(payload, cast(IO[bytes], writer))  # a write-only file object
-        fh.flush()
-        os.fsync(fh.fileno())
-    return writer.digest()
-
-
-def _rank_state(state: TrainState) -> dict[str, Any]:
-    return {"rng": capture_rng_state(),
-            "generators": {name: g.get_state() for name, g in state.generators.items()}}
-
-
-def _optimizers(state: TrainState) -> list[torch.optim.Optimizer]:
-    return [state.optimizer] if state.optimizer is not None else []
-
-
-def _dcp_state(state: TrainState) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_sd, optim_sd = get_state_dict(state.model, _optimizers(state))
-    return {"model": model_sd, "optim": optim_sd} if state.optimizer else {"model": model_sd}
-
-
-class _Corrupt(CheckpointError):
-    """A checkpoint file does not match its manifest (size or sha256): try an older one."""
-
-
-def _own(value: Any) -> Any:
-    """``value`` with every tensor cloned into memory of its own (out of a memory-mapped
-    checkpoint file, which must not stay mapped once restore returns)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, dict):
-        return type(value)((k, _own(v)) for k, v in value.items())
-    if isinstance(value, list):
-        return [_own(v) for v in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_own(v) for v in value)
-    return value
-
-
-def _load(path: Path, expected: Mapping[str, Any] | None = None, *,
-          mmap: bool = True) -> dict[str, Any]:
-    """Load a slurm-spot payload file. With ``expected`` (its manifest entry) the file is
-    first hashed through a memory map (:func:`~slurm_spot.checkpoint.hashing.mapped_digest`);
-    ``torch.load(mmap=True)`` then maps the same page-cache pages, so the file is read from
-    the disk once. Tensors of the result live in that map until copied (:func:`_own`).
-
-    Raises:
-        _Corrupt: size or sha256 differ from ``expected``.
-        CheckpointError: not loadable with ``weights_only=True``, or not a slurm-spot payload.
-    """
-    if expected is not None:
-        size, sha = mapped_digest(path)
-        if size != expected.get("size"):
-            raise _Corrupt(f"{path}: {size} bytes, the manifest says {expected.get('size')}")
-        if sha != expected.get("sha256"):
-            raise _Corrupt(f"{path}: sha256 does not match the manifest (damaged since it "
-                           "was written)")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as exc:  # torch raises UnpicklingError/RuntimeError for refused types
-        raise CheckpointError(
-            f"{path}: cannot load with weights_only=True ({exc}); keep TrainState.extra to "
-            "plain Python values and tensors"
-        ) from exc
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        keys = sorted(payload)[:8] if isinstance(payload, dict) else type(payload).__name__
-        raise CheckpointError(
-            f"{path}: a valid archive but not a slurm-spot checkpoint (holds {keys}); "
-            "load it with the code that wrote it"
-        )
-    return payload
-

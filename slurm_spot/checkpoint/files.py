@@ -1,4 +1,5 @@
-"""The on-disk side of checkpoints: layout, manifests, validation, atomic commit and pruning.
+"""The on-disk side of checkpoints: layout, manifests, validation and resolving (the commit
+protocol that writes them is :mod:`slurm_spot.checkpoint.commit`).
 
 No torch here, so the prologue, the CLI and tests can resolve checkpoints without it.
 
@@ -10,7 +11,7 @@ Layout of a checkpoint directory (one per job, see :func:`~slurm_spot.jobs.joben
         manifest.json          written last: step, kind, world size, time, size+sha256 per file
     step_000000750.tmp-1a2b3c4d/   a save in progress (or killed): never a candidate
 
-Commit protocol (:func:`new_temp_dir`, :func:`write_manifest`, :func:`commit`): write the data
+Commit protocol (:mod:`slurm_spot.checkpoint.commit`): write the data
 files into a temporary directory, fsync them, write ``manifest.json`` (itself through a
 temporary name) as the last file, fsync the directory, rename it to ``step_<9 digits>`` and
 fsync the parent. The rename is the commit point; a checkpoint counts only if its manifest is
@@ -27,16 +28,11 @@ deletes anything, and it never follows symlinks (a ``last.ckpt`` pointer is not 
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import os
 import re
-import secrets
-import shutil
 import stat
-import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -344,210 +340,6 @@ def find_latest_valid(
     return next(iter_valid(directory, verify_checksums), None)
 
 
-# -- writing --------------------------------------------------------------------------------
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """fsync a directory so that entries created or renamed in it are durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: str | os.PathLike[str]) -> None:
-    """fsync a file's data (for files written by code that did not fsync them itself)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def new_temp_dir(directory: str | os.PathLike[str], step: int) -> Path:
-    """Create (and return) ``<directory>/step_<N>.tmp-<random>/``; creates ``directory`` too."""
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"{step_dir_name(step)}.tmp-{secrets.token_hex(4)}"
-    path.mkdir()
-    return path
-
-
-def build_manifest(
-    step: int, kind: Literal["torch", "dcp"], world_size: int, meta: dict[str, Any] | None,
-    files: dict[str, dict[str, Any]], started_s: float | None = None,
-) -> dict[str, Any]:
-    """The manifest of a checkpoint (every store writes this, see :func:`write_manifest`):
-    format, step, kind, world size, ``created_unix_s``, ``meta``, ``files``, ``size_bytes``
-    (their total, bytes) and, with ``started_s`` (a :func:`time.monotonic` reading from when
-    the save began), ``save_s`` (seconds until now). The one place that records a save's
-    duration and size."""
-    manifest: dict[str, Any] = {
-        "format": FORMAT, "step": step, "kind": kind, "world_size": world_size,
-        "created_unix_s": round(time.time(), 3), "meta": meta or {}, "files": files,
-        "size_bytes": sum(int(f["size"]) for f in files.values()),
-    }
-    if started_s is not None:
-        manifest["save_s"] = round(max(0.0, time.monotonic() - started_s), 3)
-    return manifest
-
-
-def write_manifest(
-    temp_dir: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
-    meta: dict[str, Any] | None = None, started_s: float | None = None,
-    known: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """fsync every file under ``temp_dir``, then write its manifest as the last file.
-
-    ``known`` holds entries (``{relative path: {"size", "sha256"}}``) that the writer computed
-    while writing the file (:class:`~slurm_spot.checkpoint.hashing.HashingWriter`): such a file
-    is not read again, only its size is compared with the file's (a mismatch means the entry is
-    stale, and the file is hashed). Files not in ``known`` (DCP shards) are read and hashed.
-
-    The manifest records format, step, kind, world size, ``created_unix_s`` (seconds since the
-    epoch), optional ``meta`` (must be JSON-serialisable), ``files``: ``{relative path:
-    {"size": bytes, "sha256": hex}}``, ``size_bytes`` (their total) and, when ``started_s`` (a
-    :func:`time.monotonic` reading taken when the save began) is given, ``save_s``: seconds
-    from then until the manifest is written (state gathering, serialisation, fsync, hashing).
-    The node-side watcher reads ``save_s`` to know how long before an interruption deadline a
-    job must be signalled (:func:`save_costs`). Returns the manifest.
-
-    Raises:
-        CheckpointError: ``temp_dir`` holds no data file or a symlink.
-    """
-    files: dict[str, dict[str, Any]] = {}
-    for path in sorted(temp_dir.rglob("*")):
-        if path.is_symlink():
-            raise CheckpointError(f"{path}: symlinks are not allowed in a checkpoint")
-        if not path.is_file() or path.name.startswith(MANIFEST_NAME):
-            continue
-        fsync_file(path)
-        rel = path.relative_to(temp_dir).as_posix()
-        size, sha = known_digest(path, (known or {}).get(rel)) or file_digest(path)
-        files[rel] = {"size": size, "sha256": sha}
-    if not files:
-        raise CheckpointError(f"{temp_dir}: nothing to commit")
-    manifest = build_manifest(step, kind, world_size, meta, files, started_s)
-    partial = temp_dir / f"{MANIFEST_NAME}.tmp"
-    with open(partial, "w") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(partial, temp_dir / MANIFEST_NAME)
-    fsync_dir(temp_dir)
-    return manifest
-
-
-#: Free space (bytes) under which a failed write is reported as a full device even when the
-#: error itself does not say so.
-NEARLY_FULL_BYTES = 1 << 20
-
-
-def _free_bytes(path: Path) -> int | None:
-    """Bytes this process may still write on the file system of ``path`` (or of its nearest
-    existing parent): ``f_bavail`` (``f_bfree`` for root, who may use the reserved blocks)
-    times ``f_frsize``, from statvfs(3); None if that cannot be read."""
-    for candidate in (path, *path.parents):
-        try:
-            info = os.statvfs(candidate)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return None
-        blocks = info.f_bfree if os.geteuid() == 0 else info.f_bavail
-        return blocks * info.f_frsize
-    return None
-
-
-def describe_write_error(exc: BaseException, path: str | os.PathLike[str] | None) -> str:
-    """``"<Type>: <message>"`` for a failed save, led by what a user must act on when the
-    device holding ``path`` is full.
-
-    A full disk often surfaces as a secondary error: ``torch.save`` into a file object that
-    raised ``OSError(ENOSPC)`` fails in its zip writer with ``RuntimeError: [enforce fail at
-    inline_container.cc] unexpected pos``, the OSError only in ``__context__``. So the chain
-    (``__cause__``/``__context__``) is searched for ENOSPC or EDQUOT (errno(3)), and otherwise
-    the free space after the failure is read with statvfs(3): under
-    :data:`NEARLY_FULL_BYTES` the device counts as full too.
-    """
-    text = f"{type(exc).__name__}: {exc}"
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    code = None
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
-            code = cause.errno
-            break
-        cause = cause.__cause__ or cause.__context__
-    if path is None or str(path).startswith("s3://"):
-        free = None
-    else:
-        free = _free_bytes(Path(path))
-    if code is None and (free is None or free >= NEARLY_FULL_BYTES):
-        return text
-    what = ("is over its disk quota" if code == errno.EDQUOT else
-            "is full" if code == errno.ENOSPC else "is nearly full")
-    why = "; ".join(([os.strerror(code)] if code else [])
-                    + ([f"{free} bytes free after the failed write"] if free is not None else []))
-    return f"the device holding {path} {what} ({why}); free space or checkpoint elsewhere ({text})"
-
-
-def commit(temp_dir: Path, step: int) -> Path:
-    """Rename a finished ``temp_dir`` to ``step_<N>`` beside it and fsync the parent.
-
-    Raises:
-        CheckpointError: ``step_<N>`` already exists (a committed checkpoint is never replaced).
-    """
-    final = temp_dir.parent / step_dir_name(step)
-    if os.path.lexists(final):
-        raise CheckpointError(f"{final} already exists; a checkpoint is never overwritten")
-    os.rename(temp_dir, final)
-    fsync_dir(temp_dir.parent)
-    return final
-
-
-def remove_checkpoint_dir(path: Path) -> None:
-    """Delete a ``step_N`` or temp directory: the manifest goes first, so a half-deleted
-    directory is never mistaken for a valid one."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path / MANIFEST_NAME)
-        fsync_dir(path)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def prune(directory: str | os.PathLike[str], keep: int, newest: Path) -> list[Path]:
-    """After ``newest`` was committed: keep the ``keep`` newest valid ``step_N`` directories
-    (always including ``newest``), delete older ``step_N`` directories and stale temp
-    directories. Single files and anything newer than ``newest`` are left alone.
-
-    Returns the deleted paths.
-
-    Raises:
-        ValueError: ``keep`` < 1.
-    """
-    if keep < 1:
-        raise ValueError(f"keep must be >= 1, got {keep}")
-    root = Path(directory)
-    newest_step = int(newest.name.removeprefix("step_"))
-    ours = [c for c in list_candidates(root) if c.kind == "dir" and c.step <= newest_step]
-    kept = [newest]
-    for cand in ours:
-        if len(kept) >= keep:
-            break
-        if cand.path != newest and not validate(cand, verify_checksums=False):
-            kept.append(cand.path)
-    removed = [c.path for c in ours if c.path not in kept]
-    removed += [root / e.name for e in os.scandir(root)
-                if _TEMP_DIR_RE.match(e.name) and e.is_dir(follow_symlinks=False)]
-    for path in removed:
-        remove_checkpoint_dir(path)
-    if removed:
-        fsync_dir(root)
-    return removed
-
-
 @dataclass(frozen=True)
 class SaveCost:
     """What a job's recent saves cost, from their manifests (:func:`save_costs`).
@@ -571,7 +363,7 @@ def save_costs(directory: str | os.PathLike[str], newest: int = 3) -> SaveCost:
     """Read the manifests of the ``newest`` committed ``step_N`` directories of ``directory``
     (no checksums, no symlinks followed, nothing written) and summarise what saving costs:
     ``save_s``/``size_bytes`` from each manifest's ``meta`` (what :class:`Checkpointer` writes)
-    or its top level (:func:`write_manifest` with ``started_s``).
+    or its top level (:func:`~slurm_spot.checkpoint.commit.write_manifest` with ``started_s``).
 
     Unreadable or foreign entries are skipped; a missing directory gives ``SaveCost()``.
     Values outside plausible ranges (negative, over a day) are ignored: the manifest is written

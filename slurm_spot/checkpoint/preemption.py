@@ -228,7 +228,7 @@ class PreemptionHandler:
 
         Args:
             checkpointer: a :class:`~slurm_spot.checkpoint.checkpointer.Checkpointer`.
-            state: its :class:`~slurm_spot.checkpoint.checkpointer.TrainState`.
+            state: its :class:`~slurm_spot.checkpoint.trainstate.TrainState`.
         """
         from slurm_spot.checkpoint.files import CheckpointError
 

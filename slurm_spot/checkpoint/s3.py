@@ -50,13 +50,13 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlparse
 
+from slurm_spot.checkpoint.commit import build_manifest
 from slurm_spot.checkpoint.files import (
     FORMAT,
     MANIFEST_NAME,
     Candidate,
     Checkpoint,
     CheckpointError,
-    build_manifest,
     file_digest,
     known_digest,
     step_dir_name,

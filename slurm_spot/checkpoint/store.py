@@ -25,21 +25,23 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from slurm_spot.checkpoint.commit import (
+    commit,
+    new_temp_dir,
+    prune,
+    remove_checkpoint_dir,
+    write_manifest,
+)
 from slurm_spot.checkpoint.files import (
     Candidate,
     Checkpoint,
     CheckpointError,
     _as_checkpoint,
-    commit,
     list_candidates,
-    new_temp_dir,
-    prune,
-    remove_checkpoint_dir,
     root_problem,
     step_dir_name,
     symlinked_steps,
     validate,
-    write_manifest,
 )
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Every checkpoint the library commits records in its manifest how long the save took
 (``save_s``, seconds, from the start of the save until the manifest was written) and how big it
-is (``size_bytes``); :func:`slurm_spot.checkpoint.files.build_manifest` writes them (inside
+is (``size_bytes``); :func:`slurm_spot.checkpoint.commit.build_manifest` writes them (inside
 ``meta`` for checkpoints of older code, which :func:`~slurm_spot.checkpoint.files.save_costs`
 reads the same way). This module reads the manifests of every committed checkpoint of one job
 directory, local (``<root>/<user>/<job key>`` with ``step_N/`` directories) or on S3

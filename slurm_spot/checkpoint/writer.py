@@ -1,0 +1,131 @@
+"""The asynchronous side of a save: :class:`SaveHandle` (a save that may still be running),
+the long-lived writer thread that runs a checkpointer's saves one at a time, the job handed to
+it, and the hashed, fsynced write of one payload file.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Literal, cast
+
+import torch
+
+from slurm_spot.checkpoint.files import CheckpointError
+from slurm_spot.checkpoint.hashing import HashingWriter
+from slurm_spot.checkpoint.snapshot import PendingCopies
+
+if TYPE_CHECKING:
+    from slurm_spot.checkpoint.checkpointer import Checkpointer
+
+
+class SaveHandle:
+    """A save that may still be running (from :meth:`Checkpointer.save_async`).
+
+    Attributes:
+        step: the step being saved.
+        location: the store's location (for messages).
+        save_s: seconds from the call until it committed or failed (None while running).
+    """
+
+    def __init__(self, step: int, location: str, default_timeout_s: float) -> None:
+        self.step = step
+        self.location = location
+        self._default_timeout_s = default_timeout_s
+        self._finished = threading.Event()
+        self._result: str | None = None
+        self._error: str | None = None
+        self.save_s: float | None = None
+
+    def _finish(self, result: str | None, error: str | None, save_s: float) -> None:
+        self._result, self._error, self.save_s = result, error, save_s
+        self._finished.set()
+
+    def done(self) -> bool:
+        """True once the save committed or failed (never blocks)."""
+        return self._finished.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> Path | str:
+        """Wait for the save to commit on every rank; returns where it is (a directory, or an
+        ``s3://`` URL).
+
+        Args:
+            timeout_s: seconds to wait (default: the checkpointer's ``writer_timeout_s``).
+
+        Raises:
+            CheckpointError: the writer did not finish within ``timeout_s`` (the message names
+                the checkpoint), or the save failed on some rank (nothing was committed).
+        """
+        limit = self._default_timeout_s if timeout_s is None else timeout_s
+        if not self._finished.wait(max(0.0, limit)):
+            raise CheckpointError(
+                f"checkpoint of step {self.step} to {self.location}: the writer did not "
+                f"finish within {limit:g} s (hung or dead writer; the checkpoint does "
+                "not count)")
+        if self._error is not None:
+            raise CheckpointError(self._error)
+        assert self._result is not None
+        return self._result if self._result.startswith("s3://") else Path(self._result)
+
+
+class _WriterThread:
+    """One long-lived writer thread per checkpointer: handing a save over is a queue put, not
+    a thread start (starting a thread cost milliseconds of the stall on a busy machine). It
+    ends when its checkpointer is garbage-collected."""
+
+    def __init__(self, owner: Checkpointer) -> None:
+        self._queue: queue.SimpleQueue[tuple[_Job, SaveHandle] | None] = queue.SimpleQueue()
+        ref = weakref.ref(owner)
+        self._thread = threading.Thread(target=self._run, args=(ref,), daemon=True,
+                                        name="slurm-spot-checkpoint-writer")
+        self._thread.start()
+        weakref.finalize(owner, self._queue.put, None)
+
+    def _run(self, ref: weakref.ref[Checkpointer]) -> None:
+        while (item := self._queue.get()) is not None:
+            job, handle = item
+            owner = ref()
+            if owner is None:
+                return
+            try:
+                owner._write(job, handle)
+            except BaseException as exc:  # a failed collective or a bug: the save failed
+                handle._finish(None, f"checkpoint of step {job.step} to {handle.location} "
+                               f"failed: {type(exc).__name__}: {exc}",
+                               time.monotonic() - job.started_s)
+            del owner, job, handle, item
+
+    def submit(self, job: _Job, handle: SaveHandle) -> None:
+        self._queue.put((job, handle))
+
+
+@dataclass
+class _Job:
+    """One save between its snapshot (main thread) and its commit (writer)."""
+
+    step: int
+    token: str
+    kind: Literal["torch", "dcp"]
+    payload: dict[str, Any] | None
+    dcp_state: dict[str, Any] | None
+    meta: dict[str, Any]
+    world: int
+    rank: int
+    started_s: float
+    rank_state: dict[str, Any]
+    pending: PendingCopies | None = None
+
+
+def _write_file(path: Path, payload: Any) -> dict[str, Any]:
+    """``torch.save`` into ``path`` and fsync it; returns its manifest entry (size, sha256),
+    hashed while it was written."""
+    with open(path, "wb") as fh, HashingWriter(fh) as writer:
+        torch.save(payload, cast(IO[bytes], writer))  # a write-only file object
+        fh.flush()
+        os.fsync(fh.fileno())
+    return writer.digest()
