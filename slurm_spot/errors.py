@@ -7,6 +7,8 @@ exit code 1, printing the message, which always names what is wrong and where.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SlurmSpotError(Exception):
     """Root of every error slurm-spot raises on purpose."""
@@ -69,3 +71,26 @@ class ProviderError(SlurmSpotError):
         self.code = code
         self.error_class = error_class
         super().__init__(f"{code}: {message}")
+
+
+class PartialTerminationError(ProviderError):
+    """Some instances of a termination could not be terminated; every other one was.
+
+    Attributes:
+        failed: instance id -> the provider's error for it (``"OperationNotPermitted: ..."``).
+        terminated: what was terminated (instance ids, or the provider's instance records when
+            the caller asked by node), so a caller can record those and report the rest.
+    """
+
+    def __init__(self, failed: dict[str, str], terminated: list[Any], total: int,
+                 names: dict[str, str] | None = None) -> None:
+        self.failed = dict(failed)
+        self.terminated = list(terminated)
+        names = names or {}
+        listed = "; ".join(
+            f"{iid}{f' ({names[iid]})' if iid in names else ''}: {why}"
+            for iid, why in sorted(self.failed.items()))
+        first = next(iter(self.failed.values()), "Unknown: ").split(":", 1)[0]
+        super().__init__(first, f"could not terminate {len(self.failed)} of {total} instances "
+                                f"(the others were terminated): {listed}")
+

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 from slurm_spot import events
 from slurm_spot.config import NodeSetConfig, SpotConfig
-from slurm_spot.errors import ProviderError, SlurmCommandError
+from slurm_spot.errors import PartialTerminationError, ProviderError, SlurmCommandError
 from slurm_spot.hostlist import group_by_node_set
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import (
@@ -381,7 +381,8 @@ def terminate_nodes(
     """Terminate every instance behind ``hostlist`` (suspend and resume-fail).
 
     Idempotent: nodes without instances are fine. A provider error for one node set is
-    recorded in ``errors`` and the others proceed.
+    recorded in ``errors`` and the others proceed; an instance the provider could not terminate
+    is named in ``errors`` while the rest are terminated and recorded.
 
     Raises:
         HostlistError, UnknownNodeError: bad input; nothing was terminated.
@@ -395,6 +396,9 @@ def terminate_nodes(
     for provider_name, nodes in by_provider.items():
         try:
             ended = providers(config, provider_name).terminate(nodes)
+        except PartialTerminationError as exc:  # the others were terminated: record them
+            result.errors.append(f"{provider_name}: {exc}")
+            ended = [i for i in exc.terminated if isinstance(i, Instance)]
         except ProviderError as exc:
             result.errors.append(f"{provider_name}: {exc}")
             continue

@@ -129,6 +129,82 @@ def test_more_nodes_than_one_fleet_takes_launch_in_one_call_per_batch(
     assert calls["CreateFleet"] == 4  # ceil(7 / 2), all in the spot market
 
 
+def _counting_providers(calls: Counter[str]) -> Any:
+    session = boto3.session.Session(region_name=REGION)
+    session.events.register("before-parameter-build.ec2",
+                            lambda event_name, **_: calls.update([event_name.rsplit(".", 1)[1]]))
+
+    def providers(cfg: SpotConfig, name: str) -> Provider:
+        settings = cfg.providers[name]
+        assert settings.type == "aws"
+        return AwsProvider(cfg, name, settings, session=session)
+
+    return providers
+
+
+def _states(ec2: Any) -> dict[str, str]:
+    pages = ec2.get_paginator("describe_instances").paginate()
+    return {i["InstanceId"]: i["State"]["Name"] for page in pages for r in page["Reservations"]
+            for i in r["Instances"]}
+
+
+def test_suspend_terminates_every_other_instance_when_one_refuses(aws: tuple) -> None:
+    """EC2 refuses a whole TerminateInstances when one of its instances has termination
+    protection: the suspend hook must still terminate the other 39 and name the one left."""
+    ec2, world = aws
+    config = make_config(world, count=40)
+    calls: Counter[str] = Counter()
+    providers = _counting_providers(calls)
+    nodes = tuple(f"gpu-{i}" for i in range(1, 41))
+    launched = providers(config, "aws").launch(LaunchRequest("c1", config.node_sets[0], nodes, "t"))
+    by_node = {i.node: i.instance_id for i in launched.launched}
+    assert len(by_node) == 40
+    protected = by_node["gpu-17"]
+    ec2.modify_instance_attribute(InstanceId=protected, DisableApiTermination={"Value": True})
+    calls.clear()
+
+    result = power.suspend(config, "gpu-[1-40]", providers=providers)
+
+    states = _states(ec2)
+    assert states[protected] == "running"
+    assert all(states[iid] == "terminated" for node, iid in by_node.items() if node != "gpu-17")
+    assert sorted(i.node or "" for i in result.terminated) == sorted(n for n in nodes
+                                                                     if n != "gpu-17")
+    assert len(result.errors) == 1
+    assert protected in result.errors[0] and "gpu-17" in result.errors[0]
+    assert "OperationNotPermitted" in result.errors[0]
+    events = [e for e in read_events(config.log_dir) if e["action"] == "terminated"]
+    assert sorted(str(e["node"]) for e in events) == sorted(n for n in nodes if n != "gpu-17")
+    # the failed batch is halved down to the protected instance, not retried one by one:
+    # 1 + 2 per level of a 40-id bisection (6 levels)
+    assert calls["TerminateInstances"] <= 1 + 2 * 6
+
+
+def test_a_pass_terminates_every_other_orphan_when_one_refuses(aws: tuple) -> None:
+    ec2, world = aws
+    config = make_config(world, count=12)
+    calls: Counter[str] = Counter()
+    providers = _counting_providers(calls)
+    launched = providers(config, "aws").launch(
+        LaunchRequest("c1", config.node_sets[0], tuple(f"gpu-{i}" for i in range(1, 13)), "t"))
+    by_node = {i.node: i.instance_id for i in launched.launched}
+    protected = by_node["gpu-5"]
+    ec2.modify_instance_attribute(InstanceId=protected, DisableApiTermination={"Value": True})
+    slurm = FakeSlurm()
+    for name in config.all_nodes():  # every node powered down: all 12 instances are orphans
+        slurm.add_node(name)
+
+    result = Reconciler(config, slurm.client(), providers=providers, clock=lambda: LATER,
+                        sleep=lambda s: None, expedite_wait_s=0).run_pass()
+
+    states = _states(ec2)
+    assert states[protected] == "running"
+    assert all(states[iid] == "terminated" for node, iid in by_node.items() if node != "gpu-5")
+    terminated = sorted(str(a["node"]) for a in result.actions if a["action"] == "terminated")
+    assert terminated == sorted(n for n in by_node if n != "gpu-5")
+    assert [e for e in result.errors if protected in e and "OperationNotPermitted" in e]
+
+
 # -- GCE: one listing per pass whatever the orphans; concurrent deletes -------------------------
 GPU_SET: dict[str, Any] = {"name": "gpu", "count": 100, "market": "on-demand",
                            "gcp": {"zones": ["us-central1-a"], "machine_type": "n1-standard-8",

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 
 from slurm_spot import events
 from slurm_spot.config import SpotConfig
-from slurm_spot.errors import SlurmCommandError
+from slurm_spot.errors import PartialTerminationError, SlurmCommandError
 from slurm_spot.events import Action
 from slurm_spot.jobs.requeue import requeue_ended_on
 from slurm_spot.power import ProviderFactory, provider_cache
@@ -397,6 +397,10 @@ class Reconciler:
             try:
                 provider.terminate_instances([t.instance.instance_id for t in terms])
                 done = terms
+            except PartialTerminationError as exc:  # the provider isolated the bad ones
+                failed.update({t.instance.instance_id: exc.failed[t.instance.instance_id]
+                               for t in terms if t.instance.instance_id in exc.failed})
+                done = [t for t in terms if t.instance.instance_id not in exc.failed]
             except Exception as exc:  # one instance may spoil the batch: retry each alone
                 log.warning("terminating %d instances at %s failed (%s); one at a time",
                             len(terms), name, exc)

@@ -315,6 +315,10 @@ def _page(items: list[Any], query: dict[str, str]) -> tuple[list[Any], str | Non
 
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeCompute
+    # keep-alive, as the Compute API's front end: a client reuses its connections (every
+    # answer carries its Content-Length)
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed ACK
     ROUTES = [
         ("POST", r"(zones|regions)/([^/]+)/instances/bulkInsert", "bulkInsert"),
         ("POST", r"zones/([^/]+)/instances", "insert"),

@@ -29,7 +29,7 @@ from typing import Any
 
 from slurm_spot.config import AwsProviderConfig, SpotConfig
 from slurm_spot.cost.prices import Price, UnknownPriceError
-from slurm_spot.errors import ProviderError
+from slurm_spot.errors import PartialTerminationError, ProviderError
 from slurm_spot.providers.aws.catalog import catalogue as instance_catalogue
 from slurm_spot.providers.aws.errors import FleetError, error_kind, fleet_errors, from_client_error
 from slurm_spot.providers.aws.fleet import TAG_LAUNCH, fleet_instance_ids, instance_from_ec2
@@ -37,6 +37,7 @@ from slurm_spot.providers.aws.launch import Attempt, FleetLauncher
 from slurm_spot.providers.base import (
     TAG_CLUSTER,
     TAG_NODE_SET,
+    ErrorClass,
     Instance,
     InstanceState,
     LaunchRequest,
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 _CHUNK = 1000  # ids per DescribeInstances / TerminateInstances / CreateTags call
 _NOT_FOUND = {normalize_code("InvalidInstanceID.NotFound")}
 _GONE = _NOT_FOUND | {normalize_code("InvalidInstanceID.Malformed")}
+# Error classes of a whole request, not of one instance in it: a smaller batch fails alike.
+_WHOLE_REQUEST = {ErrorClass.AUTH, ErrorClass.THROTTLE}
 
 
 class AwsProvider:
@@ -193,10 +196,14 @@ class AwsProvider:
     def terminate(self, nodes: Sequence[str]) -> list[Instance]:
         """Terminate every not yet terminated instance mapped to one of ``nodes`` (duplicates
         too). Idempotent; unknown node names are ignored. Returns the instances it terminated
-        (as they were before). One DescribeInstances + one TerminateInstances per 1000.
+        (as they were before). One DescribeInstances + one TerminateInstances per 1000 (more
+        only when a batch fails: see :meth:`terminate_instances`).
 
         Raises:
-            ProviderError: the listing or the termination failed.
+            PartialTerminationError: some instances could not be terminated; every other one
+                was (``terminated`` holds those instances, the message names the nodes).
+            ProviderError: the listing failed, or a failure that no smaller batch can avoid
+                (credentials, throttling, the endpoint).
         """
         wanted = set(nodes)
         node_sets = sorted({ns.name for n in wanted if (ns := self.config.node_set_of(n))})
@@ -209,33 +216,69 @@ class AwsProvider:
             inst for inst in map(instance_from_ec2, records)
             if inst.node in wanted and inst.state is not InstanceState.TERMINATED
         ]
-        self.terminate_instances([i.instance_id for i in targets])
+        try:
+            self.terminate_instances([i.instance_id for i in targets])
+        except PartialTerminationError as exc:
+            raise PartialTerminationError(
+                exc.failed, [i for i in targets if i.instance_id not in exc.failed],
+                len(targets), {i.instance_id: i.node or "no node" for i in targets}) from exc
         return targets
 
     def terminate_instances(self, instance_ids: Sequence[str]) -> None:
-        """TerminateInstances for ``instance_ids``, 1000 per call. Ids EC2 does not know (gone
-        long ago, malformed) are skipped: when EC2 refuses a batch with
-        ``InvalidInstanceID.NotFound``, the batch is narrowed by a DescribeInstances
-        ``instance-id`` filter (which ignores unknown ids) and sent again.
+        """TerminateInstances for ``instance_ids``, 1000 per call.
+
+        EC2 fails a whole TerminateInstances when one of its ids cannot be terminated (an
+        unknown id, termination protection in that zone: Amazon EC2 API Reference,
+        TerminateInstances), so one bad instance would keep up to 999 others alive. A failed
+        batch is therefore split in halves and each half sent again, down to single
+        instances: every other instance is terminated, and the ones that fail alone are
+        reported together at the end (k bad ids among n cost about 2 k log2(n) more calls).
+        Ids EC2 does not know (gone long ago, malformed) are skipped: a batch refused with
+        ``InvalidInstanceID.NotFound`` is first narrowed by a DescribeInstances
+        ``instance-id`` filter (which ignores unknown ids). Errors that no smaller batch
+        avoids (credentials, throttling after botocore's retries, no connection) are raised
+        at once.
 
         Raises:
-            ProviderError: any other failure.
+            PartialTerminationError: these ids could not be terminated; the rest were.
+            ProviderError: a failure of the whole request (see above).
         """
-        from botocore.exceptions import BotoCoreError, ClientError
-
         ids = list(dict.fromkeys(instance_ids))
+        failed: dict[str, str] = {}
         for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            try:
-                self.client.terminate_instances(InstanceIds=chunk)
-            except ClientError as exc:
-                if normalize_code(from_client_error(exc).code) not in _GONE:
-                    raise _provider_error(exc) from exc
-                known = [r["InstanceId"] for r in self.describe({"instance-id": chunk})]
-                if known:
-                    self._call(self.client.terminate_instances, InstanceIds=known)
-            except BotoCoreError as exc:
+            self._terminate_batch(ids[start : start + _CHUNK], failed, narrowed=False)
+        if failed:
+            raise PartialTerminationError(failed, [i for i in ids if i not in failed], len(ids))
+
+    def _terminate_batch(self, ids: list[str], failed: dict[str, str], *, narrowed: bool) -> None:
+        """One TerminateInstances for ``ids``; on an error of some instance, the halves again
+        (ids that fail alone go into ``failed``). See :meth:`terminate_instances`."""
+        from botocore.exceptions import ClientError
+
+        if not ids:
+            return
+        try:
+            self._call_raw(self.client.terminate_instances, InstanceIds=ids)
+            return
+        except ClientError as exc:
+            error = from_client_error(exc)
+            if error_kind(error.code).error_class in _WHOLE_REQUEST:
                 raise _provider_error(exc) from exc
+            if normalize_code(error.code) in _GONE and not narrowed:
+                known = [r["InstanceId"] for r in self.describe({"instance-id": ids})]
+                self._terminate_batch(known, failed, narrowed=True)
+                return
+            if normalize_code(error.code) in _GONE and len(ids) == 1:
+                return  # gone: nothing to terminate
+            if len(ids) == 1:
+                failed[ids[0]] = f"{error.code}: {error.message}"
+                log.error("cannot terminate %s: %s: %s", ids[0], error.code, error.message)
+                return
+            log.warning("TerminateInstances of %d instances failed (%s); halves again",
+                        len(ids), error.code)
+        half = len(ids) // 2
+        self._terminate_batch(ids[:half], failed, narrowed=narrowed)
+        self._terminate_batch(ids[half:], failed, narrowed=narrowed)
 
     # ---- Ec2Ops (used by FleetLauncher) -------------------------------------------------
     def describe(self, filters: dict[str, list[str]]) -> list[dict[str, Any]]:

@@ -128,6 +128,9 @@ class ComputeApi:
         self._region_instances = compute_v1.RegionInstancesClient(**kwargs)
         self._zone_ops = compute_v1.ZoneOperationsClient(**kwargs)
         self._region_ops = compute_v1.RegionOperationsClient(**kwargs)
+        for client in (self._instances, self._region_instances, self._zone_ops,
+                       self._region_ops):
+            _environment_once(client)
 
     def _call(self, fn: Callable[..., T], **kwargs: Any) -> T:
         with self._count_lock:
@@ -220,6 +223,36 @@ class ComputeApi:
                 return None
             raise
         return operation_from_resource(self._dict(op))
+
+
+def _environment_once(client: Any) -> None:
+    """Read the proxy and CA-bundle variables once for ``client``'s HTTP session instead of on
+    every request.
+
+    requests (under google-auth's ``AuthorizedSession``) looks up ``*_proxy``/``no_proxy``
+    in the whole process environment on each request (``trust_env``): two scans of
+    ``os.environ`` per call, about a quarter of the CPU of an ``instances.delete`` (1000 of
+    them per 1000-node suspend). The same settings are taken once here: the proxies for the
+    client's host (``requests.utils.get_environ_proxies``, which honours ``no_proxy``) and
+    ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``, as requests itself would take them (requests
+    documentation, "Proxies" and "SSL Cert Verification"). A client without the REST
+    transport's session is left as it is.
+    """
+    import os
+
+    from requests.utils import get_environ_proxies
+
+    transport = getattr(client, "_transport", None)
+    session = getattr(transport, "_session", None)
+    host = getattr(transport, "_host", "")
+    if session is None or not getattr(session, "trust_env", False):
+        return
+    url = host if "://" in host else f"https://{host}"
+    session.proxies.update(get_environ_proxies(url))
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    if bundle and session.verify is True:
+        session.verify = bundle
+    session.trust_env = False
 
 
 def _call_error(exc: Any) -> GceCallError:
