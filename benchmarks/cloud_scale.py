@@ -266,7 +266,7 @@ def run_child(tree: Path, spec: dict[str, Any], ready: Any = None) -> dict[str, 
 
 
 def measure(trees: dict[str, Path], sizes: dict[str, list[int]], runs: int,
-            big_runs: int, workdir: Path) -> list[dict[str, Any]]:
+            big_runs: int, workdir: Path, baseline_ops: set[str]) -> list[dict[str, Any]]:
     """One row per (cloud, operation, nodes, tree): medians, spreads and calls."""
     rows: list[dict[str, Any]] = []
     with moto_server() as moto, gce_server() as gce:
@@ -281,8 +281,11 @@ def measure(trees: dict[str, Path], sizes: dict[str, list[int]], runs: int,
             for nodes, phases in cases:
                 samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
                 many = nodes >= 1000
+                measured = set(phases[1:]) if "pass" in phases else set(phases)
+                here = {n: t for n, t in trees.items()
+                        if n != "baseline" or measured & baseline_ops}
                 for run in range(big_runs if many else runs):
-                    for name, tree in trees.items():
+                    for name, tree in here.items():
                         site = workdir / f"{cloud}-{nodes}-{name}-{run}"
                         if cloud == "aws":
                             world = aws_world(moto, nodes)
@@ -340,10 +343,13 @@ def section(rows: list[dict[str, Any]], baseline: str) -> str:
         before_cpu = f"{b['cpu_s']:.2f} ± {b['cpu_spread_s']:.2f}" if b else "-"
         before_calls = _calls(b["calls"]) if b else "-"
         done = f"{r['done']}" + (f" (error: {r['errors'][0][:90]})" if r["errors"] else "")
+        when = str(r.get("date", ""))
+        if b and b.get("date", when) != when:
+            when += f" (before: {b.get('date')})"
         lines.append(
             f"| {cloud} | {what} | {done} | {_calls(r['calls'])} | {before_calls} | "
             f"**{r['cpu_s']:.2f}** ± {r['cpu_spread_s']:.2f} | {before_cpu} | "
-            f"{r['wall_s']:.1f} | {r['runs']} | {r.get('date', '')} |")
+            f"{r['wall_s']:.1f} | {r['runs']} | {when} |")
     verdicts = []
     for (cloud, op, nodes, tree), r in by_key.items():
         if tree == "current" and nodes == 1000 and op in ("resume", "suspend"):
@@ -410,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--big-runs", type=int, default=1, help="runs at 1000 nodes and more")
     parser.add_argument("--baseline", default=BASELINE, help="git ref to compare with ('' none)")
+    parser.add_argument("--baseline-ops", default="resume,suspend,pass",
+                        help="operations measured on the baseline too (the others' before "
+                             "figures are kept from cloud_scale.json, dated)")
     parser.add_argument("--smoke", action="store_true",
                         help="10 nodes, one run, this tree only, no BENCHMARKS.md update")
     parser.add_argument("--no-write", action="store_true")
@@ -444,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                            check=True, timeout=120)
             trees = {"baseline": work / "baseline", "current": ROOT}
         try:
-            rows = measure(trees, sizes, args.runs, args.big_runs, work)
+            rows = measure(trees, sizes, args.runs, args.big_runs, work,
+                           {o.strip() for o in args.baseline_ops.split(",") if o.strip()})
         finally:
             if args.baseline:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",  # noqa: S603
@@ -456,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         from report import write_section
 
-        stamp = f"{datetime.now(timezone.utc):%Y-%m-%d}"
+        stamp = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}"
         for row in rows:
             row["date"] = stamp
         key = ("cloud", "operation", "nodes", "tree")

@@ -90,8 +90,9 @@ def _cell(value: object) -> str:
 def section(results: list[dict], note: str = "") -> str:
     head = ("| scenario | runs | notice -> signal | signal -> exit | exit -> requeue | "
             "requeue -> allocation | allocation -> start | start -> first step | "
-            "**exit -> first step** | steps notice -> exit | steps lost | on replacement |")
-    lines = [head, "|" + "---|" * 12]
+            "**exit -> first step** | steps notice -> exit | steps lost | on replacement | "
+            "measured |")
+    lines = [head, "|" + "---|" * 13]
     verdicts = []
     for res in results:
         rows = res["runs"]
@@ -102,7 +103,8 @@ def section(results: list[dict], note: str = "") -> str:
         cells[6] = f"**{cells[6]}**"
         landed = sum(1 for r in rows if r.get("landed_on_replacement"))
         used = f"{landed}/{len(rows)}" if res["kind"] == "notice" and res["prewarm"] else "-"
-        lines.append(f"| {label} | {len(rows)} | " + " | ".join(cells) + f" | {used} |")
+        lines.append(f"| {label} | {len(rows)} | " + " | ".join(cells) + f" | {used} | "
+                     f"{res.get('measured', '')} |")
         total = median(rows, "exit_to_first_step_s")
         if total is not None:
             parts = {p: median(rows, p) or 0.0 for p in PARTS[2:]}
@@ -149,6 +151,10 @@ def main() -> int:
     parser.add_argument("--json-out", type=Path, help="also write the raw results here")
     parser.add_argument("--from-json", type=Path, action="append",
                         help="record earlier raw results (repeatable) instead of running")
+    parser.add_argument("--keep", type=Path,
+                        help="raw results of earlier runs (benchmarks/prewarm_recovery.json): "
+                             "the scenarios this run does not measure are taken from there, "
+                             "each with when it was measured, and the file is updated")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--note", default="", help="a paragraph added to the section "
                         "(e.g. the machine's load while it ran)")
@@ -165,14 +171,20 @@ def main() -> int:
         for name in names:
             reps = args.reps_slow if SCENARIOS[name][4] else args.reps
             results.append(run_scenario(name, reps))
+            results[-1]["measured"] = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
             if args.json_out:
                 args.json_out.write_text(json.dumps(results, indent=1))
+        if args.keep and args.keep.exists():
+            ran = {r["scenario"] for r in results}
+            results += [r for r in json.loads(args.keep.read_text()) if r["scenario"] not in ran]
     order = list(SCENARIOS)
     results.sort(key=lambda r: order.index(r["scenario"]) if r["scenario"] in order else 99)
     text = section(results, args.note)
     print(text)
     if not args.no_write:
         write_section(BENCHMARKS, BEGIN, END, text)
+        if args.keep and not args.from_json:
+            args.keep.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 

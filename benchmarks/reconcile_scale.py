@@ -266,18 +266,19 @@ def measure_passes(trees: dict[str, Path], sizes: list[int], runs: int, big_runs
 
 
 def measure_events(trees: dict[str, Path], line_counts: list[int], runs: int, big_runs: int,
-                   work: Path) -> list[dict[str, Any]]:
+                   work: Path, baseline_max_lines: int) -> list[dict[str, Any]]:
     rows = []
     for lines in line_counts:
+        here = {n: t for n, t in trees.items() if n != "baseline" or lines <= baseline_max_lines}
         folder = work / f"events-{lines}"
         now = datetime.now(timezone.utc)
         write_events(folder / "log", lines, now)
         size = (folder / "log" / "events.jsonl").stat().st_size
         samples: dict[str, dict[str, list[float]]] = {
-            name: {"first": [], "second": [], "cli": []} for name in trees}
+            name: {"first": [], "second": [], "cli": []} for name in here}
         printed = 0
         for run in range(big_runs if lines >= 1_000_000 else runs):
-            for name, tree in trees.items():
+            for name, tree in here.items():
                 out = run_child(tree, {"nodes": 1000, "log_dir": str(folder / "log"),
                                        "state_dir": str(folder / f"state-{name}-{run}"),
                                        "passes": 2})
@@ -301,11 +302,20 @@ def _ms(pair: Sequence[float]) -> str:
     return f"{pair[0]:.2f} ± {pair[1]:.2f}"
 
 
+def _when(row: dict[str, Any], before: dict[str, Any] | None) -> str:
+    """When a row was measured; the baseline's date too where it was kept from another run."""
+    after = str(row.get("when", ""))
+    if before is not None and before.get("when", after) != after:
+        return f"{after} (before: {before.get('when')})"
+    return after
+
+
 PASS_HEADER = ("| nodes | actions | Slurm commands after | before | CPU after: slurm-spot "
-               "| after: commands | **after: total** | before: total | runs |\n" + "|---" * 9 + "|")
+               "| after: commands | **after: total** | before: total | runs | measured |\n"
+               + "|---" * 10 + "|")
 EVENTS_HEADER = ("| events file | reconciler first pass | **next pass** | next pass before "
-                 "| **`events --since 10m`** | before | events printed | runs |\n"
-                 + "|---" * 8 + "|")
+                 "| **`events --since 10m`** | before | events printed | runs | measured |\n"
+                 + "|---" * 9 + "|")
 
 
 def section(passes: list[dict[str, Any]], events: list[dict[str, Any]], baseline: str) -> str:
@@ -318,7 +328,7 @@ def section(passes: list[dict[str, Any]], events: list[dict[str, Any]], baseline
         pass_rows.append(
             f"| {nodes:,} | {r['actions']} | **{r['commands']}** | {b['commands'] if b else '-'} | "
             f"{_ms(r['own_cpu_s'])} | {_ms(r['children_cpu_s'])} | **{_ms(r['total_cpu_s'])}** | "
-            f"{_ms(b['total_cpu_s']) if b else '-'} | {r['runs']} |")
+            f"{_ms(b['total_cpu_s']) if b else '-'} | {r['runs']} | {_when(r, b)} |")
     e = {(r["lines"], r["tree"]): r for r in events}
     event_rows = []
     for (lines, tree), r in e.items():
@@ -329,7 +339,7 @@ def section(passes: list[dict[str, Any]], events: list[dict[str, Any]], baseline
             f"| {lines:,} ({r['mb']:.0f} MB) | {_ms(r['first_pass_cpu_s'])} | "
             f"**{_ms(r['second_pass_cpu_s'])}** | {_ms(b['second_pass_cpu_s']) if b else '-'} | "
             f"**{_ms(r['events_cli_cpu_s'])}** | {_ms(b['events_cli_cpu_s']) if b else '-'} | "
-            f"{r['printed']} | {r['runs']} |")
+            f"{r['printed']} | {r['runs']} | {_when(r, b)} |")
     notes = []
     ten = p.get((10_000, "current"))
     if ten:
@@ -361,7 +371,9 @@ issue 18), *after* = this checkout, interleaved.
 
 {chr(10).join('- ' + n for n in notes)}
 
-*Before* is measured up to 10k nodes (one run at 10k): that tree read every job Slurm holds
+*Before* is measured up to 10k nodes (one run at 10k; `make bench` measures it at 1k only and
+keeps the 10k figure from the run named in *measured*, benchmarks/reconcile_scale.json, as it
+takes ~2 minutes of CPU per pass): that tree read every job Slurm holds
 (`scontrol -o show job`) once per lost node and parsed it whole each time, nodes x jobs, which
 at 10k nodes (800 lost, 5000 jobs) is the largest part of its CPU and grows quadratically.
 
@@ -398,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default=BASELINE, help="git ref to compare with ('' none)")
     parser.add_argument("--baseline-max-nodes", type=int, default=10_000,
                         help="largest pass measured on the baseline (it is quadratic)")
+    parser.add_argument("--baseline-max-lines", type=int, default=1_000_000,
+                        help="largest events file measured on the baseline")
+    parser.add_argument("--json", type=Path, default=HERE / "reconcile_scale.json",
+                        help="results kept here; rows this run did not measure are taken "
+                             "from it (with their date)")
     parser.add_argument("--smoke", action="store_true",
                         help="200 nodes, 2000 lines, one run, this tree only, no BENCHMARKS.md")
     parser.add_argument("--no-write", action="store_true")
@@ -422,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             passes = measure_passes(trees, [int(s) for s in args.sizes.split(",")], args.runs,
                                     args.big_runs, work, args.baseline_max_nodes)
             events = measure_events(trees, [int(s) for s in args.lines.split(",")], args.runs,
-                                    args.big_runs, work)
+                                    args.big_runs, work, args.baseline_max_lines)
         finally:
             if args.baseline:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",  # noqa: S603
@@ -434,8 +451,23 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         from report import write_section
 
+        stamp = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}"
+        for row in (*passes, *events):
+            row["when"] = stamp
+        kept = json.loads(args.json.read_text()) if args.json.exists() else {}
+        passes = _merge(passes, kept.get("passes", []), ("nodes", "tree"), "nodes")
+        events = _merge(events, kept.get("events", []), ("lines", "tree"), "lines")
+        args.json.write_text(json.dumps({"passes": passes, "events": events}, indent=1) + "\n")
         write_section(args.output, BEGIN, END, section(passes, events, args.baseline))
     return 0
+
+
+def _merge(fresh: list[dict[str, Any]], kept: list[dict[str, Any]], key: tuple[str, ...],
+           order: str) -> list[dict[str, Any]]:
+    """This run's rows, plus the kept rows of what it did not measure (dated)."""
+    have = {tuple(r[k] for k in key) for r in fresh}
+    rows = fresh + [r for r in kept if tuple(r[k] for k in key) not in have]
+    return sorted(rows, key=lambda r: (r[order], r["tree"] != "baseline"))
 
 
 if __name__ == "__main__":

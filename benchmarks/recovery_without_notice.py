@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from report import write_section  # noqa: E402 - benchmarks/report.py, beside this script
@@ -100,7 +101,8 @@ def section(results: list[dict[str, object]], slurm_version: str) -> str:
     """The BENCHMARKS.md section (between the markers) for ``results``."""
     rows = "\n".join(
         f"| {r['mode']} | {_seconds(r['requeued_s'])} | {_seconds(r['running_s'])} | "
-        f"{r['nodes_before']} -> {r['nodes_after'] or '-'} | {r['victim_state']} |"
+        f"{r['nodes_before']} -> {r['nodes_after'] or '-'} | {r['victim_state']} | "
+        f"{r.get('measured', '')} |"
         for r in results)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""{BEGIN}
@@ -110,8 +112,8 @@ A running 2-node `--requeue` batch job loses one node's instance with no interru
 (`slurm-spot local preempt NODE --notice 0`: SIGKILL). Seconds from the kill until the job is
 requeued (Restarts > 0) and until it is RUNNING again on fresh nodes.
 
-| mode | requeued after (s) | running again after (s) | nodes | killed node afterwards |
-|---|---|---|---|---|
+| mode | requeued after (s) | running again after (s) | nodes | killed node afterwards | measured |
+|---|---|---|---|---|---|
 {rows}
 
 Method: `python benchmarks/recovery_without_notice.py` ({when}; Slurm {slurm_version},
@@ -132,13 +134,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument("--baseline-timeout-s", type=float, default=1200.0)
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--json", type=Path, default=HERE / "recovery_without_notice.json",
+                        help="results kept here; a mode this run skips is taken from it, "
+                             "with when it was measured")
     args = parser.parse_args(argv)
-    results = [measure(reconcile=True, timeout_s=300.0)]
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    results = [{**measure(reconcile=True, timeout_s=300.0), "measured": stamp}]
     print(json.dumps(results[-1]), flush=True)
     if not args.skip_baseline:
-        results.append(measure(reconcile=False, timeout_s=args.baseline_timeout_s))
+        results.append({**measure(reconcile=False, timeout_s=args.baseline_timeout_s),
+                        "measured": stamp})
         print(json.dumps(results[-1]), flush=True)
     if not args.no_write:
+        kept = json.loads(args.json.read_text()) if args.json.exists() else []
+        ran = {r["mode"] for r in results}
+        results += [r for r in kept if r["mode"] not in ran]
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
         write_section(args.output, BEGIN, END, section(results, slurm_version()))
 
 
