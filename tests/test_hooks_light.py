@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("rich", "jinja2", "prometheus_client", "boto3", "botocore", "google", "torch", "click")
+HEAVY = ("rich", "jinja2", "prometheus_client", "boto3", "botocore", "google", "torch", "click",
+         # pydantic's plugin loader pulls this in (email, zipfile, csv ...) to find no plugins
+         "importlib.metadata")
 JOB_ENV = {"SLURM_JOB_ID": "77", "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0",
            "SLURM_JOB_GID": "0", "SLURM_RESTART_COUNT": "2", "SLURMD_NODENAME": "spot-1"}
 
@@ -25,12 +27,16 @@ import json, sys
 from slurm_spot import hooks
 name, args, sync = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "sync"
 if sync:  # what the detached worker of a power hook does, run in this process
+    import os
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")  # as hooks.main sets it
+    hooks._skip_plugin_loader()
     from slurm_spot.config import load_config
     result = hooks.power_action(load_config(None), name, args[0])()
     out = {"rc": 0, "result": result.to_json()}
 else:
     out = {"rc": hooks.main(name, args)}
-out["heavy"] = sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[4])))
+heavy = set(json.loads(sys.argv[4]))
+out["heavy"] = sorted({m.split(".")[0] for m in sys.modules} & heavy | set(sys.modules) & heavy)
 print(json.dumps(out))
 """
 
