@@ -120,13 +120,43 @@ def machine() -> str:
             f"{platform.release()}")
 
 
-def run_one(bench: Bench, smoke: bool) -> dict[str, object]:
-    """Run one script; its outcome, wall and CPU time (of it and its children)."""
+def run_one(bench: Bench, smoke: bool, cluster_wait_s: float = 600.0) -> dict[str, object]:
+    """Run one script; its outcome, wall and CPU time (of it and its children).
+
+    A cluster script runs while this process holds the machine-wide cluster lock
+    (tests/cluster.py; the script sees ``SLURM_SPOT_LOCK_HELD_BY`` and does not take it
+    again), so it never meets another user's cluster on Slurm's ports; when the lock stays
+    held by other work for ``cluster_wait_s`` seconds the script is skipped and says so.
+    """
     script = HERE / f"{bench.name}.py"
     args = list(bench.smoke if smoke else bench.bench)
     argv = [sys.executable, str(script), *args]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}"}
     print(f">> {' '.join(argv[1:])}", flush=True)
+    lock = None
+    if bench.cluster:
+        sys.path.insert(0, str(ROOT))
+        from tests.cluster import LOCK_HELD_ENV, acquire_cluster_lock
+
+        waited = time.perf_counter()
+        try:
+            lock = acquire_cluster_lock(timeout=cluster_wait_s)
+        except AssertionError:
+            status = (f"skipped: the cluster lock was held by other work for "
+                      f"{cluster_wait_s / 60:.0f} min")
+            print(f"   {status}", flush=True)
+            return {"name": bench.name, "args": args, "status": status,
+                    "wall_s": time.perf_counter() - waited, "cpu_s": 0.0, "what": bench.what,
+                    "tail": ""}
+        env[LOCK_HELD_ENV] = str(os.getpid())
+    try:
+        return _run(bench, args, argv, env)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _run(bench: Bench, args: list[str], argv: list[str], env: dict[str, str]) -> dict[str, object]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     try:
@@ -177,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md",
                         help="where the bench-run section goes (each script writes its own)")
     parser.add_argument("--json-out", type=Path, help="also write the outcomes here (JSON)")
+    parser.add_argument("--cluster-wait-s", type=float, default=600.0,
+                        help="how long a cluster script waits for the machine-wide cluster "
+                             "lock before it is skipped")
     args = parser.parse_args(argv)
     only = {n.strip().removesuffix(".py") for n in args.only.split(",") if n.strip()}
     unknown = only - {b.name for b in BENCHMARKS}
@@ -186,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [b for b in BENCHMARKS if (not only or b.name in only)
               and not (b.cluster and (args.smoke or args.no_cluster))]
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
-    results = [run_one(b, args.smoke) for b in chosen]
+    results = [run_one(b, args.smoke, args.cluster_wait_s) for b in chosen]
     total = time.perf_counter() - t0
     summary = [{k: v for k, v in r.items() if k != "tail"} for r in results]
     print(json.dumps(summary, indent=1))
