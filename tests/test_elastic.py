@@ -4,6 +4,7 @@ the rendezvous service (a real TCPStore), and the batch script."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
 import subprocess
@@ -201,3 +202,34 @@ def test_batch_script_reports_a_crash_as_a_failure(tmp_path: Path) -> None:
     proc = _run_batch_script(tmp_path, {"n1": "exit 1", "n2": "exit 1", "n3": "exit 140"})
     assert proc.returncode == 1
     assert "no agent finished training" in proc.stdout
+
+
+def test_agent_falls_back_to_requeue_when_fewer_than_min_nodes_rendezvous(
+        tmp_path: Path) -> None:
+    """A real torchrun agent alone in a 2:3 rendezvous (the store of slurm-spot rendezvous):
+    after --join-timeout it exits with the requeue code, so the batch script requeues the job."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
+                              "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        assert store.stderr is not None and "listening" in store.stderr.readline()
+        train = tmp_path / "train.py"
+        train.write_text("raise SystemExit('never started')\n")
+        code = (
+            "import os, sys\n"
+            "from slurm_spot.jobs import torchrun_agent as a\n"
+            "os.environ.update(a.ELASTIC_ENV)\n"
+            f"s = a.ElasticSettings(2, 3, '127.0.0.1:{port}', join_timeout_s=3)\n"
+            f"args = a.elastic_torchrun_args(os.environ, s, '127.0.0.1', 1, [{str(train)!r}])\n"
+            "sys.exit(a.run_torchrun(args, 85, elastic=True))\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=180, env={**os.environ,
+                                                "SLURM_JOB_ID": "9"})
+    finally:
+        store.terminate()
+        store.wait(30)
+    assert proc.returncode == 85, proc.stderr[-2000:]
+    assert "falling back to requeue" in proc.stderr
