@@ -183,6 +183,44 @@ def _leave_on_signal(signum: int, _frame: FrameType | None) -> None:
     raise SignalException(f"node leaving: signal {signum}", sigval=signal.Signals(signum))
 
 
+_HANDLERS: list[object] = []
+
+
+def _capture_rendezvous_handler() -> None:
+    """Keep the rendezvous handler torchrun creates, so that a leaving node can take itself
+    out of the rendezvous (:func:`_leave_rendezvous`)."""
+    import torch.distributed.elastic.rendezvous.registry as registry
+
+    original = registry.get_rendezvous_handler
+
+    def capture(params: object) -> object:
+        handler = original(params)  # type: ignore[arg-type]
+        _HANDLERS.append(handler)
+        return handler
+
+    registry.get_rendezvous_handler = capture  # type: ignore[assignment]
+
+
+def _leave_rendezvous() -> None:
+    """Take this node out of the current rendezvous round, as torchrun does before it joins
+    the next one (``_RendezvousExitOp``, torch/distributed/elastic/rendezvous/
+    dynamic_rendezvous.py): the survivors' next round then need not wait for this node's
+    keep-alive to lapse (keep_alive_interval x keep_alive_max_attempt). Uses torch's private
+    names; if they are not there (another torch), the survivors wait for the keep-alive."""
+    import time
+
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+        for handler in _HANDLERS:
+            handler._stop_heartbeats()  # type: ignore[attr-defined]
+            handler._op_executor.run(_RendezvousExitOp(),  # type: ignore[attr-defined]
+                                     time.monotonic() + 5)
+    except Exception as exc:
+        print(f"slurm-spot: could not leave the rendezvous early ({exc}); the others "
+              "notice when this node's keep-alive lapses", file=sys.stderr, flush=True)
+
+
 def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False) -> int:
     """Run torchrun (``torch.distributed.run``) with ``targs`` in this process; returns the
     agent's exit status: 0, ``requeue_code`` when a worker exited with it (or, ``elastic``,
@@ -193,6 +231,8 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False) -> 
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import main as torchrun_main
 
+    if elastic:
+        _capture_rendezvous_handler()
     try:
         torchrun_main(targs)
     except RendezvousError as exc:
@@ -204,6 +244,8 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False) -> 
               f"to requeue (exit {requeue_code})", file=sys.stderr, flush=True)
         return requeue_code
     except SignalException as exc:
+        if elastic:
+            _leave_rendezvous()
         # Slurm ends the step (the job requeued itself, scancel, a power-down): torchrun has
         # stopped its workers (SIGTERM, SIGKILL after its shutdown timeout). Report it as a
         # process killed by that signal would be, without a traceback.
