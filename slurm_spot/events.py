@@ -39,6 +39,9 @@ class Action(str, enum.Enum):
     NOTICE = "notice"
     REQUEUED = "requeued"  # also the reconciler, after a reclaim
     POWERED_DOWN = "powered_down"  # a notice on a node that ran no job
+    # an elastic job's step on the node ended: the node is released from the job, which goes
+    # on with the other nodes (extra.remaining: its nodes now)
+    RELEASED = "released"
     # a job got its preemption signal: reason and extra say which, why, to whom; extra.when
     # why now (replacement up, checkpoint deadline, ...), extra.prewarmed/replacements
     SIGNALLED = "signalled"

@@ -16,6 +16,12 @@ On an interruption notice for its node it:
    whatever its exit code (:mod:`slurm_spot.jobs.requeue`), clears the ~121 s requeue delay
    (``scontrol update jobid=N StartTime=now``), waits briefly for their new allocation and
    restores the replacements' Weight;
+   An *elastic* job (``slurm-spot sbatch --torchrun --elastic``: one job step per node, marked
+   by :data:`~slurm_spot.jobs.rendezvous.ELASTIC_MARK` in its batch script) goes on without
+   this node: once its steps here have ended (this node's ranks saved and left) and its batch
+   script runs elsewhere, the node is released from the job (``scontrol update JobId=N
+   NodeList=<the other nodes>``, scontrol(1) 22.05: "Change the nodes allocated to a running
+   job to shrink its size"), so the power-down below does not requeue it;
 6. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
    once (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
 
@@ -52,6 +58,14 @@ from slurm_spot.slurm.client import SlurmClient
 log = logging.getLogger(__name__)
 
 
+def field_value(line: str, name: str) -> str:
+    """``NAME=value`` from one ``scontrol -o`` line ("" when absent)."""
+    for word in line.split():
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return ""
+
+
 def source_for(config: SpotConfig, node: str) -> NoticeSource:
     """The notice source for ``node``'s provider (imports only that provider's module).
 
@@ -75,6 +89,7 @@ class NoticeOutcome:
     jobs: list[int] = field(default_factory=list)
     requeued: list[int] = field(default_factory=list)
     replacements: list[str] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -147,7 +162,8 @@ class Watcher:
             self.sleep(max(0.05, min(0.25, act_at - self.clock())))
             jobs = [j for j in self._jobs_here(outcome) if j in outcome.jobs]
             self._retry_withheld(outcome, jobs)  # those still in their prolog
-        for job in [j for j in outcome.jobs if j not in jobs]:
+            self._release_elastic(outcome, jobs)
+        for job in [j for j in outcome.jobs if j not in jobs and j not in outcome.released]:
             if self._expedite(job, outcome):  # left by itself: requeued by its exit code
                 outcome.requeued.append(job)
         if prewarm is not None:
@@ -236,6 +252,41 @@ class Watcher:
         for job in jobs:
             if job in self._when and not self.signaller.signalled(job):
                 outcome.errors += self.signaller.deliver([job], context=self._when[job])
+
+    def _release_elastic(self, outcome: NoticeOutcome, jobs: list[int]) -> None:
+        """Release this node from each elastic job whose steps here have ended and whose batch
+        script runs on another node (see the module docstring, step 5)."""
+        from slurm_spot.hostlist import compress, expand
+        from slurm_spot.jobs.rendezvous import ELASTIC_MARK
+
+        for job in jobs:
+            if job in outcome.released or not self.signaller.signalled(job):
+                continue
+            try:
+                script = self.slurm.batch_script(job)
+                if not script or ELASTIC_MARK not in script:
+                    continue
+                record = self.slurm.job_record(job)
+                if record is None or record.batch_host == self.node:
+                    continue
+                steps = self.slurm.run("scontrol", "-o", "show", "step", str(job),
+                                       check=False).stdout
+                if any(self.node in expand(field_value(line, "NodeList"))
+                       for line in steps.splitlines() if line.startswith("StepId=")
+                       and not line.split()[0].endswith((".batch", ".extern"))):
+                    continue  # this node's ranks are still saving
+                remaining = [n for n in expand(record.nodes) if n != self.node]
+                if not remaining:
+                    continue
+                self.slurm.run("scontrol", "update", f"JobId={job}",
+                               f"NodeList={compress(remaining)}")
+            except (SlurmCommandError, ValueError) as exc:
+                outcome.errors.append(f"releasing {self.node} from job {job}: {exc}")
+                continue
+            outcome.released.append(job)
+            self._event(events.Action.RELEASED, job_ids=(job,),
+                        reason="elastic job goes on without this node",
+                        extra={"remaining": compress(remaining)})
 
     def _jobs_here(self, outcome: NoticeOutcome) -> list[int]:
         try:

@@ -69,7 +69,8 @@ def test_every_command_and_option_a_page_shows_exists(page: Path) -> None:
         options = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
         if command.name == "sbatch":  # its own options; the rest go to sbatch
             options |= {"--torchrun", "--nproc-per-node", "--dry-run", "--json", "--python",
-                        "--checkpoint-root", "--s3-endpoint-url", "--s3-addressing-style"}
+                        "--checkpoint-root", "--s3-endpoint-url", "--s3-addressing-style",
+                        "--elastic", "--rendezvous", "--join-timeout"}
             words = [w for w in words if w in options or not w.startswith("--")
                      or w.split("=")[0] in options]
         for word in words:

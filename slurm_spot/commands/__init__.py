@@ -31,6 +31,7 @@ COMMAND_MODULES: dict[str, str] = {
     "reconcile": "reconcile",
     "status": "status",
     "sbatch": "sbatch",
+    "rendezvous": "rendezvous",
     "demo": "demo",
     "plan": "plan",
     "cost": "cost",
@@ -43,7 +44,7 @@ COMMAND_MODULES: dict[str, str] = {
 #: TaskProlog, Epilog; slurm.conf(5)), which nobody types but which stay callable by hand.
 COMMAND_SECTIONS: dict[str, tuple[str, ...]] = {
     "Commands": ("sbatch", "status", "events", "instances", "node-name", "config", "render",
-                 "plan", "cost", "simulate", "local", "demo"),
+                 "plan", "cost", "simulate", "local", "demo", "rendezvous"),
     "Daemons (run by systemd: slurm-spot reconcile/watch --systemd-unit)": ("reconcile", "watch"),
     "Slurm hooks (slurm.conf runs them; see 'slurm-spot render')": (
         "resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog"),

@@ -33,6 +33,45 @@ def torchrun_script(config: SpotConfig, script: str, args: list[str], nproc_per_
     )
 
 
+def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
+                   python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
+                   endpoint: str, join_timeout_s: int) -> str:
+    """The batch script of an elastic torchrun job: one job step (one agent) per node,
+    ``--no-kill``, ``--nodes=MIN-MAX`` (pure)."""
+    command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
+    return render_template("torchrun-elastic-batch.sh.j2",
+        version=__version__, python=shlex.quote(python),
+        nproc_per_node=nproc_per_node, command=command,
+        requeue_exit_code=config.preemption.requeue_exit_code,
+        env=[(k, shlex.quote(v)) for k, v in env],
+        min_nodes=nodes[0], max_nodes=nodes[1], endpoint=shlex.quote(endpoint),
+        join_timeout_s=join_timeout_s,
+    )
+
+
+def default_rendezvous(config: SpotConfig) -> str:
+    """Where elastic jobs rendezvous unless ``--rendezvous`` says: ``$SLURM_SPOT_RENDEZVOUS``,
+    else the controller (``SlurmctldHost``'s address, else its name, from ``scontrol show
+    config``) at :data:`~slurm_spot.jobs.rendezvous.DEFAULT_PORT`.
+
+    Raises:
+        BadInputError: neither is known (names --rendezvous).
+    """
+    import re
+
+    from slurm_spot.jobs.rendezvous import DEFAULT_PORT
+
+    if os.environ.get("SLURM_SPOT_RENDEZVOUS"):
+        return os.environ["SLURM_SPOT_RENDEZVOUS"]
+    proc = run_command([str(config.slurm_bin_dir / "scontrol"), "show", "config"], 30)
+    found = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout,
+                      re.MULTILINE) if proc.returncode == 0 else None
+    if found is None:
+        raise BadInputError("--elastic: cannot tell where the controller is (scontrol show "
+                            "config); give --rendezvous HOST:PORT (slurm-spot rendezvous)")
+    return f"{found.group(2) or found.group(1)}:{DEFAULT_PORT}"
+
+
 #: Per-job checkpoint settings: passed to the job in its environment (sbatch's default
 #: --export=ALL), read by the TaskProlog (slurm_spot.jobs.prolog.checkpoint_root).
 _JOB_ENV_OPTIONS = {"--checkpoint-root": "SLURM_SPOT_CHECKPOINT_ROOT",
@@ -70,9 +109,29 @@ def _our_options(line: CommandLine) -> dict[str, object]:
     nproc = str(ours.get("nproc-per-node", "1"))
     if not nproc.isdigit() or int(nproc) < 1:
         raise BadInputError(f"--nproc-per-node={nproc}: expected a positive integer")
+    elastic = None
+    if "elastic" in ours:
+        from slurm_spot.jobs.torchrun_agent import parse_nnodes
+
+        if not ours.get("torchrun"):
+            raise BadInputError("--elastic needs --torchrun (it starts elastic torchrun agents)")
+        elastic = parse_nnodes(str(ours["elastic"]))
+    for name in ("rendezvous", "join-timeout"):
+        if name in ours and elastic is None:
+            raise BadInputError(f"--{name} is for elastic jobs: add --torchrun --elastic MIN:MAX")
+    rendezvous = None
+    if "rendezvous" in ours:
+        from slurm_spot.jobs.rendezvous import parse_endpoint
+
+        host, port = parse_endpoint(str(ours["rendezvous"]))
+        rendezvous = f"{host}:{port}"
+    join = str(ours.get("join-timeout", "60"))
+    if not join.isdigit() or not 1 <= int(join) <= 86400:
+        raise BadInputError(f"--join-timeout={join}: expected seconds, 1..86400")
     return {"torchrun": bool(ours.get("torchrun")), "dry_run": bool(ours.get("dry-run")),
             "json": bool(ours.get("json")), "nproc": int(nproc),
-            "python": str(ours.get("python", sys.executable)), "job_env": job_env}
+            "python": str(ours.get("python", sys.executable)), "job_env": job_env,
+            "elastic": elastic, "rendezvous": rendezvous, "join_timeout": int(join)}
 
 
 @click.command("sbatch", context_settings={"ignore_unknown_options": True,
@@ -91,6 +150,12 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --torchrun           SCRIPT is a training script: one torchrun agent per node.
     --nproc-per-node N   with --torchrun: worker processes per node (default 1; GPUs).
     --python PATH        with --torchrun: the interpreter on the nodes (default: this one).
+    --elastic MIN:MAX    with --torchrun: an elastic job on MIN..MAX nodes (--no-kill, one
+                         job step per node): a node that is reclaimed leaves, the others
+                         re-rendezvous and continue; below MIN the job is requeued.
+    --rendezvous HOST:PORT  with --elastic: the 'slurm-spot rendezvous' store (default:
+                         $SLURM_SPOT_RENDEZVOUS, else the controller, port 29390).
+    --join-timeout S     with --elastic: how long survivors wait for MIN nodes (default 60).
     --dry-run            print the final batch script and sbatch command line only.
     --json               print the job id (or, with --dry-run, script and argv) as JSON.
     --checkpoint-root s3://BUCKET/PREFIX   this job's checkpoints in S3 (not the config's root).
@@ -115,8 +180,14 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     if ours["torchrun"]:
         env = [("GLOO_SOCKET_IFNAME", os.environ["GLOO_SOCKET_IFNAME"])] if os.environ.get(
             "GLOO_SOCKET_IFNAME") else []
-        text = torchrun_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
-                               str(ours["python"]), env)
+        if ours["elastic"] is not None:
+            endpoint = str(ours["rendezvous"] or default_rendezvous(config))
+            text = elastic_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
+                                  str(ours["python"]), env, ours["elastic"],  # type: ignore[arg-type]
+                                  endpoint, int(ours["join_timeout"]))  # type: ignore[call-overload]
+        else:
+            text = torchrun_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
+                                   str(ours["python"]), env)
         script_args = []
     else:
         try:

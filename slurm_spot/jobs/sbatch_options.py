@@ -63,7 +63,8 @@ SBATCH_LONG = REQUIRED_VALUE | OPTIONAL_VALUE | NO_VALUE
 #: slurm-spot sbatch's own options: name -> takes a value.
 OURS = {"torchrun": False, "dry-run": False, "json": False, "nproc-per-node": True,
         "python": True, "checkpoint-root": True, "s3-endpoint-url": True,
-        "s3-addressing-style": True}
+        "s3-addressing-style": True, "elastic": True, "rendezvous": True,
+        "join-timeout": True}
 
 
 def resolve_long(name: str, ours: bool = True) -> str:

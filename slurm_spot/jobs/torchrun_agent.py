@@ -18,6 +18,24 @@
   ``atexit`` handlers, flushes and leaves with ``os._exit``: tearing down an interpreter that
   imported torch took 2.7-3.5 s on the shared 2-CPU test machine, and the job step (so the
   job's requeue) ends only when this process has (see :func:`leave`).
+
+Elastic mode (``--elastic MIN:MAX --rendezvous HOST:PORT``, as ``slurm-spot sbatch --torchrun
+--elastic`` starts it, one job step per node):
+
+- rendezvous through the store that ``slurm-spot rendezvous`` hosts off the spot nodes
+  (``is_host=false``: no agent hosts it), ``--nnodes=MIN:MAX``, id ``<job>-<restart count>``
+  (a requeued job starts a rendezvous of its own), a short ``last_call_timeout`` (a round
+  completes ~2 s after MIN nodes joined, not torchrun's default 30 s), ``join_timeout`` (how
+  long survivors wait for MIN nodes before the job falls back to requeue) and
+  ``--max-restarts`` (worker-group restarts, one per re-rendezvous);
+- the preemption signal means *this node leaves*: the agent forwards it to its workers (which
+  save at the next step boundary, all ranks agreeing, and exit) and stops without closing the
+  rendezvous (torchrun closes it only on a normal end), so the other nodes' workers exit,
+  their agents re-rendezvous with the smaller world and restart them from the checkpoint;
+- exit code: 0 when training finished; the requeue code when the rendezvous could not be
+  formed again (fewer than MIN nodes within ``join_timeout``, or the store is gone): the
+  batch script then requeues the job (checkpoint-and-requeue fallback); 128 + the signal when
+  this node was told to leave.
 """
 
 from __future__ import annotations
@@ -28,8 +46,11 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
+from types import FrameType
 from typing import NoReturn
 
+from slurm_spot.errors import BadInputError
 from slurm_spot.hostlist import expand
 from slurm_spot.jobs import jobenv
 from slurm_spot.slurm.client import SlurmClient
@@ -55,6 +76,57 @@ def torchrun_args(env: Mapping[str, str], head_addr: str, local_addr: str, nproc
     ]
 
 
+@dataclass(frozen=True)
+class ElasticSettings:
+    """An elastic run: node counts, the store, and torchelastic's timeouts (seconds)."""
+
+    min_nodes: int
+    max_nodes: int
+    endpoint: str
+    join_timeout_s: int = 60
+    last_call_timeout_s: int = 2
+    max_restarts: int = 20
+
+
+#: torchrun's environment in elastic mode. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default
+#: (torch 2.4+) the rank-0 *agent* hosts the workers' store and keeps it across rounds, and the
+#: other agents keep its address from the first round (torch/distributed/elastic/rendezvous/
+#: dynamic_rendezvous.py, ``next_rendezvous``): after a re-rendezvous the workers read the
+#: gloo addresses the previous round's workers left there ("Connection refused"), and when the
+#: rank-0 node is the one that left, the others point at a store that is gone. Opted out, each
+#: round's rank-0 worker hosts a fresh store on a free port, announced through the rendezvous.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def parse_nnodes(text: str, where: str = "--elastic") -> tuple[int, int]:
+    """``MIN:MAX`` (or ``N``, meaning N:N) -> (min, max).
+
+    Raises:
+        BadInputError: not two positive integers with MIN <= MAX (names ``where``).
+    """
+    low, sep, high = text.strip().partition(":")
+    high = high if sep else low
+    if not (low.isdigit() and high.isdigit()) or not 1 <= int(low) <= int(high):
+        raise BadInputError(f"{where}={text!r}: expected MIN:MAX, two positive integers with "
+                            "MIN <= MAX (e.g. 2:4)")
+    return int(low), int(high)
+
+
+def elastic_torchrun_args(env: Mapping[str, str], settings: ElasticSettings, local_addr: str,
+                          nproc: int, command: list[str]) -> list[str]:
+    """The torchrun argument list of an elastic run (pure); see the module docstring."""
+    conf = (f"is_host=false,join_timeout={settings.join_timeout_s},"
+            f"last_call_timeout={settings.last_call_timeout_s},close_timeout=10,"
+            "keep_alive_interval=2,keep_alive_max_attempt=3")
+    run_id = f"{jobenv.requeue_target(env)}-{jobenv.restart_count(env)}"
+    return [
+        f"--nnodes={settings.min_nodes}:{settings.max_nodes}", f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={settings.endpoint}",
+        f"--rdzv-id={run_id}", f"--rdzv-conf={conf}", f"--local-addr={local_addr}",
+        f"--max-restarts={settings.max_restarts}", "--monitor-interval=0.5", *command,
+    ]
+
+
 def rendezvous_port(env: Mapping[str, str], base: int = DEFAULT_PORT_BASE) -> int:
     """A port derived from the job id, so two jobs on one host do not collide."""
     job = env.get("SLURM_JOB_ID", "0")
@@ -65,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slurm_spot.jobs.torchrun_agent")
     parser.add_argument("--nproc-per-node", type=int, default=1)
     parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--elastic", default=None, metavar="MIN:MAX")
+    parser.add_argument("--rendezvous", default=None, metavar="HOST:PORT")
+    parser.add_argument("--join-timeout", type=int, default=60)
+    parser.add_argument("--max-restarts", type=int, default=20)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -72,10 +148,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no training script given")
     env = os.environ
     spec = jobenv.preemption_signal(env)
-    signal.signal(spec.number, signal.SIG_IGN)
     client = SlurmClient(os.environ.get("SLURM_SPOT_SLURM_BIN_DIR", "/usr/bin"))
     head = expand(env.get("SLURM_JOB_NODELIST", env.get("SLURMD_NODENAME", "localhost")))[0]
     me = env.get("SLURMD_NODENAME", head)
+    if args.elastic:
+        if not args.rendezvous:
+            parser.error("--elastic needs --rendezvous HOST:PORT")
+        low, high = parse_nnodes(args.elastic)
+        settings = ElasticSettings(low, high, args.rendezvous, args.join_timeout,
+                                   max_restarts=args.max_restarts)
+        targs = elastic_torchrun_args(env, settings, node_addr(client, me),
+                                      args.nproc_per_node, command)
+        print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
+        os.environ.update(ELASTIC_ENV)
+        signal.signal(spec.number, _leave_on_signal)
+        return run_torchrun(targs, jobenv.requeue_exit_code(env), elastic=True)
+    signal.signal(spec.number, signal.SIG_IGN)
     port = args.port or rendezvous_port(env)
     targs = torchrun_args(env, node_addr(client, head), node_addr(client, me),
                           args.nproc_per_node, port, command)
@@ -85,17 +173,79 @@ def main(argv: list[str] | None = None) -> int:
     return run_torchrun(targs, jobenv.requeue_exit_code(env))
 
 
-def run_torchrun(targs: list[str], requeue_code: int) -> int:
-    """Run torchrun (``torch.distributed.run``) with ``targs`` in this process; returns the
-    agent's exit status: 0, ``requeue_code`` when a worker exited with it, 128 + the signal
-    when a death signal stopped the agent, else 1 (a worker failed)."""
+def _leave_on_signal(signum: int, _frame: FrameType | None) -> None:
+    """Elastic mode's preemption-signal handler: stop this node's agent as torchrun's own
+    death-signal handler does (``SignalException``), so torchrun sends the signal on to the
+    workers, waits for them (they save and exit) and leaves without closing the rendezvous."""
     from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun_main
+
+    signal.signal(signum, signal.SIG_IGN)  # once: the watcher may signal again
+    raise SignalException(f"node leaving: signal {signum}", sigval=signal.Signals(signum))
+
+
+_HANDLERS: list[object] = []
+
+
+def _capture_rendezvous_handler() -> None:
+    """Keep the rendezvous handler torchrun creates, so that a leaving node can take itself
+    out of the rendezvous (:func:`_leave_rendezvous`)."""
+    import torch.distributed.elastic.rendezvous.registry as registry
+
+    original = registry.get_rendezvous_handler
+
+    def capture(params: object) -> object:
+        handler = original(params)  # type: ignore[arg-type]
+        _HANDLERS.append(handler)
+        return handler
+
+    registry.get_rendezvous_handler = capture  # type: ignore[assignment]
+
+
+def _leave_rendezvous() -> None:
+    """Take this node out of the current rendezvous round, as torchrun does before it joins
+    the next one (``_RendezvousExitOp``, torch/distributed/elastic/rendezvous/
+    dynamic_rendezvous.py): the survivors' next round then need not wait for this node's
+    keep-alive to lapse (keep_alive_interval x keep_alive_max_attempt). Uses torch's private
+    names; if they are not there (another torch), the survivors wait for the keep-alive."""
+    import time
 
     try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+        for handler in _HANDLERS:
+            handler._stop_heartbeats()  # type: ignore[attr-defined]
+            handler._op_executor.run(_RendezvousExitOp(),  # type: ignore[attr-defined]
+                                     time.monotonic() + 5)
+    except Exception as exc:
+        print(f"slurm-spot: could not leave the rendezvous early ({exc}); the others "
+              "notice when this node's keep-alive lapses", file=sys.stderr, flush=True)
+
+
+def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False) -> int:
+    """Run torchrun (``torch.distributed.run``) with ``targs`` in this process; returns the
+    agent's exit status: 0, ``requeue_code`` when a worker exited with it (or, ``elastic``,
+    when the rendezvous could not be formed again), 128 + the signal when a death signal
+    stopped the agent, else 1 (a worker failed)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.run import main as torchrun_main
+
+    if elastic:
+        _capture_rendezvous_handler()
+    try:
         torchrun_main(targs)
+    except RendezvousError as exc:
+        if not elastic:
+            raise
+        # Fewer than MIN nodes came back within join_timeout, or the store is gone: the job
+        # falls back to checkpoint-and-requeue (the batch script requeues it).
+        print(f"slurm-spot: rendezvous failed ({type(exc).__name__}: {exc}); falling back "
+              f"to requeue (exit {requeue_code})", file=sys.stderr, flush=True)
+        return requeue_code
     except SignalException as exc:
+        if elastic:
+            _leave_rendezvous()
         # Slurm ends the step (the job requeued itself, scancel, a power-down): torchrun has
         # stopped its workers (SIGTERM, SIGKILL after its shutdown timeout). Report it as a
         # process killed by that signal would be, without a traceback.

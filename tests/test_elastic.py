@@ -1,0 +1,235 @@
+"""Elastic training pieces that need no cluster: options, torchrun arguments, the data order,
+the rendezvous service (a real TCPStore), and the batch script."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from slurm_spot.checkpoint.elastic import (
+    epoch_order,
+    global_batch_indices,
+    micro_batches,
+    rank_share,
+    steps_per_epoch,
+)
+from slurm_spot.cli import cli
+from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.rendezvous import ELASTIC_MARK, parse_endpoint, serve
+from slurm_spot.jobs.torchrun_agent import ElasticSettings, elastic_torchrun_args, parse_nnodes
+
+
+def test_nnodes_and_endpoint_are_parsed_and_bad_ones_named() -> None:
+    assert parse_nnodes("2:4") == (2, 4)
+    assert parse_nnodes("3") == (3, 3)
+    for bad in ("4:2", "0:2", "a:b", "2:", "-1:3"):
+        with pytest.raises(BadInputError, match="--elastic"):
+            parse_nnodes(bad)
+    assert parse_endpoint("10.0.0.1:29500") == ("10.0.0.1", 29500)
+    assert parse_endpoint("ctl") == ("ctl", 29390)
+    for bad in (":1", "h:0", "h:99999", "h:x"):
+        with pytest.raises(BadInputError, match="--rendezvous"):
+            parse_endpoint(bad)
+
+
+def test_elastic_torchrun_args_use_the_external_store_and_short_timeouts() -> None:
+    env = {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}
+    args = elastic_torchrun_args(env, ElasticSettings(2, 4, "ctl:29390", 30), "10.0.0.5", 1,
+                                 ["train.py", "--x"])
+    assert "--nnodes=2:4" in args and "--rdzv-endpoint=ctl:29390" in args
+    assert "--rdzv-id=42-1" in args  # a requeued job forms a rendezvous of its own
+    conf = next(a for a in args if a.startswith("--rdzv-conf="))
+    assert "is_host=false" in conf and "join_timeout=30" in conf
+    assert "last_call_timeout=2" in conf
+    assert args[-2:] == ["train.py", "--x"]
+
+
+def test_every_sample_once_per_epoch_whatever_the_world_sizes() -> None:
+    samples, batch = 1797, 96
+    per_epoch = steps_per_epoch(samples, batch)
+    order = epoch_order(samples, epoch=3, seed=7)
+    assert sorted(order) == list(range(samples))
+    assert order == epoch_order(samples, epoch=3, seed=7) != epoch_order(samples, 4, 7)
+    rng = random.Random(1)
+    seen: list[int] = []
+    for step in range(per_epoch):
+        world = rng.choice([1, 2, 3, 5])  # the world changes between steps
+        shares = [rank_share(global_batch_indices(order, step, batch), r, world)
+                  for r in range(world)]
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+        for share in shares:
+            for part in micro_batches(share, 16):
+                assert len(part) <= 16
+                seen.extend(part)
+    assert len(seen) == len(set(seen)) == per_epoch * batch
+    assert set(seen) == set(order[:per_epoch * batch])
+    with pytest.raises(IndexError):
+        global_batch_indices(order, per_epoch, batch)
+    with pytest.raises(ValueError):
+        steps_per_epoch(10, 11)
+
+
+def test_rendezvous_service_hosts_a_store_clients_share() -> None:
+    from torch.distributed import TCPStore
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ready = threading.Event()
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=("127.0.0.1", port, lambda _p: ready.set(),
+                                                   stop), daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    a = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    b = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    a.set("torch.rendezvous.42", "round-1")
+    assert b.get("torch.rendezvous.42") == b"round-1"
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_rendezvous_command_refuses_a_taken_port_with_exit_2() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
+                               "127.0.0.1", "--port", str(port)], capture_output=True,
+                              text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"127.0.0.1:{port}" in proc.stderr
+
+
+def _config(tmp_path: Path) -> Path:
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 3}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "preemption": {"signal": "SIGUSR2", "lead_s": 120}}))
+    return config
+
+
+def test_elastic_dry_run_one_step_per_node_no_kill(tmp_path: Path) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    result = CliRunner().invoke(cli, [
+        "--config", str(_config(tmp_path)), "sbatch", "--torchrun", "--elastic", "2:3",
+        "--rendezvous", "10.1.2.3:29390", "--join-timeout", "20", "--dry-run", "--json",
+        "-p", "spot", str(train), "--lr", "1"])
+    assert result.exit_code == 0, result.output
+    script = json.loads(result.output)["script"]
+    assert ELASTIC_MARK in script
+    assert "#SBATCH --no-kill" in script and "#SBATCH --nodes=2-3" in script
+    assert "#SBATCH --nodes=1" not in script and "#SBATCH --requeue" in script
+    assert '--nodelist="${node}"' in script and " &\n" in script
+    assert "--elastic=2:3 --rendezvous=10.1.2.3:29390" in script
+    assert "--join-timeout=20" in script and f"{train} --lr 1" in script
+    check = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True,
+                           timeout=30)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["--elastic", "2:3"], "--elastic needs --torchrun"),
+    (["--torchrun", "--elastic", "3:2"], "MIN <= MAX"),
+    (["--torchrun", "--rendezvous", "h:1"], "--rendezvous is for elastic jobs"),
+    (["--torchrun", "--elastic", "2:3", "--rendezvous", "h:0"], "1..65535"),
+    (["--torchrun", "--elastic", "2:3", "--join-timeout", "0"], "--join-timeout"),
+])
+def test_bad_elastic_options_exit_2_naming_the_option(tmp_path: Path, words: list[str],
+                                                      message: str) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", *words,
+                                      "--dry-run", str(train)])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def _run_batch_script(tmp_path: Path, outcomes: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run the rendered elastic batch script with stand-ins for scontrol and srun on PATH:
+    ``outcomes`` maps a node to what its agent does (``exit N`` or ``hang``)."""
+    from slurm_spot.commands.sbatch import elastic_script
+    from slurm_spot.config import load_config
+
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    script = elastic_script(load_config(_config(tmp_path)), str(train), [], 1, "python3", [],
+                            (2, 3), "ctl:29390", 30)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/bash\nprintf '%s\\n' " +
+                                      " ".join(outcomes) + "\n")
+    cases = "\n".join(f"  --nodelist={node}) {'exec sleep 600' if what == 'hang' else what} ;;"
+                      for node, what in outcomes.items())
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\nfor a in \"$@\"; do case \"$a\" in\n" + cases + "\nesac; done\nexit 3\n")
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "5",
+           "SLURM_JOB_NODELIST": "n[1-3]"}
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_batch_script_ends_when_training_finished_even_if_a_lost_nodes_step_hangs(
+        tmp_path: Path) -> None:
+    proc = _run_batch_script(tmp_path, {"n1": "exit 0", "n2": "exit 0", "n3": "hang"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "elastic training finished" in proc.stdout
+
+
+def test_batch_script_requeues_when_the_rendezvous_cannot_form_again(tmp_path: Path) -> None:
+    proc = _run_batch_script(tmp_path, {"n1": "exit 85", "n2": "exit 140", "n3": "hang"})
+    assert proc.returncode == 85
+    assert "for requeue" in proc.stdout
+
+
+def test_batch_script_reports_a_crash_as_a_failure(tmp_path: Path) -> None:
+    proc = _run_batch_script(tmp_path, {"n1": "exit 1", "n2": "exit 1", "n3": "exit 140"})
+    assert proc.returncode == 1
+    assert "no agent finished training" in proc.stdout
+
+
+def test_agent_falls_back_to_requeue_when_fewer_than_min_nodes_rendezvous(
+        tmp_path: Path) -> None:
+    """A real torchrun agent alone in a 2:3 rendezvous (the store of slurm-spot rendezvous):
+    after --join-timeout it exits with the requeue code, so the batch script requeues the job."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
+                              "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        assert store.stderr is not None and "listening" in store.stderr.readline()
+        train = tmp_path / "train.py"
+        train.write_text("raise SystemExit('never started')\n")
+        code = (
+            "import os, sys\n"
+            "from slurm_spot.jobs import torchrun_agent as a\n"
+            "os.environ.update(a.ELASTIC_ENV)\n"
+            f"s = a.ElasticSettings(2, 3, '127.0.0.1:{port}', join_timeout_s=3)\n"
+            f"args = a.elastic_torchrun_args(os.environ, s, '127.0.0.1', 1, [{str(train)!r}])\n"
+            "sys.exit(a.run_torchrun(args, 85, elastic=True))\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=180, env={**os.environ,
+                                                "SLURM_JOB_ID": "9"})
+    finally:
+        store.terminate()
+        store.wait(30)
+    assert proc.returncode == 85, proc.stderr[-2000:]
+    assert "falling back to requeue" in proc.stderr

@@ -1,0 +1,143 @@
+"""Elastic training on the real local cluster: a reclaimed node leaves, the others go on."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_spot.hostlist import expand
+from tests.cluster import Cluster, wait_for
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_elastic.py"
+
+
+def training_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def rendezvous(cluster: Cluster) -> Iterator[str]:
+    """``slurm-spot rendezvous`` on a free port of this machine (the local controller)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
+                             "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
+                            text=True, env=cluster.env)
+    try:
+        assert proc.stderr is not None
+        assert "listening" in proc.stderr.readline()
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _submit(cluster: Cluster, rendezvous: str, out: Path, *train_args: str) -> int:
+    env = {**cluster.env, "GLOO_SOCKET_IFNAME": "lo"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_spot", "--config", str(cluster.spot_yaml), "sbatch",
+         "--torchrun", "--elastic", "2:3", "--rendezvous", rendezvous, "--join-timeout", "30",
+         "--json", "-p", "spot", "-N", "3", "-o", str(out), str(EXAMPLE), *train_args],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return int(json.loads(proc.stdout)["job_id"])
+
+
+def _last_step(log: Path) -> int:
+    return max([e["step"] for e in training_events(log) if e["event"] == "step"], default=0)
+
+
+def test_survivors_continue_when_a_node_is_reclaimed_with_notice(
+        cluster: Cluster, rendezvous: str) -> None:
+    """3 spot workers; one is reclaimed with notice: its ranks save and leave, the other two
+    re-rendezvous and finish. Same job, never requeued (Restarts=0); no sample of an epoch is
+    used twice or skipped across the change of world size."""
+    out = cluster.root / "elastic-%j.out"
+    samples = cluster.root / "samples.jsonl"
+    job = _submit(cluster, rendezvous, out, "--steps", "120", "--step-sleep", "0.15",
+                  "--checkpoint-every", "20", "--log-every", "5", "--sample-log", str(samples))
+    log = Path(str(out).replace("%j", str(job)))
+    wait_for(lambda: _last_step(log) >= 15, 240, what="3-node training to reach step 15")
+    nodes = expand(cluster.job(job)["NodeList"])
+    batch_host = cluster.job(job)["BatchHost"]
+    leaving = next(n for n in reversed(nodes) if n != batch_host)
+    cluster.spot("local", "preempt", leaving, "--notice", "20", "--conf-dir",
+                 str(cluster.conf_dir))
+    wait_for(lambda: any(e["event"] == "done" for e in training_events(log)), 240,
+             what="training to finish on the survivors")
+    wait_for(lambda: cluster.job(job).get("JobState") == "COMPLETED", 60,
+             what=f"job {job} to complete")
+    fields = cluster.job(job)
+    assert fields["Restarts"] == "0"  # never requeued
+    events = training_events(log)
+    leave = next(e for e in events if e["event"] == "leave")
+    assert len(leave["leaving_ranks"]) == 1
+    resumed = [e for e in events if e["event"] == "resume"]
+    assert resumed and resumed[0]["world_size"] == 2 and resumed[0]["step"] == leave["step"]
+    assert resumed[0]["elastic_round"] >= 1 and resumed[0]["restarts"] == 0
+    done = next(e for e in events if e["event"] == "done")
+    assert done["step"] == 120 and done["world_size"] == 2
+    first_after = next(e for e in events if e["event"] == "step" and e["step"] > leave["step"])
+    print(json.dumps({"elastic_notice_paused_s": round(first_after["time"] - leave["time"], 1)}))
+    worlds = {e["world_size"] for e in events if e["event"] == "step"}
+    assert worlds == {2, 3}
+    # The watcher released the node from the job instead of requeueing it.
+    released = [e for e in cluster.events() if e["action"] == "released"]
+    assert released and released[0]["node"] == leaving and job in released[0]["job_ids"]
+    # Every epoch: each sample at most once, across both world sizes; whole epochs complete.
+    per_epoch: dict[int, list[int]] = defaultdict(list)
+    steps_seen: dict[int, set[int]] = defaultdict(set)
+    for line in samples.read_text().splitlines():
+        row = json.loads(line)
+        per_epoch[row["epoch"]].extend(row["samples"])
+        steps_seen[row["step"]].add(row["world"])
+    for epoch, used in per_epoch.items():
+        assert len(used) == len(set(used)), f"epoch {epoch}: a sample used twice"
+    assert len(per_epoch[0]) == 18 * 96  # 1797 samples // 96 global batch = 18 steps
+    assert all(len(w) == 1 for w in steps_seen.values())  # no step run twice
+    assert sorted(steps_seen) == list(range(1, 121))
+
+
+def test_a_node_lost_without_notice_is_detected_without_the_collective_timeout(
+        cluster: Cluster, rendezvous: str) -> None:
+    """A worker's instance is killed without notice: the survivors' next collective fails on
+    the reset connections (not after --pg-timeout, set to 600 s here), they re-rendezvous and
+    resume from the last periodic checkpoint; the job is never requeued."""
+    out = cluster.root / "lost-%j.out"
+    job = _submit(cluster, rendezvous, out, "--steps", "100", "--step-sleep", "0.15",
+                  "--checkpoint-every", "10", "--log-every", "5", "--pg-timeout", "600")
+    log = Path(str(out).replace("%j", str(job)))
+    wait_for(lambda: _last_step(log) >= 15, 240, what="3-node training to reach step 15")
+    fields = cluster.job(job)
+    lost = next(n for n in reversed(expand(fields["NodeList"])) if n != fields["BatchHost"])
+    killed_at = time.time()
+    cluster.spot("local", "preempt", lost, "--notice", "0", "--conf-dir", str(cluster.conf_dir))
+    wait_for(lambda: any(e["event"] == "resume" for e in training_events(log)), 120,
+             what="the survivors to resume (well before the 600 s collective timeout)")
+    resumed = next(e for e in training_events(log) if e["event"] == "resume")
+    assert resumed["world_size"] == 2 and resumed["step"] % 10 == 0
+    assert resumed["time"] - killed_at < 120
+    wait_for(lambda: any(e["event"] == "done" for e in training_events(log)), 240,
+             what="training to finish on the survivors")
+    done = next(e for e in training_events(log) if e["event"] == "done")
+    assert done["step"] == 100 and done["world_size"] == 2
+    # The batch script ends although the lost node's step never reports back; Slurm lets the
+    # job complete once it knows the node is gone (SlurmdTimeout, or the reconciler), so the
+    # job is COMPLETING or COMPLETED here, and never requeued.
+    state = wait_for(lambda: cluster.job(job).get("JobState") in ("COMPLETING", "COMPLETED")
+                     and cluster.job(job)["JobState"], 60, what=f"job {job}'s batch script to end")
+    print(json.dumps({"no_notice_job_state": state}))
+    assert cluster.job(job)["Restarts"] == "0"
