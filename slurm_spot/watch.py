@@ -129,6 +129,8 @@ class Watcher:
         self.signaller = JobSignaller(slurm, node, config.preemption.signal, self._event)
         # Per job whose signal time has come: when/why now, for its ``signalled`` event.
         self._when: dict[int, dict[str, object]] = {}
+        # Per job: is it elastic (its batch script carries ELASTIC_MARK)? Read once per job.
+        self._elastic: dict[int, bool] = {}
 
     def _event(self, action: events.Action, **fields: object) -> None:
         job_ids = fields.get("job_ids") or ()
@@ -263,8 +265,10 @@ class Watcher:
             if job in outcome.released or not self.signaller.signalled(job):
                 continue
             try:
-                script = self.slurm.batch_script(job)
-                if not script or ELASTIC_MARK not in script:
+                if job not in self._elastic:
+                    script = self.slurm.batch_script(job)
+                    self._elastic[job] = bool(script) and ELASTIC_MARK in (script or "")
+                if not self._elastic[job]:
                     continue
                 record = self.slurm.job_record(job)
                 if record is None or record.batch_host == self.node:
