@@ -219,6 +219,11 @@ def _start(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int | None,
         on_step("starting MariaDB and slurmdbd (accounting)")
         _start_accounting(config, paths, env, record, fresh=not keep_state)
     on_step("starting slurmctld")
+    pid_file = config.state_dir / "slurmctld.pid"
+    if not _alive(_read_pid(pid_file)):
+        # A pid file left by an earlier slurmctld that is gone: the wait below takes a pid
+        # file naming a dead process for this slurmctld having died at start.
+        pid_file.unlink(missing_ok=True)
     argv = ["/usr/sbin/slurmctld", "-f", str(paths.slurm_conf)]
     if not keep_state:
         argv.append("-c")
@@ -226,10 +231,14 @@ def _start(config: SpotConfig, paths: LocalClusterPaths, munge_pid: int | None,
     if started.returncode != 0:
         raise SlurmSpotError(f"slurmctld did not start: {started.stderr.strip()} "
                              f"(see {config.log_dir / 'slurmctld.log'})")
-    pid_file = config.state_dir / "slurmctld.pid"
     on_step("waiting for slurmctld to answer")
     deadline = time.monotonic() + 30
     while not (client.ping() and pid_file.exists() and _alive(_read_pid(pid_file))):
+        pid = _read_pid(pid_file)
+        if pid is not None and not _alive(pid):
+            # It wrote its pid file and died (a port in use, a bad slurm.conf: "fatal: ..." in
+            # its log): say so now rather than after the whole wait.
+            raise SlurmSpotError(f"slurmctld exited at start; see {config.log_dir / 'slurmctld.log'}")
         if time.monotonic() > deadline:
             raise SlurmSpotError(f"slurmctld does not answer; see {config.log_dir / 'slurmctld.log'}")
         time.sleep(0.3)
