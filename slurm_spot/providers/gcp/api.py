@@ -149,8 +149,12 @@ class ComputeApi:
             raise GceCallError(None, (error,), error.message) from None
 
     def _dict(self, message: Any) -> dict[str, Any]:
-        text = type(message).to_json(message, use_integers_for_enums=False)
-        return json.loads(text)  # type: ignore[no-any-return]
+        """``message`` as its REST JSON object (camelCase keys, enums by name), as
+        ``json.loads(to_json(message))`` gives it without the text in between: proto-plus's
+        ``to_json`` indents, which makes ``json.dumps`` take its pure-Python encoder (~1 ms of
+        CPU per listed instance, more than parsing the HTTP answer)."""
+        return type(message).to_dict(  # type: ignore[no-any-return]
+            message, use_integers_for_enums=False, preserving_proto_field_name=False)
 
     def bulk_insert(self, body: Mapping[str, Any], zone: str | None, region: str,
                     request_id: str) -> OperationStatus:
