@@ -12,9 +12,12 @@ Scripts that need the local Slurm cluster (``slurm-spot local up``: root, slurm-
 they hold /tmp/slurm-spot-test-cluster.lock while their cluster runs) are marked
 ``cluster``; ``--no-cluster`` leaves them out. ``make bench`` runs every script with its
 ``bench`` arguments, chosen so that the whole run stays under 20 minutes on a 2-CPU machine:
-the recovery scripts with fewer repetitions and scenarios than their own defaults, the
-baselines only where they take seconds (the tree before issue 18 needs ~2 minutes of CPU for
-one 10k-node pass), AWS up to 1000 nodes (moto's own time). What a script leaves out is kept
+the recovery scripts with fewer repetitions and scenarios than their own defaults (prewarm:
+the 5 s-boot, prewarm-on scenario once; recovery_without_notice measures the no-notice case),
+the baselines only where they take seconds (the tree before issue 18 needs ~2 minutes of CPU
+for one 10k-node pass), the clouds up to 1000 nodes (moto's own time; GCE at 5000 ~1 min),
+2 runs where the spread of 3 was already small, the 1 GB checkpoint through moto's S3 (~2.5
+min: moto keeps it in memory) not at all. What a script leaves out is kept
 from its JSON file beside it (cloud_scale.json, reconcile_scale.json, prewarm_recovery.json,
 recovery_without_notice.json) and shown with the date it was measured; run a script alone
 with its defaults (or the sizes named in its docstring) to measure it again. ``--smoke``
@@ -63,29 +66,31 @@ class Bench:
 
 BENCHMARKS: tuple[Bench, ...] = (
     Bench("aws_launch_calls", what="EC2 API calls to launch 1000 nodes and re-run"),
-    Bench("reconcile_scale", ("--runs", "3", "--big-runs", "1", "--baseline-max-nodes", "1000",
+    Bench("reconcile_scale", ("--runs", "2", "--big-runs", "1", "--baseline-max-nodes", "1000",
                               "--baseline-max-lines", "100000"), limit_s=900,
           what="a pass over 1k-50k nodes; the events file to 1M lines; before/after"),
     Bench("events_tail", what="the reconciler's read of a growing events file"),
     Bench("hook_startup", ("--runs", "5"), limit_s=600,
           what="hook start-up vs python -c pass, before/after issue 10"),
     Bench("cost_simulation", what="simulated goodput of the recovery strategies"),
-    Bench("checkpoint_io", ("--sizes", "10,100,1000", "--runs", "3", "--big-runs", "1"),
-          limit_s=900, what="checkpoint save stall and restore vs plain torch.save/load"),
+    Bench("checkpoint_io", ("--sizes", "10,100,1000", "--runs", "3", "--big-runs", "1",
+                            "--s3-big-runs", "0"),
+          limit_s=900, what="checkpoint save stall and restore vs plain torch.save/load (1 GB "
+                            "through moto's S3: kept from its last run)"),
     Bench("cuda_resume_check", ("--device", "cpu", "--steps", "120", "--stop-at", "57"),
           what="bit-exact resume (CPU here; CUDA where a GPU is)"),
     Bench("recovery_without_notice", ("--skip-baseline",), cluster=True, limit_s=600,
           what="recovery without notice, reconciler (plain Slurm: run the script alone, ~12 min)"),
     Bench("demo_recovery", cluster=True, limit_s=600, what="the demo job interrupted twice"),
-    Bench("prewarm_recovery", ("--reps", "1", "--only", "5s-on,5s-kill",
+    Bench("prewarm_recovery", ("--reps", "1", "--only", "5s-on",
                                "--keep", "benchmarks/prewarm_recovery.json"),
           ("--reps", "1", "--only", "5s-on", "--no-write"), cluster=True, limit_s=900,
-          what="recovery part by part, prewarm on and no notice (the other scenarios: run the "
-               "script alone)"),
-    Bench("cloud_scale", ("--aws-sizes", "1,100,1000", "--gce-sizes", "1,100,1000,5000",
-                          "--runs", "3", "--big-runs", "1", "--baseline-ops", "pass"),
-          limit_s=900, what="resume/suspend 1-5000 nodes, AWS and GCE fakes; a pass with orphans; "
-                            "before/after"),
+          what="recovery part by part, prewarm on (the other scenarios, no notice among them: "
+               "run the script alone)"),
+    Bench("cloud_scale", ("--aws-sizes", "1,100,1000", "--gce-sizes", "1,100,1000",
+                          "--runs", "2", "--big-runs", "1", "--baseline-ops", "pass"),
+          limit_s=900, what="resume/suspend 1-1000 nodes (5000: kept), AWS and GCE fakes; a pass "
+                            "with orphans; before/after"),
 )
 
 
@@ -187,9 +192,10 @@ UTC in {total_s / 60:.1f} minutes: {machine()}; {versions()}; load average
 {os.getloadavg()[0]:.1f} at the end (the machine is shared with other work: compare the
 columns of one table, each measured side by side in the same run, rather than absolute times
 across tables). Each section below gives its method, runs, median and spread; its script's
-docstring has the details. Rows this run left out to stay under 20 minutes (AWS at 5000
-nodes, the slowest baselines, the 90 s-boot and prewarm-off recoveries, plain Slurm's
-recovery) are kept from earlier runs of the same script and say when they were measured.
+docstring has the details. Rows this run left out to stay under 20 minutes (AWS and GCE at
+5000 nodes, the slowest baselines, the 1 GB checkpoint through moto's S3, the 90 s-boot,
+prewarm-off and no-notice prewarm scenarios, plain Slurm's recovery) are kept from earlier
+runs of the same script and say when they were measured.
 
 | script | measures | outcome | wall (s) | CPU (s) |
 |---|---|---|---|---|
