@@ -33,7 +33,9 @@ runs before the measurements. Per run, interleaved, medians over the runs:
   floor of the eager stall (local disk rows only).
 
 ``--runs`` runs per size (``--big-runs`` for states of 1000 MB and more on the local disk,
-``--s3-big-runs`` on S3: moto keeps objects in memory and the machine is shared). Writes the
+``--s3-big-runs`` on S3: moto keeps objects in memory and the machine is shared; 0 keeps those
+rows from the section already in BENCHMARKS.md, saying when they were measured, or measures
+once when there is none). Writes the
 ``checkpoint-io`` section of BENCHMARKS.md. ``--smoke``: 1 MB, one run, both stores, the section
 printed and written to a temporary file only (``make test`` runs it so the script cannot rot).
 
@@ -48,6 +50,7 @@ import argparse
 import logging
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -233,6 +236,13 @@ def _io(args: argparse.Namespace) -> str:
                 print(copy_rows[-1], flush=True)
             if "s3" in args.stores:
                 runs = args.s3_big_runs if size >= 1000 else args.runs
+                if runs == 0:  # kept from the last run that measured it
+                    kept = _kept_rows(Path(args.output), label, "moto S3")
+                    if kept:
+                        stall_rows.append(kept[0])
+                        verdicts.append(kept[1])
+                        continue
+                    runs = 1
                 bucket = new_bucket(endpoint)
                 r = _measure(lambda b=bucket: S3Store(
                     f"s3://{b}/bench run/job=1", endpoint_url=endpoint, addressing_style="path",
@@ -347,6 +357,28 @@ def _torch_version() -> str:
     import torch
 
     return str(torch.__version__)
+
+
+def _kept_rows(output: Path, label: str, store: str) -> tuple[str, str] | None:
+    """The stall row and verdict of ``label`` on ``store`` from the checkpoint-io section
+    already in ``output``, the verdict saying when they were measured; None if absent."""
+    try:
+        text = output.read_text()
+    except OSError:
+        return None
+    section = text.partition("<!-- checkpoint-io:begin -->")[2].partition(
+        "<!-- checkpoint-io:end -->")[0]
+    row = next((line for line in section.splitlines()
+                if line.startswith(f"| {label} | {store} |")), None)
+    verdict = next((line for line in section.splitlines()
+                    if line.startswith(f"- {label}, {store}:")), None)
+    if row is None or verdict is None:
+        return None
+    if "(kept from the run of" not in verdict:
+        when = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d) UTC;", section)
+        verdict += (f" (kept from the run of {when.group(1) if when else 'an earlier run'}: "
+                    f"`--s3-big-runs 0` leaves it out)")
+    return row, verdict
 
 
 def _verdict(label: str, store: str, r: dict[str, Any], fwd_bwd_s: float) -> str:
