@@ -26,7 +26,7 @@ from slurm_spot.checkpoint.elastic import (
 )
 from slurm_spot.cli import cli
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.rendezvous import ELASTIC_MARK, parse_endpoint, serve
+from slurm_spot.jobs.rendezvous import ELASTIC_MARK, format_endpoint, parse_endpoint, serve
 from slurm_spot.jobs.torchrun_agent import ElasticSettings, elastic_torchrun_args, parse_nnodes
 
 
@@ -38,9 +38,16 @@ def test_nnodes_and_endpoint_are_parsed_and_bad_ones_named() -> None:
             parse_nnodes(bad)
     assert parse_endpoint("10.0.0.1:29500") == ("10.0.0.1", 29500)
     assert parse_endpoint("ctl") == ("ctl", 29390)
-    for bad in (":1", "h:0", "h:99999", "h:x"):
-        with pytest.raises(BadInputError, match="--rendezvous"):
+    assert parse_endpoint("ctl-1.example.org:5") == ("ctl-1.example.org", 5)
+    assert parse_endpoint("[::1]:29500") == ("::1", 29500)
+    assert parse_endpoint("[fe80::1]") == ("fe80::1", 29390)
+    assert format_endpoint("::1", 5) == "[::1]:5" and format_endpoint("ctl", 5) == "ctl:5"
+    for bad in (":1", "h:0", "h:99999", "h:x", "h;touch${IFS}/tmp/x:5", "h:1:2", "::1",
+                "[::1]:", "[ctl]:5", "[::g]:5", "-h:5", "h_1:5", "a..b:5", "1.2.3.999:5",
+                "h:\n5", "h\n:5", "h:\uff15", "x" * 64 + ":5", "[::1]:5:6"):
+        with pytest.raises(BadInputError, match="--rendezvous") as caught:
             parse_endpoint(bad)
+        assert repr(bad) in str(caught.value)
 
 
 def test_elastic_torchrun_args_use_the_external_store_and_short_timeouts() -> None:
@@ -111,6 +118,43 @@ def test_rendezvous_command_refuses_a_taken_port_with_exit_2() -> None:
                               text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert f"127.0.0.1:{port}" in proc.stderr
+
+
+def _start_rendezvous(listen: str, port: int) -> subprocess.Popen[str]:
+    store = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
+                              listen, "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    assert store.stderr is not None and "listening" in store.stderr.readline()
+    return store
+
+
+def test_rendezvous_listens_only_on_the_address_given() -> None:
+    """TCPStore(host, is_master=True) alone listens on every interface (ss: *:PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = _start_rendezvous("127.0.0.1", port)
+    try:
+        ss = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                            text=True, timeout=30, check=True)
+        listening = [line.split()[3] for line in ss.stdout.splitlines()]
+        assert listening == [f"127.0.0.1:{port}"], ss.stdout
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # reachable where told
+        with socket.socket() as other, pytest.raises(ConnectionRefusedError):
+            other.settimeout(10)
+            other.connect(("127.0.0.2", port))  # another loopback address: nobody there
+    finally:
+        store.terminate()
+        store.wait(30)
+
+
+@pytest.mark.parametrize("listen", ["no-such-host.invalid", "192.0.2.1", "127.0.0.1;x"])
+def test_rendezvous_refuses_an_address_it_cannot_listen_on_at_once(listen: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen", listen,
+                           "--port", "29390"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot listen on {listen}:29390" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) <= 3
 
 
 def _config(tmp_path: Path) -> Path:

@@ -121,10 +121,9 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             raise BadInputError(f"--{name} is for elastic jobs: add --torchrun --elastic MIN:MAX")
     rendezvous = None
     if "rendezvous" in ours:
-        from slurm_spot.jobs.rendezvous import parse_endpoint
+        from slurm_spot.jobs.rendezvous import format_endpoint, parse_endpoint
 
-        host, port = parse_endpoint(str(ours["rendezvous"]))
-        rendezvous = f"{host}:{port}"
+        rendezvous = format_endpoint(*parse_endpoint(str(ours["rendezvous"])))
     join = str(ours.get("join-timeout", "60"))
     if not join.isdigit() or not 1 <= int(join) <= 86400:
         raise BadInputError(f"--join-timeout={join}: expected seconds, 1..86400")
