@@ -192,6 +192,15 @@ def test_elastic_dry_run_one_step_per_node_no_kill(tmp_path: Path) -> None:
     (["--torchrun", "--rendezvous", "h:1"], "--rendezvous is for elastic jobs"),
     (["--torchrun", "--elastic", "2:3", "--rendezvous", "h:0"], "1..65535"),
     (["--torchrun", "--elastic", "2:3", "--join-timeout", "0"], "--join-timeout"),
+    (["--torchrun", "--elastic", "2:3", "--rendezvous", "h;touch${IFS}/tmp/x:5"],
+     "--rendezvous='h;touch${IFS}/tmp/x:5'"),
+    (["--torchrun", "--elastic", "2:3", "--rendezvous", "::1"], "--rendezvous='::1'"),
+    (["--torchrun", "--elastic", "2:4", "-N", "1"], "-N 1 is outside --elastic 2:4"),
+    (["--torchrun", "--elastic", "2:4", "--nodes=3-5"], "3-5 is outside --elastic 2:4"),
+    (["--torchrun", "--elastic", "2:4", "-N", "x"], "'x' with --elastic 2:4"),
+    (["--torchrun", "--elastic", "2:3", "--elastic", "1:2"], "--elastic given twice"),
+    (["--torchrun", "--elastic", "1:99999999999999999999"], "MAX <= 100000"),
+    (["--torchrun", "--python", "python3\ntouch /tmp/x"], "--python"),
 ])
 def test_bad_elastic_options_exit_2_naming_the_option(tmp_path: Path, words: list[str],
                                                       message: str) -> None:
@@ -201,6 +210,68 @@ def test_bad_elastic_options_exit_2_naming_the_option(tmp_path: Path, words: lis
                                       "--dry-run", str(train)])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_elastic_nodes_within_min_max_are_kept(tmp_path: Path) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    result = CliRunner().invoke(cli, [
+        "--config", str(_config(tmp_path)), "sbatch", "--torchrun", "--elastic", "2:4",
+        "--elastic", "2:4", "--rendezvous", "[::1]:29390", "-N", "3", "--dry-run", "--json",
+        str(train)])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert "-N" in out["argv"] and "3" in out["argv"]
+    assert "--rendezvous='[::1]:29390'" in out["script"]
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("ctl:1\ntouch /tmp/x", "'ctl:1\\ntouch /tmp/x'"),
+    ("ctl:99999", "1..65535"),
+    ("h:1:2", "expected HOST:PORT"),
+    ("", "expected HOST:PORT"),
+])
+def test_bad_rendezvous_variable_exits_2_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   value: str, message: str) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    monkeypatch.setenv("SLURM_SPOT_RENDEZVOUS", value)
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--dry-run", str(train)])
+    assert result.exit_code == 2, result.output
+    assert "$SLURM_SPOT_RENDEZVOUS" in result.output and message in result.output
+
+
+def test_rendezvous_variable_without_port_gets_the_services_port(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    monkeypatch.setenv("SLURM_SPOT_RENDEZVOUS", "ctl")
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--dry-run", "--json", str(train)])
+    assert result.exit_code == 0, result.output
+    assert "--rendezvous=ctl:29390 " in json.loads(result.output)["script"]
+
+
+def test_no_option_value_breaks_a_line_of_the_script(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0\ntouch /tmp/x")
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--rendezvous", "ctl:1", "--dry-run",
+                                      str(train)])
+    assert result.exit_code == 2 and "$GLOO_SOCKET_IFNAME" in result.output
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--rendezvous", "ctl:1", "--dry-run",
+                                      "--json", str(train), "a\nb", "--x=1\n2"])
+    assert result.exit_code == 0, result.output
+    script = json.loads(result.output)["script"]
+    # The script's arguments stay inside single quotes: the only lines that hold them are the
+    # srun command's, no comment line holds them.
+    assert not [ln for ln in script.splitlines() if ln.startswith("#") and "touch" in ln]
+    assert "'a\nb' '--x=1\n2'" in script
 
 
 def _run_batch_script(tmp_path: Path, outcomes: dict[str, str]) -> subprocess.CompletedProcess:
