@@ -313,6 +313,14 @@ def test_batch_script_requeues_when_the_rendezvous_cannot_form_again(tmp_path: P
     assert "for requeue" in proc.stdout
 
 
+def test_batch_script_requeues_when_every_agent_was_told_to_leave(tmp_path: Path) -> None:
+    """The time limit's --signal (no B:) or scancel --signal reaches every step: each agent
+    exits 128 + SIGUSR2 = 140 (the config's preemption signal); nobody is left to train."""
+    proc = _run_batch_script(tmp_path, {"n1": "exit 140", "n2": "exit 140", "n3": "exit 140"})
+    assert proc.returncode == 85, proc.stdout + proc.stderr
+    assert "every agent left on SIGUSR2" in proc.stdout and "for requeue" in proc.stdout
+
+
 def test_batch_script_reports_a_crash_as_a_failure(tmp_path: Path) -> None:
     proc = _run_batch_script(tmp_path, {"n1": "exit 1", "n2": "exit 1", "n3": "exit 140"})
     assert proc.returncode == 1

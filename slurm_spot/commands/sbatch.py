@@ -37,7 +37,18 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
                    python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
                    endpoint: str, join_timeout_s: int) -> str:
     """The batch script of an elastic torchrun job: one job step (one agent) per node,
-    ``--no-kill``, ``--nodes=MIN-MAX`` (pure)."""
+    ``--no-kill``, ``--nodes=MIN-MAX`` (pure). An agent told to leave exits 128 + the
+    preemption signal (``preemption.signal``, slurm_spot.jobs.torchrun_agent); when every
+    agent did, the script exits with the requeue code, as below MIN nodes.
+
+    Raises:
+        BadInputError: ``endpoint`` or ``python`` is not one line.
+    """
+    from slurm_spot.jobs.jobenv import parse_signal
+
+    preempt = parse_signal(config.preemption.signal)
+    _one_line("--rendezvous", endpoint)
+    _one_line("--python", python)
     command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
     return render_template("torchrun-elastic-batch.sh.j2",
         version=__version__, python=shlex.quote(python),
@@ -45,7 +56,8 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
         requeue_exit_code=config.preemption.requeue_exit_code,
         env=[(k, shlex.quote(v)) for k, v in env],
         min_nodes=nodes[0], max_nodes=nodes[1], endpoint=shlex.quote(endpoint),
-        join_timeout_s=join_timeout_s,
+        join_timeout_s=join_timeout_s, signal_name=preempt.name,
+        signalled_exit_code=128 + preempt.number,
     )
 
 
