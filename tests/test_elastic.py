@@ -356,3 +356,31 @@ def test_agent_falls_back_to_requeue_when_fewer_than_min_nodes_rendezvous(
         store.wait(30)
     assert proc.returncode == 85, proc.stderr[-2000:]
     assert "falling back to requeue" in proc.stderr
+
+
+def test_example_trains_when_the_world_is_larger_than_the_global_batch(tmp_path: Path) -> None:
+    """2 ranks, a global batch of 1: rank 1's share is empty every step; it adds zero
+    gradients, so both ranks make the same collective calls (gloo aborts otherwise)."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "train_elastic.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TORCHELASTIC"))}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", str(example), "--global-batch", "1",
+                           "--micro-batch", "1", "--steps", "3", "--checkpoint-every", "2",
+                           "--checkpoint-dir", str(tmp_path / "ck")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert events[-1]["event"] == "done" and events[-1]["step"] == 3
+    assert events[-1]["world_size"] == 2
+
+
+@pytest.mark.parametrize("words", [["--micro-batch", "0"], ["--checkpoint-every", "0"],
+                                   ["--log-every", "0"], ["--global-batch", "0"],
+                                   ["--global-batch", "1798"], ["--steps", "-1"]])
+def test_example_refuses_bad_arguments_with_a_usage_error(tmp_path: Path,
+                                                          words: list[str]) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "train_elastic.py"
+    proc = subprocess.run([sys.executable, str(example), "--checkpoint-dir", str(tmp_path),
+                           *words], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"argument {words[0]}" in proc.stderr and "Traceback" not in proc.stderr
