@@ -64,17 +64,34 @@ from slurm_spot.jobs import jobenv
 REJOIN_EXIT = 86
 
 
+#: Samples in scikit-learn's digits data set (``load_digits``): the largest --global-batch.
+DIGITS_SAMPLES = 1797
+
+
+def _count(low: int, high: int | None = None) -> Any:
+    """An argparse type: an integer in low..high (argparse turns the ValueError into a usage
+    error naming the option)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise ValueError(text)
+        return value
+    parse.__name__ = f"integer in {low}..{high if high is not None else 'inf'}"
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=300, help="total optimizer steps")
+    p.add_argument("--steps", type=_count(0), default=300, help="total optimizer steps")
     p.add_argument("--checkpoint-dir", help="used when $SLURM_SPOT_CHECKPOINT_DIR is unset")
-    p.add_argument("--checkpoint-every", type=int, default=20, help="steps between saves")
-    p.add_argument("--global-batch", type=int, default=96, help="samples per optimizer step")
-    p.add_argument("--micro-batch", type=int, default=32, help="samples per forward pass")
+    p.add_argument("--checkpoint-every", type=_count(1), default=20, help="steps between saves")
+    p.add_argument("--global-batch", type=_count(1, DIGITS_SAMPLES), default=96,
+                   help=f"samples per optimizer step (1..{DIGITS_SAMPLES}, the data set)")
+    p.add_argument("--micro-batch", type=_count(1), default=32, help="samples per forward pass")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step")
-    p.add_argument("--log-every", type=int, default=10, help="steps between step events")
+    p.add_argument("--log-every", type=_count(1), default=10, help="steps between step events")
     p.add_argument("--pg-timeout", type=float, default=30.0,
                    help="seconds a collective may wait for a vanished peer")
     p.add_argument("--sample-log", help="append every rank's samples per step to this file")
@@ -145,11 +162,15 @@ def main(argv: list[str] | None = None) -> None:
                                                    reduction="sum") / args.global_batch
                 loss.backward()
                 total += loss.detach()
+            for param in model.parameters():
+                if param.grad is None:
+                    # An empty share (world size > global batch): this rank adds zeros, so
+                    # every rank makes the same collective calls below.
+                    param.grad = torch.zeros_like(param)
             if distributed:
                 # The mean-loss gradient over the whole global batch, whatever the world size.
                 for param in model.parameters():
-                    if param.grad is not None:
-                        dist.all_reduce(param.grad)
+                    dist.all_reduce(param.grad)
                 dist.all_reduce(total)
             optimizer.step()
             if log is not None:

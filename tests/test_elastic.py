@@ -26,7 +26,7 @@ from slurm_spot.checkpoint.elastic import (
 )
 from slurm_spot.cli import cli
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.rendezvous import ELASTIC_MARK, parse_endpoint, serve
+from slurm_spot.jobs.rendezvous import ELASTIC_MARK, format_endpoint, parse_endpoint, serve
 from slurm_spot.jobs.torchrun_agent import ElasticSettings, elastic_torchrun_args, parse_nnodes
 
 
@@ -38,9 +38,16 @@ def test_nnodes_and_endpoint_are_parsed_and_bad_ones_named() -> None:
             parse_nnodes(bad)
     assert parse_endpoint("10.0.0.1:29500") == ("10.0.0.1", 29500)
     assert parse_endpoint("ctl") == ("ctl", 29390)
-    for bad in (":1", "h:0", "h:99999", "h:x"):
-        with pytest.raises(BadInputError, match="--rendezvous"):
+    assert parse_endpoint("ctl-1.example.org:5") == ("ctl-1.example.org", 5)
+    assert parse_endpoint("[::1]:29500") == ("::1", 29500)
+    assert parse_endpoint("[fe80::1]") == ("fe80::1", 29390)
+    assert format_endpoint("::1", 5) == "[::1]:5" and format_endpoint("ctl", 5) == "ctl:5"
+    for bad in (":1", "h:0", "h:99999", "h:x", "h;touch${IFS}/tmp/x:5", "h:1:2", "::1",
+                "[::1]:", "[ctl]:5", "[::g]:5", "-h:5", "h_1:5", "a..b:5", "1.2.3.999:5",
+                "h:\n5", "h\n:5", "h:\uff15", "x" * 64 + ":5", "[::1]:5:6"):
+        with pytest.raises(BadInputError, match="--rendezvous") as caught:
             parse_endpoint(bad)
+        assert repr(bad) in str(caught.value)
 
 
 def test_elastic_torchrun_args_use_the_external_store_and_short_timeouts() -> None:
@@ -113,6 +120,43 @@ def test_rendezvous_command_refuses_a_taken_port_with_exit_2() -> None:
     assert f"127.0.0.1:{port}" in proc.stderr
 
 
+def _start_rendezvous(listen: str, port: int) -> subprocess.Popen[str]:
+    store = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
+                              listen, "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    assert store.stderr is not None and "listening" in store.stderr.readline()
+    return store
+
+
+def test_rendezvous_listens_only_on_the_address_given() -> None:
+    """TCPStore(host, is_master=True) alone listens on every interface (ss: *:PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = _start_rendezvous("127.0.0.1", port)
+    try:
+        ss = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                            text=True, timeout=30, check=True)
+        listening = [line.split()[3] for line in ss.stdout.splitlines()]
+        assert listening == [f"127.0.0.1:{port}"], ss.stdout
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # reachable where told
+        with socket.socket() as other, pytest.raises(ConnectionRefusedError):
+            other.settimeout(10)
+            other.connect(("127.0.0.2", port))  # another loopback address: nobody there
+    finally:
+        store.terminate()
+        store.wait(30)
+
+
+@pytest.mark.parametrize("listen", ["no-such-host.invalid", "192.0.2.1", "127.0.0.1;x"])
+def test_rendezvous_refuses_an_address_it_cannot_listen_on_at_once(listen: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen", listen,
+                           "--port", "29390"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot listen on {listen}:29390" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) <= 3
+
+
 def _config(tmp_path: Path) -> Path:
     config = tmp_path / "spot.yaml"
     config.write_text(yaml.safe_dump({
@@ -148,6 +192,15 @@ def test_elastic_dry_run_one_step_per_node_no_kill(tmp_path: Path) -> None:
     (["--torchrun", "--rendezvous", "h:1"], "--rendezvous is for elastic jobs"),
     (["--torchrun", "--elastic", "2:3", "--rendezvous", "h:0"], "1..65535"),
     (["--torchrun", "--elastic", "2:3", "--join-timeout", "0"], "--join-timeout"),
+    (["--torchrun", "--elastic", "2:3", "--rendezvous", "h;touch${IFS}/tmp/x:5"],
+     "--rendezvous='h;touch${IFS}/tmp/x:5'"),
+    (["--torchrun", "--elastic", "2:3", "--rendezvous", "::1"], "--rendezvous='::1'"),
+    (["--torchrun", "--elastic", "2:4", "-N", "1"], "-N 1 is outside --elastic 2:4"),
+    (["--torchrun", "--elastic", "2:4", "--nodes=3-5"], "3-5 is outside --elastic 2:4"),
+    (["--torchrun", "--elastic", "2:4", "-N", "x"], "'x' with --elastic 2:4"),
+    (["--torchrun", "--elastic", "2:3", "--elastic", "1:2"], "--elastic given twice"),
+    (["--torchrun", "--elastic", "1:99999999999999999999"], "MAX <= 100000"),
+    (["--torchrun", "--python", "python3\ntouch /tmp/x"], "--python"),
 ])
 def test_bad_elastic_options_exit_2_naming_the_option(tmp_path: Path, words: list[str],
                                                       message: str) -> None:
@@ -157,6 +210,68 @@ def test_bad_elastic_options_exit_2_naming_the_option(tmp_path: Path, words: lis
                                       "--dry-run", str(train)])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_elastic_nodes_within_min_max_are_kept(tmp_path: Path) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    result = CliRunner().invoke(cli, [
+        "--config", str(_config(tmp_path)), "sbatch", "--torchrun", "--elastic", "2:4",
+        "--elastic", "2:4", "--rendezvous", "[::1]:29390", "-N", "3", "--dry-run", "--json",
+        str(train)])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert "-N" in out["argv"] and "3" in out["argv"]
+    assert "--rendezvous='[::1]:29390'" in out["script"]
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("ctl:1\ntouch /tmp/x", "'ctl:1\\ntouch /tmp/x'"),
+    ("ctl:99999", "1..65535"),
+    ("h:1:2", "expected HOST:PORT"),
+    ("", "expected HOST:PORT"),
+])
+def test_bad_rendezvous_variable_exits_2_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   value: str, message: str) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    monkeypatch.setenv("SLURM_SPOT_RENDEZVOUS", value)
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--dry-run", str(train)])
+    assert result.exit_code == 2, result.output
+    assert "$SLURM_SPOT_RENDEZVOUS" in result.output and message in result.output
+
+
+def test_rendezvous_variable_without_port_gets_the_services_port(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    monkeypatch.setenv("SLURM_SPOT_RENDEZVOUS", "ctl")
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--dry-run", "--json", str(train)])
+    assert result.exit_code == 0, result.output
+    assert "--rendezvous=ctl:29390 " in json.loads(result.output)["script"]
+
+
+def test_no_option_value_breaks_a_line_of_the_script(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0\ntouch /tmp/x")
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--rendezvous", "ctl:1", "--dry-run",
+                                      str(train)])
+    assert result.exit_code == 2 and "$GLOO_SOCKET_IFNAME" in result.output
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--rendezvous", "ctl:1", "--dry-run",
+                                      "--json", str(train), "a\nb", "--x=1\n2"])
+    assert result.exit_code == 0, result.output
+    script = json.loads(result.output)["script"]
+    # The script's arguments stay inside single quotes: the only lines that hold them are the
+    # srun command's, no comment line holds them.
+    assert not [ln for ln in script.splitlines() if ln.startswith("#") and "touch" in ln]
+    assert "'a\nb' '--x=1\n2'" in script
 
 
 def _run_batch_script(tmp_path: Path, outcomes: dict[str, str]) -> subprocess.CompletedProcess:
@@ -198,6 +313,14 @@ def test_batch_script_requeues_when_the_rendezvous_cannot_form_again(tmp_path: P
     assert "for requeue" in proc.stdout
 
 
+def test_batch_script_requeues_when_every_agent_was_told_to_leave(tmp_path: Path) -> None:
+    """The time limit's --signal (no B:) or scancel --signal reaches every step: each agent
+    exits 128 + SIGUSR2 = 140 (the config's preemption signal); nobody is left to train."""
+    proc = _run_batch_script(tmp_path, {"n1": "exit 140", "n2": "exit 140", "n3": "exit 140"})
+    assert proc.returncode == 85, proc.stdout + proc.stderr
+    assert "every agent left on SIGUSR2" in proc.stdout and "for requeue" in proc.stdout
+
+
 def test_batch_script_reports_a_crash_as_a_failure(tmp_path: Path) -> None:
     proc = _run_batch_script(tmp_path, {"n1": "exit 1", "n2": "exit 1", "n3": "exit 140"})
     assert proc.returncode == 1
@@ -233,3 +356,31 @@ def test_agent_falls_back_to_requeue_when_fewer_than_min_nodes_rendezvous(
         store.wait(30)
     assert proc.returncode == 85, proc.stderr[-2000:]
     assert "falling back to requeue" in proc.stderr
+
+
+def test_example_trains_when_the_world_is_larger_than_the_global_batch(tmp_path: Path) -> None:
+    """2 ranks, a global batch of 1: rank 1's share is empty every step; it adds zero
+    gradients, so both ranks make the same collective calls (gloo aborts otherwise)."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "train_elastic.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TORCHELASTIC"))}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", str(example), "--global-batch", "1",
+                           "--micro-batch", "1", "--steps", "3", "--checkpoint-every", "2",
+                           "--checkpoint-dir", str(tmp_path / "ck")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert events[-1]["event"] == "done" and events[-1]["step"] == 3
+    assert events[-1]["world_size"] == 2
+
+
+@pytest.mark.parametrize("words", [["--micro-batch", "0"], ["--checkpoint-every", "0"],
+                                   ["--log-every", "0"], ["--global-batch", "0"],
+                                   ["--global-batch", "1798"], ["--steps", "-1"]])
+def test_example_refuses_bad_arguments_with_a_usage_error(tmp_path: Path,
+                                                          words: list[str]) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "train_elastic.py"
+    proc = subprocess.run([sys.executable, str(example), "--checkpoint-dir", str(tmp_path),
+                           *words], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"argument {words[0]}" in proc.stderr and "Traceback" not in proc.stderr

@@ -9,7 +9,8 @@ from slurm_spot.errors import BadInputError
 
 @click.command("rendezvous")
 @click.option("--listen", default="0.0.0.0", show_default=True,
-              help="Address to listen on (0.0.0.0: every interface).")
+              help="Address (or name) to listen on, and only there (0.0.0.0: every IPv4 "
+                   "interface; '::': every interface).")
 @click.option("--port", type=click.IntRange(1, 65535), default=None,
               help="TCP port [default: 29390].")
 def rendezvous_command(listen: str, port: int | None) -> None:
@@ -18,7 +19,7 @@ def rendezvous_command(listen: str, port: int | None) -> None:
     Run it on the controller, or any machine that is not a spot node; jobs submitted with
     'slurm-spot sbatch --torchrun --elastic MIN:MAX' reach it at --rendezvous HOST:PORT
     (default: the controller, port 29390). Needs torch on this machine."""
-    from slurm_spot.jobs.rendezvous import DEFAULT_PORT, serve
+    from slurm_spot.jobs.rendezvous import DEFAULT_PORT, format_endpoint, serve
 
     try:
         import torch.distributed  # noqa: F401
@@ -27,11 +28,11 @@ def rendezvous_command(listen: str, port: int | None) -> None:
                             "pip install 'slurm-spot[train]'") from None
 
     def ready(bound: int) -> None:
-        click.echo(f"slurm-spot rendezvous: c10d store listening on {listen}:{bound}",
-                   err=True)
+        click.echo("slurm-spot rendezvous: c10d store listening on "
+                   f"{format_endpoint(listen, bound)}", err=True)
 
     try:
-        serve(listen, port or DEFAULT_PORT, ready)
+        serve(listen, port or DEFAULT_PORT, ready)  # BadInputError names listen:port
     except RuntimeError as exc:
         raise BadInputError(f"cannot listen on {listen}:{port or DEFAULT_PORT}: {exc}") from None
 

@@ -37,7 +37,18 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
                    python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
                    endpoint: str, join_timeout_s: int) -> str:
     """The batch script of an elastic torchrun job: one job step (one agent) per node,
-    ``--no-kill``, ``--nodes=MIN-MAX`` (pure)."""
+    ``--no-kill``, ``--nodes=MIN-MAX`` (pure). An agent told to leave exits 128 + the
+    preemption signal (``preemption.signal``, slurm_spot.jobs.torchrun_agent); when every
+    agent did, the script exits with the requeue code, as below MIN nodes.
+
+    Raises:
+        BadInputError: ``endpoint`` or ``python`` is not one line.
+    """
+    from slurm_spot.jobs.jobenv import parse_signal
+
+    preempt = parse_signal(config.preemption.signal)
+    _one_line("--rendezvous", endpoint)
+    _one_line("--python", python)
     command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
     return render_template("torchrun-elastic-batch.sh.j2",
         version=__version__, python=shlex.quote(python),
@@ -45,31 +56,42 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
         requeue_exit_code=config.preemption.requeue_exit_code,
         env=[(k, shlex.quote(v)) for k, v in env],
         min_nodes=nodes[0], max_nodes=nodes[1], endpoint=shlex.quote(endpoint),
-        join_timeout_s=join_timeout_s,
+        join_timeout_s=join_timeout_s, signal_name=preempt.name,
+        signalled_exit_code=128 + preempt.number,
     )
 
 
 def default_rendezvous(config: SpotConfig) -> str:
-    """Where elastic jobs rendezvous unless ``--rendezvous`` says: ``$SLURM_SPOT_RENDEZVOUS``,
-    else the controller (``SlurmctldHost``'s address, else its name, from ``scontrol show
-    config``) at :data:`~slurm_spot.jobs.rendezvous.DEFAULT_PORT`.
+    """Where elastic jobs rendezvous unless ``--rendezvous`` says: ``$SLURM_SPOT_RENDEZVOUS``
+    (checked as ``--rendezvous`` is; set but empty is an error too), else the controller
+    (``SlurmctldHost``'s address, else its name, from ``scontrol show config``) at
+    :data:`~slurm_spot.jobs.rendezvous.DEFAULT_PORT`.
 
     Raises:
-        BadInputError: neither is known (names --rendezvous).
+        BadInputError: neither is known (names --rendezvous); ``$SLURM_SPOT_RENDEZVOUS`` is no
+            HOST:PORT (names the variable).
     """
     import re
 
-    from slurm_spot.jobs.rendezvous import DEFAULT_PORT
+    from slurm_spot.jobs.rendezvous import (
+        DEFAULT_PORT,
+        format_endpoint,
+        parse_endpoint,
+        parse_host,
+    )
 
-    if os.environ.get("SLURM_SPOT_RENDEZVOUS"):
-        return os.environ["SLURM_SPOT_RENDEZVOUS"]
+    if "SLURM_SPOT_RENDEZVOUS" in os.environ:
+        return format_endpoint(*parse_endpoint(os.environ["SLURM_SPOT_RENDEZVOUS"],
+                                               "$SLURM_SPOT_RENDEZVOUS"))
     proc = run_command([str(config.slurm_bin_dir / "scontrol"), "show", "config"], 30)
     found = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout,
                       re.MULTILINE) if proc.returncode == 0 else None
     if found is None:
         raise BadInputError("--elastic: cannot tell where the controller is (scontrol show "
                             "config); give --rendezvous HOST:PORT (slurm-spot rendezvous)")
-    return f"{found.group(2) or found.group(1)}:{DEFAULT_PORT}"
+    host = parse_host(found.group(2) or found.group(1), "SlurmctldHost (scontrol show config); "
+                      "give --rendezvous HOST:PORT instead")
+    return format_endpoint(host, DEFAULT_PORT)
 
 
 #: Per-job checkpoint settings: passed to the job in its environment (sbatch's default
@@ -100,6 +122,41 @@ def _job_env(values: dict[str, str]) -> dict[str, str]:
     return values
 
 
+def _one_line(where: str, value: str) -> str:
+    """``value`` if it has no line break (a value rendered into the batch script must not
+    start a line of its own there).
+
+    Raises:
+        BadInputError: it has one (names ``where``).
+    """
+    if any(c in value for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"):
+        raise BadInputError(f"{where}={value!r}: the value must be one line")
+    return value
+
+
+def _check_nodes_within(options: list[str], elastic: tuple[int, int]) -> None:
+    """An ``-N``/``--nodes`` given with ``--elastic MIN:MAX`` must lie within MIN..MAX: sbatch's
+    -N replaces the script's ``--nodes=MIN-MAX``, and a job given fewer than MIN nodes can
+    never form its rendezvous (it would be requeued forever); nodes beyond MAX get no rank.
+
+    Raises:
+        BadInputError: it does not, or it is not ``N`` or ``A-B`` (names both options).
+    """
+    from slurm_spot.jobs.sbatch import option_values
+
+    low, high = elastic
+    for value in option_values(options, "--nodes", "-N"):
+        first, sep, last = value.partition("-")
+        last = last if sep else first
+        if not (first.isascii() and first.isdigit() and last.isascii() and last.isdigit()):
+            raise BadInputError(f"--nodes/-N {value!r} with --elastic {low}:{high}: expected "
+                                f"N or A-B within {low}..{high} (or leave -N out)")
+        if not low <= int(first) <= int(last) <= high:
+            raise BadInputError(f"--nodes/-N {value} is outside --elastic {low}:{high}: the "
+                                f"job needs {low} to {high} nodes (leave -N out, or give a "
+                                f"count within {low}..{high})")
+
+
 def _our_options(line: CommandLine) -> dict[str, object]:
     """slurm-spot's own options from the parsed command line, checked (BadInputError names
     the option)."""
@@ -116,21 +173,23 @@ def _our_options(line: CommandLine) -> dict[str, object]:
         if not ours.get("torchrun"):
             raise BadInputError("--elastic needs --torchrun (it starts elastic torchrun agents)")
         elastic = parse_nnodes(str(ours["elastic"]))
+        _check_nodes_within(line.options, elastic)
     for name in ("rendezvous", "join-timeout"):
         if name in ours and elastic is None:
             raise BadInputError(f"--{name} is for elastic jobs: add --torchrun --elastic MIN:MAX")
     rendezvous = None
     if "rendezvous" in ours:
-        from slurm_spot.jobs.rendezvous import parse_endpoint
+        from slurm_spot.jobs.rendezvous import format_endpoint, parse_endpoint
 
-        host, port = parse_endpoint(str(ours["rendezvous"]))
-        rendezvous = f"{host}:{port}"
+        rendezvous = format_endpoint(*parse_endpoint(str(ours["rendezvous"])))
     join = str(ours.get("join-timeout", "60"))
     if not join.isdigit() or not 1 <= int(join) <= 86400:
         raise BadInputError(f"--join-timeout={join}: expected seconds, 1..86400")
+    python = str(ours.get("python", sys.executable))
+    _one_line("--python", python)
     return {"torchrun": bool(ours.get("torchrun")), "dry_run": bool(ours.get("dry-run")),
             "json": bool(ours.get("json")), "nproc": int(nproc),
-            "python": str(ours.get("python", sys.executable)), "job_env": job_env,
+            "python": python, "job_env": job_env,
             "elastic": elastic, "rendezvous": rendezvous, "join_timeout": int(join)}
 
 
@@ -178,8 +237,9 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     if not path.is_file():
         raise BadInputError(f"{script}: no such file")
     if ours["torchrun"]:
-        env = [("GLOO_SOCKET_IFNAME", os.environ["GLOO_SOCKET_IFNAME"])] if os.environ.get(
-            "GLOO_SOCKET_IFNAME") else []
+        env = [("GLOO_SOCKET_IFNAME", _one_line("$GLOO_SOCKET_IFNAME",
+                                                os.environ["GLOO_SOCKET_IFNAME"]))
+               ] if os.environ.get("GLOO_SOCKET_IFNAME") else []
         if ours["elastic"] is not None:
             endpoint = str(ours["rendezvous"] or default_rendezvous(config))
             text = elastic_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]

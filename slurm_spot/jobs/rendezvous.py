@@ -18,13 +18,16 @@ keeps its keys in memory only; if the service restarts, running elastic jobs kee
 jobs fall back to requeue.
 
 The service is ``TCPStore(host, port, is_master=True, wait_for_workers=False,
-multi_tenant=True)`` (torch.distributed's TCPStore documentation); it runs until SIGTERM or
-SIGINT.
+multi_tenant=True, master_listen_fd=...)`` (torch.distributed's TCPStore documentation) on a
+socket bound to ``host`` only; it runs until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -40,34 +43,134 @@ ELASTIC_MARK = "# slurm-spot: elastic job (one job step per node)"
 DEFAULT_PORT = 29390
 
 
-def parse_endpoint(text: str, where: str = "--rendezvous") -> tuple[str, int]:
-    """``HOST:PORT`` -> (host, port); ``HOST`` alone -> port :data:`DEFAULT_PORT`.
+#: A hostname as RFC 1123 (section 2.1) allows it: dot-separated labels of 1-63 letters, digits
+#: and hyphens, neither starting nor ending with a hyphen; 253 characters at most.
+_LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+
+
+def _host_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as a host (see :func:`parse_host`); None if nothing."""
+    if ":" in text:
+        try:
+            ipaddress.IPv6Address(text)
+        except ValueError:
+            return "not an IPv6 address"
+        return None
+    if len(text) <= 253 and _HOSTNAME.fullmatch(text):
+        if not text.rsplit(".", 1)[-1].isdigit():
+            return None
+        try:  # all-digit last label: it has to be an IPv4 address, not 1.2.3.999
+            ipaddress.IPv4Address(text)
+            return None
+        except ValueError:
+            pass
+    return "expected a hostname (RFC 1123), an IPv4 address or [IPv6]"
+
+
+def parse_host(text: str, where: str = "--rendezvous") -> str:
+    """Check one host: an RFC 1123 hostname, an IPv4 address, or an IPv6 address (without the
+    brackets); returns it unchanged.
 
     Raises:
-        BadInputError: an empty host, or a port that is no number in 1..65535 (names ``where``).
+        BadInputError: anything else (names ``where`` and the value).
     """
     from slurm_spot.errors import BadInputError
 
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep:
-        host, port_text = text.strip(), str(DEFAULT_PORT)
-    if not host or any(c.isspace() for c in host):
+    problem = _host_problem(text)
+    if problem:
+        raise BadInputError(f"{where}={text!r}: {problem}")
+    return text
+
+
+def parse_endpoint(text: str, where: str = "--rendezvous") -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT``, or either without ``:PORT`` (port :data:`DEFAULT_PORT`)
+    -> (host, port); the host is an RFC 1123 hostname, an IPv4 address, or an IPv6 address
+    (returned without brackets). torchrun reads ``--rdzv-endpoint`` the same way
+    (torch/distributed/elastic/rendezvous/utils.py, ``parse_rendezvous_endpoint``).
+
+    Raises:
+        BadInputError: anything else: an empty or malformed host (``h;x``, a bare IPv6
+            address such as ``::1``, ``h:1:2``), a port that is no number in 1..65535; the
+            message names ``where`` and the value.
+    """
+    from slurm_spot.errors import BadInputError
+
+    value = text.strip()
+    bracketed = re.fullmatch(r"\[([^\]]*)\](?::(.*))?", value, re.DOTALL)
+    if bracketed:
+        host, port_text = bracketed.group(1), bracketed.group(2)
+        if ":" not in host:
+            raise BadInputError(f"{where}={text!r}: [...] is for IPv6 addresses")
+    elif value.count(":") > 1:
+        raise BadInputError(f"{where}={text!r}: expected HOST:PORT (an IPv6 address goes in "
+                            "brackets: [::1]:29390)")
+    else:
+        host, sep, port_text = value.partition(":")
+        port_text = port_text if sep else None
+    if not host:
         raise BadInputError(f"{where}={text!r}: expected HOST:PORT")
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    problem = _host_problem(host)
+    if problem:
+        raise BadInputError(f"{where}={text!r}: {problem}")
+    if port_text is None:
+        return host, DEFAULT_PORT
+    if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
         raise BadInputError(f"{where}={text!r}: the port must be a number in 1..65535")
     return host, int(port_text)
 
 
-def open_store(host: str, port: int) -> Any:
-    """Start hosting a TCPStore on ``host:port`` (``0.0.0.0`` for every interface); returns it.
+def format_endpoint(host: str, port: int) -> str:
+    """(host, port) -> ``HOST:PORT``, an IPv6 address in brackets (``[::1]:29390``), as
+    torchrun's ``--rdzv-endpoint`` reads it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``0.0.0.0``/``::``: every interface) and listening.
 
     Raises:
-        RuntimeError: the port is taken (torch's message says so).
+        BadInputError: ``host`` does not resolve, or the address cannot be bound (taken port,
+            an address of no interface here); the message names ``host:port``.
+    """
+    from slurm_spot.errors import BadInputError
+
+    where = f"{format_endpoint(host, port)}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise BadInputError(f"cannot listen on {where}: {exc}") from None
+    family, kind, proto, _name, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and host in ("::", "[::]"):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        raise BadInputError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    return sock
+
+
+def open_store(host: str, port: int) -> Any:
+    """Start hosting a TCPStore on ``host:port`` only (``0.0.0.0`` for every interface);
+    returns it. ``TCPStore(host, is_master=True)`` alone would listen on every address
+    whatever ``host`` says, so the socket is bound here (:func:`listen_socket`) and handed to
+    the store as ``master_listen_fd`` (torch 2.13's TCPStore signature); the store owns it.
+
+    Raises:
+        BadInputError: ``host`` does not resolve, the port is taken, or the address is not
+            this machine's.
     """
     from torch.distributed import TCPStore
 
-    return TCPStore(host, port, is_master=True, wait_for_workers=False, multi_tenant=True,
-                    timeout=timedelta(seconds=30))
+    sock = listen_socket(host, port)
+    bound = sock.getsockname()[1]
+    return TCPStore(host, bound, is_master=True, wait_for_workers=False, multi_tenant=True,
+                    timeout=timedelta(seconds=30), master_listen_fd=sock.detach())
 
 
 def serve(host: str, port: int, ready: Callable[[int], None] | None = None,
@@ -76,7 +179,7 @@ def serve(host: str, port: int, ready: Callable[[int], None] | None = None,
     the store accepts connections.
 
     Raises:
-        RuntimeError: the port is taken.
+        BadInputError: see :func:`open_store`.
     """
     stop = stop or threading.Event()
 

@@ -139,6 +139,9 @@ def _long(words: Sequence[str], i: int, line: CommandLine) -> int:
             raise BadInputError(f"option --{full} needs a value")
         value = words[i + 1]
     if full in OURS:
+        if needs and full in line.ours and line.ours[full] != value:
+            raise BadInputError(f"--{full} given twice ({line.ours[full]!r} and {value!r}): "
+                                "give it once")
         line.ours[full] = value if needs else True
     elif full in ("help",):
         line.help = True

@@ -98,17 +98,24 @@ class ElasticSettings:
 ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
+#: The most nodes ``--elastic`` accepts: a sanity cap (Slurm's own node limit depends on the
+#: build and configuration; no cluster of slurm-spot's is near it).
+MAX_NODES = 100000
+
+
 def parse_nnodes(text: str, where: str = "--elastic") -> tuple[int, int]:
     """``MIN:MAX`` (or ``N``, meaning N:N) -> (min, max).
 
     Raises:
-        BadInputError: not two positive integers with MIN <= MAX (names ``where``).
+        BadInputError: not two positive integers with MIN <= MAX <= :data:`MAX_NODES`
+            (names ``where``).
     """
     low, sep, high = text.strip().partition(":")
     high = high if sep else low
-    if not (low.isdigit() and high.isdigit()) or not 1 <= int(low) <= int(high):
+    if not (low.isascii() and low.isdigit() and high.isascii() and high.isdigit()) or not (
+            1 <= int(low) <= int(high) <= MAX_NODES):
         raise BadInputError(f"{where}={text!r}: expected MIN:MAX, two positive integers with "
-                            "MIN <= MAX (e.g. 2:4)")
+                            f"MIN <= MAX <= {MAX_NODES} (e.g. 2:4)")
     return int(low), int(high)
 
 
