@@ -125,10 +125,7 @@ class Snapshotter:
 
     def _buffer(self, where: str, t: torch.Tensor) -> torch.Tensor:
         buf = self._pool.get(where)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype \
-                or t.layout != torch.strided:
-            if t.layout != torch.strided:
-                return t.detach().to("cpu", copy=True)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
             self._pool[where] = buf
         return buf
@@ -150,21 +147,17 @@ class Snapshotter:
         """
         if value is None:
             return None, None
-        from torch.distributed.tensor import DTensor
-
-        deferred = {_storage_key(t) for t in defer if t.numel()}
+        deferred = {_storage_key(t) for t in defer if _plain(t) and t.numel()}
         pending = PendingCopies(step)
         memo: dict[int, Any] = {}
         cuda_copies = False
 
         def copy(t: torch.Tensor, where: str) -> torch.Tensor:
             nonlocal cuda_copies
-            if isinstance(t, DTensor):
-                return t.detach().clone()
+            if not _plain(t):  # copied as it is, the way save() writes it
+                return _copy_as_is(t)
             t = t.detach()
             buf = self._buffer(where, t)
-            if buf.layout != torch.strided:  # a sparse tensor: copied as it is
-                return buf
             if t.numel() and _storage_key(t) in deferred:
                 pending.copies.append(_Copy(where, t, buf, t._version))
             elif t.is_cuda:
@@ -197,6 +190,26 @@ class Snapshotter:
             pending._event = torch.cuda.current_stream(
                 next(c.source.device for c in pending.copies if c.source.is_cuda)).record_event()
         return snapshot, pending
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """Whether ``t`` can be copied into a reused ``torch.empty`` host buffer: a dense
+    (strided) tensor with real storage, of class ``torch.Tensor`` or ``nn.Parameter``, not
+    quantized (``torch.empty`` cannot make a quantized tensor: it has no quantizer), not a
+    nested tensor (no sizes), not on the meta device (no data), not a DTensor."""
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
+            and not t.is_quantized and not t.is_nested and not t.is_meta)
+
+
+def _copy_as_is(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a tensor that has no reusable buffer (sparse, quantized, nested, meta, a
+    subclass such as DTensor): ``detach().clone()``, which keeps its layout, quantizer and
+    class, so the snapshot holds what :meth:`Checkpointer.save` would have written at the
+    call. A CUDA sparse tensor is copied to the host (``Tensor.to``) as the buffers are."""
+    t = t.detach()
+    if t.is_cuda and type(t) is torch.Tensor and t.layout != torch.strided:
+        return t.to("cpu", copy=True)
+    return t.clone()
 
 
 def copy_into(target: torch.Tensor, source: torch.Tensor) -> None:
