@@ -5,6 +5,8 @@ subclasses come back as what they were (a defaultdict keeps its default_factory)
 
 from __future__ import annotations
 
+import collections
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -105,3 +107,71 @@ def test_a_snapshot_of_odd_tensors_is_not_changed_by_changing_them_in_place() ->
         state[name].mul_(-3)
     assert snapshot["qint8"].data_ptr() != state["qint8"].data_ptr()
     _same(expected, snapshot, "snapshot")
+
+
+class _Alike:
+    """Two instances print alike (and are different keys)."""
+
+    def __repr__(self) -> str:
+        return "<alike>"
+
+
+def test_keys_that_print_alike_get_a_buffer_each() -> None:
+    nan_a, nan_b = float("nan"), float("nan")
+    one, two = _Alike(), _Alike()
+    state: dict[str, dict[Any, torch.Tensor]] = {"nan": {nan_a: torch.zeros(4), nan_b: torch.ones(4)},
+             "alike": {one: torch.full((2,), 3.0), two: torch.full((2,), 4.0)}}
+    snap = Snapshotter()
+    for step in (1, 2):  # the second take reuses the buffers of the first
+        snapshot, _ = snap.take(state, step)
+        assert list(snapshot["nan"].keys()) == [nan_a, nan_b]
+        _same(list(state["nan"].values()), list(snapshot["nan"].values()), "nan")
+        assert list(snapshot["alike"].keys()) == [one, two]
+        _same(list(state["alike"].values()), list(snapshot["alike"].values()), "alike")
+        for values in state["nan"].values():
+            values.add_(10)
+
+
+def test_save_async_keeps_tensors_under_nan_keys_apart(tmp_path: Path) -> None:
+    model = nn.Linear(2, 2)
+    state = TrainState(model, step=3, extra={"by_loss": {math.nan: torch.zeros(3),
+                                                         -math.nan: torch.ones(3)}})
+    ckpt = Checkpointer(tmp_path)  # held: the writer thread ends with its checkpointer
+    saved = _saved(ckpt.save_async(state).wait(60))
+    assert [v.tolist() for v in saved["extra"]["by_loss"].values()] == [[0.0] * 3, [1.0] * 3]
+
+
+class _Tagged(dict):  # type: ignore[type-arg]
+    """A dict subclass with an attribute of its own."""
+
+    def __init__(self, *args: Any, tag: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tag = tag
+
+
+class _Frozen(dict):  # type: ignore[type-arg]
+    """A dict subclass that cannot be rebuilt item by item."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise TypeError("frozen")
+
+
+def test_dict_subclasses_come_back_as_they_were() -> None:
+    default: collections.defaultdict[str, Any] = collections.defaultdict(
+        list, {"a": torch.arange(3.0)})
+    ordered = collections.OrderedDict([("z", torch.ones(1)), ("a", torch.zeros(1))])
+    tagged = _Tagged({"w": torch.ones(2)}, tag="ema")
+    frozen = _Frozen({"x": torch.ones(2)})
+    snapshot, _ = Snapshotter().take(
+        {"d": default, "o": ordered, "t": tagged, "f": frozen}, 1)
+    assert type(snapshot["d"]) is collections.defaultdict
+    assert snapshot["d"].default_factory is list
+    _same(dict(default), dict(snapshot["d"]))
+    assert snapshot["d"]["missing"] == []
+    assert type(snapshot["o"]) is collections.OrderedDict and list(snapshot["o"]) == ["z", "a"]
+    assert type(snapshot["t"]) is _Tagged and snapshot["t"].tag == "ema"
+    _same(dict(tagged), dict(snapshot["t"]))
+    assert type(snapshot["f"]) is dict  # documented fallback: a plain dict of the same items
+    _same(dict(frozen), snapshot["f"])
+    default["a"].add_(5)
+    assert snapshot["d"]["a"].tolist() == [0.0, 1.0, 2.0]
