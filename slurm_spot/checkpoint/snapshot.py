@@ -113,24 +113,33 @@ class Snapshotter:
     """Takes snapshots of a payload (nested dicts, lists, tuples of tensors and plain values)
     into host buffers kept between saves.
 
-    Each buffer is keyed by its place in the payload; a buffer of the same shape, dtype and
-    layout is overwritten instead of allocated again (a fresh 100 MB allocation costs more in
-    page faults than the copy). For CUDA tensors the buffers are pinned host memory and the
+    Each buffer is keyed by its place in the payload (the index of each dict item, list or
+    tuple element on the way to it, so keys that print alike never share one); a buffer of
+    the same shape and dtype is overwritten instead of allocated again (a fresh 100 MB
+    allocation costs more in page faults than the copy); buffers of places gone from the
+    payload are freed. For CUDA tensors the buffers are pinned host memory and the
     copies asynchronous (one synchronisation at the end). The caller reuses a Snapshotter
     only after the writer that read its previous snapshot is done.
+
+    Containers keep their type: dict and list subclasses are rebuilt as :mod:`copy` rebuilds
+    them (a ``defaultdict`` keeps its ``default_factory``, an ``OrderedDict`` its order; one
+    that cannot be rebuilt item by item becomes a plain dict or list), named tuples with
+    ``_make``; any other value is deep-copied.
     """
 
     def __init__(self) -> None:
-        self._pool: dict[str, torch.Tensor] = {}
+        # keyed by structural position (:data:`_Place`), never by repr: two keys with the
+        # same repr (two float('nan') keys, objects with one __repr__) must not share a buffer
+        self._pool: dict[_Place, torch.Tensor] = {}
 
-    def _buffer(self, where: str, t: torch.Tensor) -> torch.Tensor:
-        buf = self._pool.get(where)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype \
-                or t.layout != torch.strided:
-            if t.layout != torch.strided:
-                return t.detach().to("cpu", copy=True)
+    def _buffer(self, place: _Place, t: torch.Tensor, used: dict[_Place, torch.Tensor]
+                ) -> torch.Tensor:
+        """A host buffer for the plain strided tensor ``t`` at ``place``, reused when the
+        previous snapshot had one of the same shape and dtype there."""
+        buf = self._pool.get(place)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
-            self._pool[where] = buf
+        used[place] = buf
         return buf
 
     def take(self, value: Any, step: int, defer: Iterable[torch.Tensor] = ()) -> tuple[
@@ -150,21 +159,18 @@ class Snapshotter:
         """
         if value is None:
             return None, None
-        from torch.distributed.tensor import DTensor
-
-        deferred = {_storage_key(t) for t in defer if t.numel()}
+        deferred = {_storage_key(t) for t in defer if _plain(t) and t.numel()}
         pending = PendingCopies(step)
         memo: dict[int, Any] = {}
+        used: dict[_Place, torch.Tensor] = {}
         cuda_copies = False
 
-        def copy(t: torch.Tensor, where: str) -> torch.Tensor:
+        def copy(t: torch.Tensor, where: str, place: _Place) -> torch.Tensor:
             nonlocal cuda_copies
-            if isinstance(t, DTensor):
-                return t.detach().clone()
+            if not _plain(t):  # copied as it is, the way save() writes it
+                return _copy_as_is(t)
             t = t.detach()
-            buf = self._buffer(where, t)
-            if buf.layout != torch.strided:  # a sparse tensor: copied as it is
-                return buf
+            buf = self._buffer(place, t, used)
             if t.numel() and _storage_key(t) in deferred:
                 pending.copies.append(_Copy(where, t, buf, t._version))
             elif t.is_cuda:
@@ -174,21 +180,26 @@ class Snapshotter:
                 copy_into(buf, t)
             return buf
 
-        def walk(v: Any, where: str) -> Any:
+        def walk(v: Any, where: str, place: _Place) -> Any:
             if isinstance(v, torch.Tensor):
                 if id(v) not in memo:
-                    memo[id(v)] = copy(v, where)
+                    memo[id(v)] = copy(v, where, place)
                 return memo[id(v)]
             if isinstance(v, dict):
-                items = [(k, walk(x, f"{where}/{k!r}")) for k, x in v.items()]
-                return dict(items) if type(v) is dict else type(v)(items)
+                items = [(k, walk(x, f"{where}/{k!r}", (*place, i)))
+                         for i, (k, x) in enumerate(v.items())]
+                return dict(items) if type(v) is dict else _rebuild_mapping(v, items)
             if isinstance(v, list):
-                return [walk(x, f"{where}/{i}") for i, x in enumerate(v)]
-            if isinstance(v, tuple) and not hasattr(v, "_fields"):
-                return tuple(walk(x, f"{where}/{i}") for i, x in enumerate(v))
+                walked = [walk(x, f"{where}/{i}", (*place, i)) for i, x in enumerate(v)]
+                return walked if type(v) is list else _rebuild_list(v, walked)
+            if type(v) is tuple:
+                return tuple(walk(x, f"{where}/{i}", (*place, i)) for i, x in enumerate(v))
+            if isinstance(v, tuple) and hasattr(v, "_fields") and hasattr(v, "_make"):
+                return v._make(walk(x, f"{where}/{i}", (*place, i)) for i, x in enumerate(v))
             return copy_module.deepcopy(v)
 
-        snapshot = walk(value, "")
+        snapshot = walk(value, "", ())
+        self._pool = used  # buffers of places gone from the payload are freed
         if cuda_copies:
             torch.cuda.synchronize()  # the eager device-to-host copies have landed
         if not pending.copies:
@@ -197,6 +208,85 @@ class Snapshotter:
             pending._event = torch.cuda.current_stream(
                 next(c.source.device for c in pending.copies if c.source.is_cuda)).record_event()
         return snapshot, pending
+
+
+_Place = tuple[int, ...]
+"""Where a tensor is in a payload: the index of each dict item, list or tuple element on the
+way to it (dict items in their iteration order)."""
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """Whether ``t`` can be copied into a reused ``torch.empty`` host buffer: a dense
+    (strided) tensor with real storage, of class ``torch.Tensor`` or ``nn.Parameter``, not
+    quantized (``torch.empty`` cannot make a quantized tensor: it has no quantizer), not a
+    nested tensor (no sizes), not on the meta device (no data), not a DTensor."""
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
+            and not t.is_quantized and not t.is_nested and not t.is_meta)
+
+
+def _copy_as_is(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a tensor that has no reusable buffer (sparse, quantized, nested, meta, a
+    subclass such as DTensor): ``detach().clone()``, which keeps its layout, quantizer and
+    class, so the snapshot holds what :meth:`Checkpointer.save` would have written at the
+    call. A CUDA sparse tensor is copied to the host (``Tensor.to``) as the buffers are."""
+    t = t.detach()
+    if t.is_cuda and type(t) is torch.Tensor and t.layout != torch.strided:
+        return t.to("cpu", copy=True)
+    return t.clone()
+
+
+def _rebuild_mapping(v: dict[Any, Any], items: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A ``dict`` subclass rebuilt the way :func:`copy.copy` rebuilds it (from
+    ``__reduce_ex__(4)``: the constructor and its arguments, e.g. a ``defaultdict``'s
+    ``default_factory``; the instance's state deep-copied; then each item set), holding
+    ``items`` instead of the original values. ``OrderedDict`` keeps its order. A subclass
+    that does not reduce that way (no items in its reduction, or its constructor fails) is
+    rebuilt as a plain ``dict`` of ``items``."""
+    try:
+        reduced = v.__reduce_ex__(4)
+        if not isinstance(reduced, tuple) or len(reduced) < 5 or reduced[4] is None:
+            return dict(items)
+        func, args, state = reduced[0], reduced[1], reduced[2]
+        out = func(*copy_module.deepcopy(args))
+        _set_state(out, state)
+        for k, x in items:
+            out[k] = x
+        return out  # type: ignore[no-any-return]
+    except Exception:
+        return dict(items)
+
+
+def _rebuild_list(v: list[Any], walked: list[Any]) -> list[Any]:
+    """A ``list`` subclass rebuilt as :func:`_rebuild_mapping` rebuilds a dict subclass
+    (falls back to a plain ``list``)."""
+    try:
+        reduced = v.__reduce_ex__(4)
+        if not isinstance(reduced, tuple) or len(reduced) < 4 or reduced[3] is None:
+            return walked
+        func, args, state = reduced[0], reduced[1], reduced[2]
+        out = func(*copy_module.deepcopy(args))
+        _set_state(out, state)
+        out.extend(walked)
+        return out  # type: ignore[no-any-return]
+    except Exception:
+        return walked
+
+
+def _set_state(out: Any, state: Any) -> None:
+    """Apply a deep copy of a reduction's ``state`` as :mod:`copy` does."""
+    if not state:
+        return
+    state = copy_module.deepcopy(state)
+    if hasattr(out, "__setstate__"):
+        out.__setstate__(state)
+        return
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if state:
+        out.__dict__.update(state)
+    for key, value in (slots or {}).items():
+        setattr(out, key, value)
 
 
 def copy_into(target: torch.Tensor, source: torch.Tensor) -> None:

@@ -25,7 +25,15 @@ import yaml
 from pydantic import ValidationError
 
 from slurm_spot.config.models import DEFAULT_CONFIG_PATH, ProviderSettings, SpotConfig
-from slurm_spot.config.yamlfile import Path_, check_trusted_file, line_of, read_yaml, with_line
+from slurm_spot.config.yamlfile import (
+    MAX_DEPTH,
+    Path_,
+    YamlShapeError,
+    check_trusted_file,
+    line_of,
+    read_yaml,
+    with_line,
+)
 from slurm_spot.errors import ConfigError
 
 
@@ -70,7 +78,9 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
         path: explicit file; ``None`` applies :func:`config_path`.
 
     Raises:
-        ConfigError: the file is missing, is not YAML (the message gives the line), or fails
+        ConfigError: the file is missing, is not YAML (the message gives the line), has a
+            recursive alias, nests too deep or expands too large
+            (:func:`~slurm_spot.config.yamlfile.check_shape`, with the line), or fails
             validation (the message gives every bad field).
     """
     file = config_path(path)
@@ -108,6 +118,11 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "line ?"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(str(file), [f"{where}: not valid YAML: {problem}"]) from None
+    except YamlShapeError as exc:
+        raise ConfigError(str(file), [str(exc)]) from None
+    except RecursionError:  # check_shape bounds the nesting; never a traceback all the same
+        raise ConfigError(str(file), [f"nested too deeply to read (more than {MAX_DEPTH} "
+                                      "levels, aliases expanded)"]) from None
     if problems:
         raise ConfigError(str(file), problems)
     config = parse_config(data, str(file), lines)
