@@ -193,3 +193,14 @@ def test_an_eager_save_holds_the_state_at_the_call_not_later(tmp_path: Path) -> 
         saved = torch.load(tmp_path / f"step_{step:09d}" / "state.pt", weights_only=True)
         for part in ("model", "optimizer", "extra"):
             _same(want[part], saved[part], f"step {step} {part}")
+
+
+def test_a_checkpointer_nobody_keeps_still_finishes_its_save(tmp_path: Path) -> None:
+    """``Checkpointer(d).save_async(state).wait()``: the handle keeps its checkpointer (and so
+    its writer thread) alive until the save is done, instead of waiting out the timeout."""
+    model = _model()
+    handle = Checkpointer(tmp_path, writer_timeout_s=60).save_async(TrainState(model, step=3))
+    where = handle.wait(timeout_s=30)
+    assert Path(where).name.endswith("3") and handle.save_s is not None and handle.save_s < 30
+    restored = Checkpointer(tmp_path).restore(TrainState(_model()))
+    assert restored is not None and restored.step == 3

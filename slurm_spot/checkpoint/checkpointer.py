@@ -342,7 +342,7 @@ class Checkpointer:
         step, epoch, batch_in_epoch = counters
         use_dcp = is_sharded(state.model) if sharded is None else sharded
         kind: Literal["torch", "dcp"] = "dcp" if use_dcp else "torch"
-        handle = SaveHandle(step, self.store.location, self.writer_timeout_s)
+        handle = SaveHandle(step, self.store.location, self.writer_timeout_s, owner=self)
         # per_rank is filled in by the writer, after gathering every rank's RNG state
         payload = _payload(state, counters, [], world, kind) if rank == 0 else None
         dcp_state = _dcp_state(state) if use_dcp else None

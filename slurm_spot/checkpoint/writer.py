@@ -33,8 +33,13 @@ class SaveHandle:
         save_s: seconds from the call until it committed or failed (None while running).
     """
 
-    def __init__(self, step: int, location: str, default_timeout_s: float) -> None:
+    def __init__(self, step: int, location: str, default_timeout_s: float,
+                 owner: object = None) -> None:
         self.step = step
+        # The checkpointer, kept alive until the save finished: its writer thread ends when
+        # the checkpointer is collected, so ``Checkpointer(d).save_async(s).wait()`` with no
+        # other reference to it would otherwise wait out the whole timeout.
+        self._owner = owner
         self.location = location
         self._default_timeout_s = default_timeout_s
         self._finished = threading.Event()
@@ -44,6 +49,7 @@ class SaveHandle:
 
     def _finish(self, result: str | None, error: str | None, save_s: float) -> None:
         self._result, self._error, self.save_s = result, error, save_s
+        self._owner = None
         self._finished.set()
 
     def done(self) -> bool:
