@@ -129,9 +129,13 @@ def test_status_watch_survives_slurm_errors_and_exits_0_on_sigint(tmp_path: Path
     """As a user runs it: Slurm is unreachable (no scontrol there), each refresh says so on
     stderr, and Ctrl-C (SIGINT) ends it with exit 0."""
     path = write_config(tmp_path, slurm_bin_dir=str(tmp_path / "no-slurm"))
+    # As at a terminal: SIGINT at its default, even when this test runs under a shell that
+    # started it in the background (which ignores SIGINT, and Python then installs no
+    # KeyboardInterrupt handler: the watch would never see the Ctrl-C).
     proc = subprocess.Popen([sys.executable, "-m", "slurm_spot", "--config", str(path),
                              "status", "--watch", "0.2"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Ctrl-C once two refreshes have failed (however slowly this machine starts Python).
     seen: list[str] = []
     deadline = time.monotonic() + 60
