@@ -24,13 +24,18 @@ from slurm_spot.slurm.version import SlurmVersion
 def torchrun_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
                     python: str, env: list[tuple[str, str]]) -> str:
     """The batch script that starts one torchrun agent per node for ``script`` (pure)."""
-    command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
     return render_template("torchrun-batch.sh.j2",
-        version=__version__, python=shlex.quote(python),
-        nproc_per_node=nproc_per_node, command=command,
-        requeue_exit_code=config.preemption.requeue_exit_code,
-        env=[(k, shlex.quote(v)) for k, v in env],
-    )
+                           **_torchrun_fields(config, script, args, nproc_per_node, python, env))
+
+
+def _torchrun_fields(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
+                     python: str, env: list[tuple[str, str]]) -> dict[str, object]:
+    """The template fields both torchrun batch scripts share, shell-quoted."""
+    command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
+    return {"version": __version__, "python": shlex.quote(python),
+            "nproc_per_node": nproc_per_node, "command": command,
+            "requeue_exit_code": config.preemption.requeue_exit_code,
+            "env": [(k, shlex.quote(v)) for k, v in env]}
 
 
 def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
@@ -49,12 +54,8 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
     preempt = parse_signal(config.preemption.signal)
     _one_line("--rendezvous", endpoint)
     _one_line("--python", python)
-    command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
     return render_template("torchrun-elastic-batch.sh.j2",
-        version=__version__, python=shlex.quote(python),
-        nproc_per_node=nproc_per_node, command=command,
-        requeue_exit_code=config.preemption.requeue_exit_code,
-        env=[(k, shlex.quote(v)) for k, v in env],
+        **_torchrun_fields(config, script, args, nproc_per_node, python, env),
         min_nodes=nodes[0], max_nodes=nodes[1], endpoint=shlex.quote(endpoint),
         join_timeout_s=join_timeout_s, signal_name=preempt.name,
         signalled_exit_code=128 + preempt.number,
