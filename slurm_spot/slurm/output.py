@@ -121,7 +121,7 @@ def _partitions(value: object) -> tuple[str, ...]:
     return ()
 
 
-def _local_time(text: str) -> float | None:
+def local_time(text: str) -> float | None:
     """scontrol's local ``2026-03-01T08:22:00`` as Unix seconds; None for None/Unknown."""
     try:
         return datetime.fromisoformat(text).timestamp()
@@ -322,5 +322,5 @@ def node_fields_text(line: str) -> dict[str, Any]:
         "weight": _weight(fields.get("Weight")),
         "instance_id": _unset(fields.get("InstanceId", "")),
         "instance_type": _unset(fields.get("InstanceType", "")),
-        "slurmd_start_time": _local_time(fields.get("SlurmdStartTime", "")),
+        "slurmd_start_time": local_time(fields.get("SlurmdStartTime", "")),
     }

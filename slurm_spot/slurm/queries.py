@@ -15,7 +15,13 @@ from typing import Any
 
 from slurm_spot.errors import BadInputError, HostlistError, SlurmCommandError
 from slurm_spot.hostlist import compress, expand
-from slurm_spot.slurm.output import job_fields_json, load_json, node_fields_text, nodes_json
+from slurm_spot.slurm.output import (
+    job_fields_json,
+    load_json,
+    local_time,
+    node_fields_text,
+    nodes_json,
+)
 from slurm_spot.slurm.runner import DEFAULT_TIMEOUT_S, CommandResult, CommandRunner, run_command
 from slurm_spot.slurm.states import JobState, NodeState, parse_job_state, parse_oneline
 from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
@@ -385,16 +391,6 @@ class JobRecord:
     end_time: float | None = None
 
 
-def _slurm_time(text: str) -> float | None:
-    """scontrol's local ``2026-03-01T08:22:00`` as epoch seconds; None for Unknown/None."""
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
-
-
 def parse_job_record(line: str) -> JobRecord:
     """One ``scontrol -o show job`` line as a :class:`JobRecord`.
 
@@ -412,7 +408,7 @@ def parse_job_record(line: str) -> JobRecord:
         restarts=int(restarts) if restarts.isdigit() else 0,
         nodes="" if fields.get("NodeList", "(null)") == "(null)" else fields.get("NodeList", ""),
         batch_host=fields.get("BatchHost", ""),
-        end_time=_slurm_time(fields.get("EndTime", "")),
+        end_time=local_time(fields.get("EndTime", "")),
     )
 
 
