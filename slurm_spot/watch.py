@@ -21,7 +21,9 @@ On an interruption notice for its node it:
    this node: once its steps here have ended (this node's ranks saved and left) and its batch
    script runs elsewhere, the node is released from the job (``scontrol update JobId=N
    NodeList=<the other nodes>``, scontrol(1) 22.05: "Change the nodes allocated to a running
-   job to shrink its size"), so the power-down below does not requeue it;
+   job to shrink its size"; for a job with an on-demand coordinator, a heterogeneous job,
+   the workers' component is shrunk: its script runs on the coordinator), so the power-down
+   below does not requeue it;
 6. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
    once (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
 
@@ -259,19 +261,20 @@ class Watcher:
         """Release this node from each elastic job whose steps here have ended and whose batch
         script runs on another node (see the module docstring, step 5)."""
         from slurm_spot.hostlist import compress, expand
-        from slurm_spot.jobs.rendezvous import ELASTIC_MARK
 
         for job in jobs:
             if job in outcome.released or not self.signaller.signalled(job):
                 continue
             try:
                 if job not in self._elastic:
-                    script = self.slurm.batch_script(job)
-                    self._elastic[job] = bool(script) and ELASTIC_MARK in (script or "")
+                    self._elastic[job] = self._is_elastic(job)
                 if not self._elastic[job]:
                     continue
                 record = self.slurm.job_record(job)
-                if record is None or record.batch_host == self.node:
+                # (A hetjob's worker component has a BatchHost of its own, but the batch
+                # script runs on the leader's node, the coordinator.)
+                if record is None or (record.het_job_id in (None, job)
+                                      and record.batch_host == self.node):
                     continue
                 steps = self.slurm.run("scontrol", "-o", "show", "step", str(job),
                                        check=False).stdout
@@ -291,6 +294,20 @@ class Watcher:
             self._event(events.Action.RELEASED, job_ids=(job,),
                         reason="elastic job goes on without this node",
                         extra={"remaining": compress(remaining)})
+
+    def _is_elastic(self, job: int) -> bool:
+        """Whether ``job``'s batch script carries ELASTIC_MARK: its own, or for a component of a
+        heterogeneous job the leader's (``HetJobId``; a component's own is a stub).
+
+        Raises:
+            SlurmCommandError: scontrol could not be run.
+        """
+        from slurm_spot.jobs.rendezvous import ELASTIC_MARK
+
+        record = self.slurm.job_record(job)
+        leader = record.het_job_id if record is not None and record.het_job_id else job
+        script = self.slurm.batch_script(leader)
+        return bool(script) and ELASTIC_MARK in (script or "")
 
     def _jobs_here(self, outcome: NoticeOutcome) -> list[int]:
         try:

@@ -62,6 +62,65 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
     )
 
 
+def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
+                  python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
+                  coordinator_partition: str, partition: str | None, worker_nodes: str | None,
+                  join_timeout_s: int) -> str:
+    """The batch script of an elastic torchrun job with an on-demand coordinator (pure): a
+    heterogeneous job (sbatch(1), ``#SBATCH hetjob``; Slurm 17.11+) whose component 0 is one
+    node of ``coordinator_partition``, which runs the script and hosts the rendezvous store
+    there (``slurm-spot rendezvous`` at its NodeAddr, port
+    :data:`~slurm_spot.jobs.rendezvous.HETJOB_PORT_BASE` + job id % 1000), and whose
+    component 1 is the workers on ``partition`` (None: the default partition),
+    ``worker_nodes`` of them (None: ``MIN-MAX``), ``--no-kill``, one job step (one agent)
+    per node (``srun --het-group=1 --nodelist=<node>``). The agents' wait loop and exit codes
+    are :func:`elastic_script`'s.
+
+    Raises:
+        BadInputError: a partition or ``python`` is not one line.
+    """
+    from slurm_spot.jobs.jobenv import parse_signal
+    from slurm_spot.jobs.rendezvous import HETJOB_PORT_BASE
+
+    preempt = parse_signal(config.preemption.signal)
+    _one_line("--coordinator-partition", coordinator_partition)
+    _one_line("--partition", partition or "")
+    _one_line("--python", python)
+    return render_template("torchrun-elastic-hetjob.sh.j2",
+        **_torchrun_fields(config, script, args, nproc_per_node, python, env),
+        min_nodes=nodes[0], max_nodes=nodes[1], join_timeout_s=join_timeout_s,
+        signal_name=preempt.name, signalled_exit_code=128 + preempt.number,
+        coordinator_partition=coordinator_partition, partition=partition,
+        worker_nodes=worker_nodes or f"{nodes[0]}-{nodes[1]}", port_base=HETJOB_PORT_BASE,
+    )
+
+
+def check_coordinator_partition(config: SpotConfig, coordinator: str,
+                                 partition: str | None) -> None:
+    """``--coordinator-partition P`` must name a partition Slurm has (``scontrol show
+    partition P``; skipped where there is no scontrol, as for a ``--dry-run`` elsewhere) and
+    not the workers' (``-p``).
+
+    Raises:
+        BadInputError: P is the workers' partition, or Slurm does not know it.
+    """
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", coordinator):
+        raise BadInputError(f"--coordinator-partition={coordinator!r}: not a partition name")
+    if partition is not None and coordinator == partition:
+        raise BadInputError(f"--coordinator-partition={coordinator} is also the workers' "
+                            "partition (-p): the coordinator belongs on an on-demand partition "
+                            "of its own")
+    scontrol = str(config.slurm_bin_dir / "scontrol")
+    if not os.access(scontrol, os.X_OK):
+        return
+    proc = run_command([scontrol, "-o", "show", "partition", coordinator], 30)
+    if proc.returncode != 0 or f"PartitionName={coordinator} " not in proc.stdout + " ":
+        raise BadInputError(f"--coordinator-partition={coordinator}: Slurm has no such "
+                            "partition (scontrol show partition)")
+
+
 def default_rendezvous(config: SpotConfig) -> str:
     """Where elastic jobs rendezvous unless ``--rendezvous`` says: ``$SLURM_SPOT_RENDEZVOUS``
     (checked as ``--rendezvous`` is; set but empty is an error too), else the controller
@@ -175,9 +234,12 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             raise BadInputError("--elastic needs --torchrun (it starts elastic torchrun agents)")
         elastic = parse_nnodes(str(ours["elastic"]))
         _check_nodes_within(line.options, elastic)
-    for name in ("rendezvous", "join-timeout"):
+    for name in ("rendezvous", "join-timeout", "coordinator-partition"):
         if name in ours and elastic is None:
             raise BadInputError(f"--{name} is for elastic jobs: add --torchrun --elastic MIN:MAX")
+    if "rendezvous" in ours and "coordinator-partition" in ours:
+        raise BadInputError("--rendezvous and --coordinator-partition: give one (with "
+                            "--coordinator-partition the store runs on the coordinator node)")
     rendezvous = None
     if "rendezvous" in ours:
         from slurm_spot.jobs.rendezvous import format_endpoint, parse_endpoint
@@ -191,7 +253,8 @@ def _our_options(line: CommandLine) -> dict[str, object]:
     return {"torchrun": bool(ours.get("torchrun")), "dry_run": bool(ours.get("dry-run")),
             "json": bool(ours.get("json")), "nproc": int(nproc),
             "python": python, "job_env": job_env,
-            "elastic": elastic, "rendezvous": rendezvous, "join_timeout": int(join)}
+            "elastic": elastic, "rendezvous": rendezvous, "join_timeout": int(join),
+            "coordinator": ours.get("coordinator-partition")}
 
 
 @click.command("sbatch", context_settings={"ignore_unknown_options": True,
@@ -216,6 +279,9 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --rendezvous HOST:PORT  with --elastic: the 'slurm-spot rendezvous' store (default:
                          $SLURM_SPOT_RENDEZVOUS, else the controller, port 29390).
     --join-timeout S     with --elastic: how long survivors wait for MIN nodes (default 60).
+    --coordinator-partition P  with --elastic: a heterogeneous job; one node of on-demand
+                         partition P runs the batch script and the rendezvous store, the
+                         MIN..MAX workers run on -p's partition (not with --rendezvous).
     --dry-run            print the final batch script and sbatch command line only.
     --json               print the job id (or, with --dry-run, script and argv) as JSON.
     --checkpoint-root s3://BUCKET/PREFIX   this job's checkpoints in S3 (not the config's root).
@@ -241,7 +307,9 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
         env = [("GLOO_SOCKET_IFNAME", _one_line("$GLOO_SOCKET_IFNAME",
                                                 os.environ["GLOO_SOCKET_IFNAME"]))
                ] if os.environ.get("GLOO_SOCKET_IFNAME") else []
-        if ours["elastic"] is not None:
+        if ours["elastic"] is not None and ours["coordinator"] is not None:
+            text, options = _hetjob(config, ours, script, script_args, env, options)
+        elif ours["elastic"] is not None:
             endpoint = str(ours["rendezvous"] or default_rendezvous(config))
             text = elastic_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
                                   str(ours["python"]), env, ours["elastic"],  # type: ignore[arg-type]
@@ -274,6 +342,31 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_args: list[str],
+            env: list[tuple[str, str]], options: list[str]) -> tuple[str, list[str]]:
+    """The hetjob batch script, and the command-line options without ``-p``/``-N``, which go
+    into the workers' component instead (:func:`~slurm_spot.jobs.sbatch.take_option`).
+
+    Raises:
+        BadInputError: see :func:`check_coordinator_partition`; ``-p`` given twice.
+    """
+    from slurm_spot.jobs.sbatch import take_option
+
+    partitions, options = take_option(options, "--partition", "-p")
+    nodes, options = take_option(options, "--nodes", "-N")
+    if len(set(partitions)) > 1:
+        raise BadInputError(f"-p/--partition given twice ({', '.join(partitions)}): the "
+                            "workers run on one partition")
+    partition = partitions[-1] if partitions else None
+    coordinator = str(ours["coordinator"])
+    check_coordinator_partition(config, coordinator, partition)
+    text = hetjob_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
+                         str(ours["python"]), env, ours["elastic"], coordinator,  # type: ignore[arg-type]
+                         partition, nodes[-1] if nodes else None,
+                         int(ours["join_timeout"]))  # type: ignore[call-overload]
+    return text, options
 
 
 def _submit(app: AppContext, plan: Submission, dry_run: bool, as_json: bool) -> None:

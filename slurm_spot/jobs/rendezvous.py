@@ -42,6 +42,12 @@ ELASTIC_MARK = "# slurm-spot: elastic job (one job step per node)"
 #: per-job agents of non-elastic jobs use 29400 + job id % 1000, see torchrun_agent).
 DEFAULT_PORT = 29390
 
+#: The store of a job with an on-demand coordinator (``slurm-spot sbatch --coordinator-partition``)
+#: listens on the coordinator node at this port + job id % 1000: off torchrun's (29400 + job id
+#: % 1000 for non-elastic jobs) and below Linux's ephemeral ports (32768+), so two such jobs
+#: on one node, or one of them next to plain torchrun jobs, do not collide.
+HETJOB_PORT_BASE = 30400
+
 
 #: A hostname as RFC 1123 (section 2.1) allows it: dot-separated labels of 1-63 letters, digits
 #: and hyphens, neither starting nor ending with a hyphen; 253 characters at most.

@@ -198,3 +198,30 @@ _SHEBANG = re.compile(r"^#!")
 def is_script(text: str) -> bool:
     """sbatch requires a batch script to start with ``#!``."""
     return bool(_SHEBANG.match(text))
+
+
+def take_option(options: Sequence[str], long: str, short: str) -> tuple[list[str], list[str]]:
+    """Split ``options`` into the values of one option (``--partition=spot``, ``--partition
+    spot``, ``--part spot``, ``-p spot``, ``-pspot``) and every other word, in order (pure).
+    ``slurm-spot sbatch --coordinator-partition`` moves ``-p``/``-N`` from the command line
+    into the workers' component: sbatch applies command-line options to every component of a
+    heterogeneous job (seen with Slurm 22.05.8: ``sbatch -p spot`` put the coordinator's
+    component on ``spot`` too)."""
+    values: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(options):
+        word = options[i]
+        full = canonical_option(word)
+        if full.startswith(long + "="):
+            values.append(full.split("=", 1)[1])
+        elif full == long or word == short:
+            if i + 1 < len(options):
+                values.append(options[i + 1])
+            i += 1
+        elif word.startswith(short) and len(word) > len(short) and not word.startswith("--"):
+            values.append(word[len(short):])
+        else:
+            rest.append(word)
+        i += 1
+    return values, rest

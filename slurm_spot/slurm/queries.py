@@ -377,7 +377,10 @@ class JobRecord:
 
     ``exit_code`` is Slurm's ``<exit status>:<signal>`` (``0:0`` is success); ``requeue`` is
     False for a job submitted ``--no-requeue``; ``batch`` is False for salloc/srun jobs;
-    ``end_time`` is seconds since the epoch, None while unknown.
+    ``end_time`` is seconds since the epoch, None while unknown. ``het_job_id`` is the
+    leader's job id (``HetJobId``) for a component of a heterogeneous job, whose batch script
+    and BatchHost are the leader's (Slurm 22.05.8: ``scontrol write batch_script`` of
+    component 1 prints a stub of that component's directives); None for any other job.
     """
 
     job_id: int
@@ -389,6 +392,7 @@ class JobRecord:
     nodes: str = ""
     batch_host: str = ""
     end_time: float | None = None
+    het_job_id: int | None = None
 
 
 def parse_job_record(line: str) -> JobRecord:
@@ -409,6 +413,7 @@ def parse_job_record(line: str) -> JobRecord:
         nodes="" if fields.get("NodeList", "(null)") == "(null)" else fields.get("NodeList", ""),
         batch_host=fields.get("BatchHost", ""),
         end_time=local_time(fields.get("EndTime", "")),
+        het_job_id=int(fields["HetJobId"]) if fields.get("HetJobId", "").isdigit() else None,
     )
 
 
