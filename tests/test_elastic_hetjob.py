@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,12 @@ import yaml
 from click.testing import CliRunner
 
 from slurm_spot.cli import cli
+from slurm_spot.config import parse_config
+from slurm_spot.events import read_events
 from slurm_spot.jobs.rendezvous import ELASTIC_MARK, HETJOB_PORT_BASE
 from slurm_spot.jobs.sbatch import read_directives, take_option
+from slurm_spot.slurm.client import CommandResult, SlurmClient
+from slurm_spot.watch import Watcher, source_for
 
 #: A stand-in for scontrol: the partitions spot and coord exist; a node's address is 127.0.0.1;
 #: ``show hostnames`` prints $NODES.
@@ -194,3 +199,79 @@ def test_hetjob_script_fails_clearly_when_the_store_cannot_listen(tmp_path: Path
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "the rendezvous store did not start on coord-1" in proc.stdout
     assert "cannot listen on 127.0.0.1" in proc.stdout  # the service's own message
+
+
+class HetJobSlurm:
+    """Slurm as the watcher on spot-1 sees a hetjob (leader 1 on coord-1, workers' component 2
+    on spot-[1-3], BatchHost spot-1 as Slurm 22.05.8 prints it), until the watcher releases
+    spot-1 from component 2."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+        self.released = False
+        self.signalled = False
+
+    def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
+        tool, args = argv[0].rsplit("/", 1)[-1], argv[1:]
+        self.commands.append(" ".join([tool, *args]))
+        out = ""
+        workers = "spot-[2-3]" if self.released else "spot-[1-3]"
+        if tool == "scontrol" and args[:3] == ["-o", "show", "node"]:
+            out = "NodeName=spot-1 State=MIXED+CLOUD+DRAIN Reason=x\n"
+        elif tool == "scontrol" and args == ["-V"]:
+            out = "slurm 22.05.8\n"
+        elif tool == "squeue" and "--json" in args:
+            out = json.dumps({"jobs": [{"job_id": 2, "job_state": "RUNNING"}]})
+        elif tool == "squeue":
+            out = "" if self.released else "2 N/A N/A spot-[1-3]\n"
+        elif tool == "scontrol" and args[:3] == ["-o", "show", "job"]:
+            out = (f"JobId={args[3]} HetJobId=1 HetJobOffset={int(args[3]) - 1} "
+                   "JobState=RUNNING Restarts=0 BatchFlag=1 ExitCode=0:0 "
+                   + ("NodeList=coord-1 BatchHost=coord-1\n" if args[3] == "1" else
+                      f"NodeList={workers} BatchHost=spot-1\n"))
+        elif tool == "scontrol" and args[:2] == ["write", "batch_script"]:
+            # the leader's script; a component's own is a stub of its directives
+            out = (f"#!/bin/bash\n{ELASTIC_MARK}\n" if args[2] == "1" else
+                   "#!/bin/bash\n#SBATCH --no-kill --nodes=2-3\nexit 0\n")
+        elif tool == "scontrol" and args[:3] == ["-o", "show", "step"]:
+            here = "" if self.signalled else "StepId=2.1 NodeList=spot-1\n"
+            out = here + "StepId=2.2 NodeList=spot-2\nStepId=2.3 NodeList=spot-3\n"
+        elif tool == "scontrol" and args[:1] == ["listpids"]:
+            out = "PID      JOBID    STEPID   LOCALID GLOBALID\n4242     2        1        0  0\n"
+        elif tool == "scancel":
+            self.signalled = True  # the agent there saves, leaves; its step ends
+        elif tool == "scontrol" and args[:1] == ["update"] and args[1].startswith("JobId="):
+            self.released = True
+        return CommandResult(argv, 0, out, "")
+
+
+def test_watcher_shrinks_the_workers_component_of_a_hetjob(tmp_path: Path) -> None:
+    """The node under notice is the workers' component's BatchHost in Slurm's eyes, but the
+    script runs on the coordinator: the watcher signals the step there, then releases the node
+    from component 2 (not the leader), and nothing is requeued."""
+    config = parse_config({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 3}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "preemption": {"prewarm": False},
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")})
+    notices = config.state_dir / "local" / "notices"
+    notices.mkdir(parents=True)
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=30)
+    (notices / "spot-1.json").write_text(json.dumps({"action": "terminate",
+                                                     "time": deadline.isoformat()}))
+    slurm = HetJobSlurm()
+    clock = [deadline.timestamp() - 30]
+    watcher = Watcher(config, "spot-1", SlurmClient("/usr/bin", runner=slurm),
+                      source_for(config, "spot-1"), clock=lambda: clock[0],
+                      sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "status").write_text(  # catches SIGUSR2
+        "Name:\tpython\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000800\n")
+    watcher.signaller.proc_root = tmp_path / "proc"
+    outcome = watcher.run(once=True)
+    assert outcome is not None and outcome.released == [2] and outcome.requeued == []
+    assert "scancel -s USR2 2.1" in slurm.commands
+    assert "scontrol update JobId=2 NodeList=spot-[2-3]" in slurm.commands
+    assert not [c for c in slurm.commands if "requeue" in c or "StartTime=now" in c]
+    assert [e["action"] for e in read_events(config.log_dir)] == [
+        "notice", "signalled", "released", "powered_down"]
