@@ -271,10 +271,10 @@ class Watcher:
                 if not self._elastic[job]:
                     continue
                 record = self.slurm.job_record(job)
-                # (A hetjob's worker component has a BatchHost of its own, but the batch
-                # script runs on the leader's node, the coordinator.)
-                if record is None or (record.het_job_id in (None, job)
-                                      and record.batch_host == self.node):
+                # Also for a hetjob's worker component, whose script runs on the coordinator:
+                # Slurm 22.05.8 refuses to shrink a component off its BatchHost (its first
+                # node): "You cannot remove the batch host from a job when resizing".
+                if record is None or record.batch_host == self.node:
                     continue
                 steps = self.slurm.run("scontrol", "-o", "show", "step", str(job),
                                        check=False).stdout

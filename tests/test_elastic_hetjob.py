@@ -202,9 +202,9 @@ def test_hetjob_script_fails_clearly_when_the_store_cannot_listen(tmp_path: Path
 
 
 class HetJobSlurm:
-    """Slurm as the watcher on spot-1 sees a hetjob (leader 1 on coord-1, workers' component 2
+    """Slurm as the watcher on spot-3 sees a hetjob (leader 1 on coord-1, workers' component 2
     on spot-[1-3], BatchHost spot-1 as Slurm 22.05.8 prints it), until the watcher releases
-    spot-1 from component 2."""
+    spot-3 from component 2."""
 
     def __init__(self) -> None:
         self.commands: list[str] = []
@@ -215,9 +215,9 @@ class HetJobSlurm:
         tool, args = argv[0].rsplit("/", 1)[-1], argv[1:]
         self.commands.append(" ".join([tool, *args]))
         out = ""
-        workers = "spot-[2-3]" if self.released else "spot-[1-3]"
+        workers = "spot-[1-2]" if self.released else "spot-[1-3]"
         if tool == "scontrol" and args[:3] == ["-o", "show", "node"]:
-            out = "NodeName=spot-1 State=MIXED+CLOUD+DRAIN Reason=x\n"
+            out = "NodeName=spot-3 State=MIXED+CLOUD+DRAIN Reason=x\n"
         elif tool == "scontrol" and args == ["-V"]:
             out = "slurm 22.05.8\n"
         elif tool == "squeue" and "--json" in args:
@@ -234,10 +234,10 @@ class HetJobSlurm:
             out = (f"#!/bin/bash\n{ELASTIC_MARK}\n" if args[2] == "1" else
                    "#!/bin/bash\n#SBATCH --no-kill --nodes=2-3\nexit 0\n")
         elif tool == "scontrol" and args[:3] == ["-o", "show", "step"]:
-            here = "" if self.signalled else "StepId=2.1 NodeList=spot-1\n"
-            out = here + "StepId=2.2 NodeList=spot-2\nStepId=2.3 NodeList=spot-3\n"
+            here = "" if self.signalled else "StepId=2.3 NodeList=spot-3\n"
+            out = "StepId=2.1 NodeList=spot-1\nStepId=2.2 NodeList=spot-2\n" + here
         elif tool == "scontrol" and args[:1] == ["listpids"]:
-            out = "PID      JOBID    STEPID   LOCALID GLOBALID\n4242     2        1        0  0\n"
+            out = "PID      JOBID    STEPID   LOCALID GLOBALID\n4242     2        3        0  0\n"
         elif tool == "scancel":
             self.signalled = True  # the agent there saves, leaves; its step ends
         elif tool == "scontrol" and args[:1] == ["update"] and args[1].startswith("JobId="):
@@ -246,9 +246,9 @@ class HetJobSlurm:
 
 
 def test_watcher_shrinks_the_workers_component_of_a_hetjob(tmp_path: Path) -> None:
-    """The node under notice is the workers' component's BatchHost in Slurm's eyes, but the
-    script runs on the coordinator: the watcher signals the step there, then releases the node
-    from component 2 (not the leader), and nothing is requeued."""
+    """The workers' component's own batch script is a stub: the watcher reads the leader's,
+    signals the step on the node under notice, then releases the node from component 2 (not
+    the leader), and nothing is requeued."""
     config = parse_config({
         "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 3}],
         "partitions": [{"name": "spot", "node_sets": ["spot"]}],
@@ -257,12 +257,12 @@ def test_watcher_shrinks_the_workers_component_of_a_hetjob(tmp_path: Path) -> No
     notices = config.state_dir / "local" / "notices"
     notices.mkdir(parents=True)
     deadline = datetime.now(timezone.utc) + timedelta(seconds=30)
-    (notices / "spot-1.json").write_text(json.dumps({"action": "terminate",
+    (notices / "spot-3.json").write_text(json.dumps({"action": "terminate",
                                                      "time": deadline.isoformat()}))
     slurm = HetJobSlurm()
     clock = [deadline.timestamp() - 30]
-    watcher = Watcher(config, "spot-1", SlurmClient("/usr/bin", runner=slurm),
-                      source_for(config, "spot-1"), clock=lambda: clock[0],
+    watcher = Watcher(config, "spot-3", SlurmClient("/usr/bin", runner=slurm),
+                      source_for(config, "spot-3"), clock=lambda: clock[0],
                       sleep=lambda s: clock.__setitem__(0, clock[0] + s))
     (tmp_path / "proc" / "4242").mkdir(parents=True)
     (tmp_path / "proc" / "4242" / "status").write_text(  # catches SIGUSR2
@@ -270,8 +270,8 @@ def test_watcher_shrinks_the_workers_component_of_a_hetjob(tmp_path: Path) -> No
     watcher.signaller.proc_root = tmp_path / "proc"
     outcome = watcher.run(once=True)
     assert outcome is not None and outcome.released == [2] and outcome.requeued == []
-    assert "scancel -s USR2 2.1" in slurm.commands
-    assert "scontrol update JobId=2 NodeList=spot-[2-3]" in slurm.commands
+    assert "scancel -s USR2 2.3" in slurm.commands
+    assert "scontrol update JobId=2 NodeList=spot-[1-2]" in slurm.commands
     assert not [c for c in slurm.commands if "requeue" in c or "StartTime=now" in c]
     assert [e["action"] for e in read_events(config.log_dir)] == [
         "notice", "signalled", "released", "powered_down"]
