@@ -129,3 +129,46 @@ def test_a_replacement_joins_after_a_node_is_reclaimed(cluster: Cluster, rendezv
             round(first_at_3["time"] - started, 1) if started else None,
         "regroup_paused_s": round(first_at_3["time"] - regroup["time"], 1),
         "companion_state": state["JobState"]}))
+
+
+def test_below_min_without_replacements_falls_back_to_requeue(cluster: Cluster,
+                                                              rendezvous: str) -> None:
+    """--elastic 2:2 --no-replacements on 2 nodes; one is reclaimed with notice: the survivor
+    cannot form a round of MIN=2 within --join-timeout, the job is requeued (Restarts=1),
+    resumes from the step saved at the notice and finishes."""
+    out = cluster.root / "fallback-%j.out"
+    env = {**cluster.env, "GLOO_SOCKET_IFNAME": "lo"}
+    steps = 120
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_spot", "--config", str(cluster.spot_yaml), "sbatch",
+         "--torchrun", "--elastic", "2:2", "--no-replacements", "--rendezvous", rendezvous,
+         "--join-timeout", "10", "--json", "-p", "spot", "-N", "2", "-o", str(out),
+         str(EXAMPLE), "--steps", str(steps), "--step-sleep", "0.15", "--checkpoint-every",
+         "20", "--log-every", "5"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job = int(json.loads(proc.stdout)["job_id"])
+    log = Path(str(out).replace("%j", str(job)))
+    wait_for(lambda: any(e["event"] == "step" and e["step"] >= 15
+                         for e in training_events(log)), 240,
+             what="2-node training to reach step 15")
+    fields = cluster.job(job)
+    leaving = next(n for n in reversed(expand(fields["NodeList"])) if n != fields["BatchHost"])
+    cluster.spot("local", "preempt", leaving, "--notice", "20", "--conf-dir",
+                 str(cluster.conf_dir))
+    wait_for(lambda: any(e["event"] == "done" for e in training_events(log)), 300,
+             what="the requeued job to finish training")
+    wait_for(lambda: cluster.job(job).get("JobState") == "COMPLETED", 60,
+             what=f"job {job} to complete")
+    assert cluster.job(job)["Restarts"] == "1"  # requeued once, below MIN
+    events = training_events(log)
+    leave = next(e for e in events if e["event"] == "leave")
+    resumed = next(e for e in events if e["event"] == "resume")
+    assert resumed["restarts"] == 1 and resumed["step"] == leave["step"]
+    assert resumed["world_size"] == 2
+    assert not any(e["event"] == "step" and e["world_size"] == 1 for e in events)
+    assert "falling back to requeue" in log.read_text() or "for requeue" in log.read_text()
+    assert "replacement job" not in log.read_text()
+    done = next(e for e in events if e["event"] == "done")
+    assert done["step"] == steps
+    print(json.dumps({"fallback_requeue_s": round(resumed["time"] - leave["time"], 1)}))

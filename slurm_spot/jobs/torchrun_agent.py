@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
         os.environ.update(ELASTIC_ENV)
         signal.signal(spec.number, _leave_on_signal)
-        return run_torchrun(targs, jobenv.requeue_exit_code(env), elastic=True)
+        return run_torchrun(targs, jobenv.requeue_exit_code(env), elastic=True,
+                            joining=args.rdzv_run_id is not None)
     signal.signal(spec.number, signal.SIG_IGN)
     port = args.port or rendezvous_port(env)
     targs = torchrun_args(env, node_addr(client, head), node_addr(client, me),
@@ -260,14 +261,17 @@ def _leave_rendezvous() -> None:
               "notice when this node's keep-alive lapses", file=sys.stderr, flush=True)
 
 
-def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False) -> int:
+def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
+                 joining: bool = False) -> int:
     """Run torchrun (``torch.distributed.run``) with ``targs`` in this process; returns the
     agent's exit status: 0, ``requeue_code`` when a worker exited with it (or, ``elastic``,
     when the rendezvous could not be formed again), 128 + the signal when a death signal
-    stopped the agent, else 1 (a worker failed)."""
+    stopped the agent, else 1 (a worker failed). ``joining`` (a replacement's agent): a
+    rendezvous already closed means the run is over, exit 0 (nothing to requeue: the
+    replacement's job is not the elastic job)."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
     from torch.distributed.run import main as torchrun_main
 
     if elastic:
@@ -275,6 +279,10 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False) -> 
     try:
         torchrun_main(targs)
     except RendezvousError as exc:
+        if joining and isinstance(exc, RendezvousClosedError):
+            print("slurm-spot: the run's rendezvous is closed (training is over); leaving",
+                  file=sys.stderr, flush=True)
+            return 0
         if not elastic:
             raise
         # Fewer than MIN nodes came back within join_timeout, or the store is gone: the job
