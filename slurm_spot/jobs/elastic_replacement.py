@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
+from slurm_spot.errors import SlurmCommandError
 from slurm_spot.jobs import jobenv
 from slurm_spot.slurm.client import SlurmClient
 from slurm_spot.slurm.states import parse_oneline
@@ -209,7 +210,10 @@ def _slurm_functions(client: SlurmClient, options: list[str], script: str
         return result.stdout.strip().split(";")[0]
 
     def active(job: str) -> bool:
-        record = client.job_record(job)
+        try:
+            record = client.job_record(job)
+        except SlurmCommandError:
+            return True  # slurmctld did not answer: keep counting it (never over MAX)
         return record is not None and record.state.is_active
 
     def cancel(jobs: list[str]) -> None:
@@ -272,7 +276,10 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] = os.environ) -> 
     supervisor = Supervisor(args.target, args.max_nodes, pids, submit, active, cancel, say)
     try:
         while not _STOP:
-            supervisor.step(time.monotonic())
+            try:
+                supervisor.step(time.monotonic())
+            except Exception as exc:  # one bad pass never ends the supervisor
+                say(f"slurm-spot: replacement check failed ({exc}); trying again")
             if not any(process_alive(p) for p in pids):
                 break
             deadline = time.monotonic() + args.interval
