@@ -50,6 +50,7 @@ def _submit(cluster: Cluster, rendezvous: str, out: Path, *train_args: str) -> i
     proc = subprocess.run(
         [sys.executable, "-m", "slurm_spot", "--config", str(cluster.spot_yaml), "sbatch",
          "--torchrun", "--elastic", "2:3", "--rendezvous", rendezvous, "--join-timeout", "30",
+         "--no-replacements",  # these tests follow the smaller world to the end
          "--json", "-p", "spot", "-N", "3", "-o", str(out), str(EXAMPLE), *train_args],
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
