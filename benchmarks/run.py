@@ -81,6 +81,8 @@ BENCHMARKS: tuple[Bench, ...] = (
           what="bit-exact resume (CPU here; CUDA where a GPU is)"),
     Bench("recovery_without_notice", ("--skip-baseline",), cluster=True, limit_s=600,
           what="recovery without notice, reconciler (plain Slurm: run the script alone, ~12 min)"),
+    Bench("elastic_vs_requeue", ("--runs", "2"), cluster=True, limit_s=900,
+          what="training time lost per interruption with notice, elastic vs requeue"),
     Bench("demo_recovery", cluster=True, limit_s=600, what="the demo job interrupted twice"),
     Bench("prewarm_recovery", ("--reps", "1", "--only", "5s-on",
                                "--keep", "benchmarks/prewarm_recovery.json"),

@@ -15,11 +15,15 @@ What makes it elastic:
 - **no sample skipped or seen twice within an epoch**: the position saved is the number of
   global batches done in the epoch, which does not depend on the world size;
 - **leaving**: on the preemption signal (or SIGTERM) all ranks agree at the next step boundary
-  (one all-reduce), save one checkpoint, and exit: the ranks that got the signal (their node
-  is going) with the requeue code (85), the others with :data:`REJOIN_EXIT` so that their
-  torchrun agent re-rendezvouses with the smaller world and restarts them; they resume from
-  that checkpoint. A rank whose peer vanished without notice fails in its next collective
-  (at the latest after ``--pg-timeout`` seconds) and resumes from the last periodic save.
+  (one all-reduce), save one checkpoint, and exit: the ranks that got the preemption signal
+  (their node is going) with the requeue code (85), the others with :data:`REJOIN_EXIT` so
+  that their torchrun agent re-rendezvouses with the smaller world and restarts them; they
+  resume from that checkpoint. A rank whose peer vanished without notice fails in its next
+  collective (at the latest after ``--pg-timeout`` seconds) and resumes from the last
+  periodic save;
+- **joining**: when a node waits in the rendezvous (a replacement), every agent restarts its
+  workers with SIGTERM: they save at the same step boundary (the same all-reduce) and resume
+  from that step with the larger world, so no step is lost or repeated.
 
 Rank 0 prints one JSON object per line (every event has ``time``, seconds since the epoch)::
 
@@ -27,6 +31,7 @@ Rank 0 prints one JSON object per line (every event has ``time``, seconds since 
     {"event": "resume", "step": 40, "world_size": 2, "restarts": 0, "elastic_round": 1, ...}
     {"event": "step", "step": 41, "epoch": 0, "loss": 0.41, "world_size": 2}
     {"event": "leave", "step": 40, "leaving_ranks": [2], "checkpoint": "/ck/step_000000040"}
+    {"event": "regroup", "step": 70, "world_size": 2, "checkpoint": "/ck/step_000000070"}
     {"event": "done", "step": 300, "loss": 0.09, "world_size": 2}
 
 ``--sample-log FILE``: every rank appends ``{"step", "epoch", "rank", "world", "samples"}``
@@ -200,14 +205,22 @@ def main(argv: list[str] | None = None) -> None:
 
 def leave(handler: PreemptionHandler, rank: int, world: int, step: int, path: str,
           say: Any) -> None:
-    """After the agreed save: ranks whose node got the signal exit with the requeue code, the
-    others with :data:`REJOIN_EXIT` (their agent re-rendezvouses and restarts them)."""
-    going = handler.received_signal is not None
+    """After the agreed save: ranks whose node got the preemption signal exit with the requeue
+    code, the others with :data:`REJOIN_EXIT` (their agent re-rendezvouses and restarts them).
+
+    SIGTERM alone is the agent restarting its workers (torch/distributed/elastic/agent/server/
+    api.py ``_restart_workers``: a node is waiting to join, a replacement; or another worker
+    failed) or Slurm ending the step: the rank saved like the others and no node leaves
+    (event ``regroup``)."""
+    going = handler.received_signal == handler.spec.number
     if dist.is_initialized():
         flags = [torch.zeros(1) for _ in range(world)]
         dist.all_gather(flags, torch.tensor([1.0 if going else 0.0]))
         leaving = [r for r, f in enumerate(flags) if f.item()]
-        say(event="leave", step=step, leaving_ranks=leaving, checkpoint=path)
+        if leaving:
+            say(event="leave", step=step, leaving_ranks=leaving, checkpoint=path)
+        else:
+            say(event="regroup", step=step, world_size=world, checkpoint=path)
         dist.barrier()
         dist.destroy_process_group()
     sys.stdout.flush()

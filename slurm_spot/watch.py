@@ -21,9 +21,7 @@ On an interruption notice for its node it:
    this node: once its steps here have ended (this node's ranks saved and left) and its batch
    script runs elsewhere, the node is released from the job (``scontrol update JobId=N
    NodeList=<the other nodes>``, scontrol(1) 22.05: "Change the nodes allocated to a running
-   job to shrink its size"; for a job with an on-demand coordinator, a heterogeneous job,
-   the workers' component is shrunk: its script runs on the coordinator), so the power-down
-   below does not requeue it;
+   job to shrink its size"), so the power-down below does not requeue it;
 6. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
    once (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
 
@@ -51,6 +49,12 @@ from slurm_spot.config import (
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.jobs.elastic_release import (  # noqa: F401 (field_value: watch's old name)
+    RELEASE_REASON,
+    ElasticJobs,
+    field_value,
+    release_node,
+)
 from slurm_spot.jobs.requeue import requeue_ended
 from slurm_spot.jobs.signal_choice import JobSignaller
 from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
@@ -58,14 +62,6 @@ from slurm_spot.providers.notices import Notice, NoticeSource
 from slurm_spot.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
-
-
-def field_value(line: str, name: str) -> str:
-    """``NAME=value`` from one ``scontrol -o`` line ("" when absent)."""
-    for word in line.split():
-        if word.startswith(name + "="):
-            return word.split("=", 1)[1]
-    return ""
 
 
 def source_for(config: SpotConfig, node: str) -> NoticeSource:
@@ -132,7 +128,7 @@ class Watcher:
         # Per job whose signal time has come: when/why now, for its ``signalled`` event.
         self._when: dict[int, dict[str, object]] = {}
         # Per job: is it elastic (its batch script carries ELASTIC_MARK)? Read once per job.
-        self._elastic: dict[int, bool] = {}
+        self._elastic = ElasticJobs(slurm)
 
     def _event(self, action: events.Action, **fields: object) -> None:
         job_ids = fields.get("job_ids") or ()
@@ -259,55 +255,23 @@ class Watcher:
 
     def _release_elastic(self, outcome: NoticeOutcome, jobs: list[int]) -> None:
         """Release this node from each elastic job whose steps here have ended and whose batch
-        script runs on another node (see the module docstring, step 5)."""
-        from slurm_spot.hostlist import compress, expand
-
+        script runs on another node (see the module docstring, step 5, and
+        :mod:`slurm_spot.jobs.elastic_release`, shared with the reconciler)."""
         for job in jobs:
             if job in outcome.released or not self.signaller.signalled(job):
                 continue
             try:
-                if job not in self._elastic:
-                    self._elastic[job] = self._is_elastic(job)
-                if not self._elastic[job]:
+                if not self._elastic.is_elastic(job):
                     continue
-                record = self.slurm.job_record(job)
-                # Also for a hetjob's worker component, whose script runs on the coordinator:
-                # Slurm 22.05.8 refuses to shrink a component off its BatchHost (its first
-                # node): "You cannot remove the batch host from a job when resizing".
-                if record is None or record.batch_host == self.node:
-                    continue
-                steps = self.slurm.run("scontrol", "-o", "show", "step", str(job),
-                                       check=False).stdout
-                if any(self.node in expand(field_value(line, "NodeList"))
-                       for line in steps.splitlines() if line.startswith("StepId=")
-                       and not line.split()[0].endswith((".batch", ".extern"))):
-                    continue  # this node's ranks are still saving
-                remaining = [n for n in expand(record.nodes) if n != self.node]
-                if not remaining:
-                    continue
-                self.slurm.run("scontrol", "update", f"JobId={job}",
-                               f"NodeList={compress(remaining)}")
+                remaining = release_node(self.slurm, job, self.node, after_steps=True)
             except (SlurmCommandError, ValueError) as exc:
                 outcome.errors.append(f"releasing {self.node} from job {job}: {exc}")
                 continue
+            if remaining is None:
+                continue  # this node's ranks are still saving, or the job cannot go on
             outcome.released.append(job)
-            self._event(events.Action.RELEASED, job_ids=(job,),
-                        reason="elastic job goes on without this node",
-                        extra={"remaining": compress(remaining)})
-
-    def _is_elastic(self, job: int) -> bool:
-        """Whether ``job``'s batch script carries ELASTIC_MARK: its own, or for a component of a
-        heterogeneous job the leader's (``HetJobId``; a component's own is a stub).
-
-        Raises:
-            SlurmCommandError: scontrol could not be run.
-        """
-        from slurm_spot.jobs.rendezvous import ELASTIC_MARK
-
-        record = self.slurm.job_record(job)
-        leader = record.het_job_id if record is not None and record.het_job_id else job
-        script = self.slurm.batch_script(leader)
-        return bool(script) and ELASTIC_MARK in (script or "")
+            self._event(events.Action.RELEASED, job_ids=(job,), reason=RELEASE_REASON,
+                        extra={"remaining": remaining})
 
     def _jobs_here(self, outcome: NoticeOutcome) -> list[int]:
         try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from datetime import datetime
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest

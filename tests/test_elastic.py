@@ -274,9 +274,11 @@ def test_no_option_value_breaks_a_line_of_the_script(tmp_path: Path,
     assert "'a\nb' '--x=1\n2'" in script
 
 
-def _run_batch_script(tmp_path: Path, outcomes: dict[str, str]) -> subprocess.CompletedProcess:
+def _run_batch_script(tmp_path: Path, outcomes: dict[str, str],
+                      job_nodes: list[str] | None = None) -> subprocess.CompletedProcess:
     """Run the rendered elastic batch script with stand-ins for scontrol and srun on PATH:
-    ``outcomes`` maps a node to what its agent does (``exit N`` or ``hang``)."""
+    ``outcomes`` maps a node to what its agent does (``exit N`` or ``hang``); ``job_nodes``:
+    the job's nodes by then, as ``scontrol show job`` gives them (default: all of them)."""
     from slurm_spot.commands.sbatch import elastic_script
     from slurm_spot.config import load_config
 
@@ -286,8 +288,12 @@ def _run_batch_script(tmp_path: Path, outcomes: dict[str, str]) -> subprocess.Co
                             (2, 3), "ctl:29390", 30)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/bash\nprintf '%s\\n' " +
-                                      " ".join(outcomes) + "\n")
+    now = ",".join(job_nodes if job_nodes is not None else outcomes)
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/bash\n"
+        f"if [ \"$1\" = -o ]; then echo 'JobId=5 JobState=RUNNING NodeList={now} Foo=1'; exit; fi\n"
+        f"if [ \"$3\" = '{now}' ]; then printf '%s\\n' {now.replace(',', ' ')}; exit; fi\n"
+        "printf '%s\\n' " + " ".join(outcomes) + "\n")
     cases = "\n".join(f"  --nodelist={node}) {'exec sleep 600' if what == 'hang' else what} ;;"
                       for node, what in outcomes.items())
     (bin_dir / "srun").write_text(
@@ -305,6 +311,17 @@ def test_batch_script_ends_when_training_finished_even_if_a_lost_nodes_step_hang
     proc = _run_batch_script(tmp_path, {"n1": "exit 0", "n2": "exit 0", "n3": "hang"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "elastic training finished" in proc.stdout
+
+
+def test_batch_script_goes_on_when_a_lost_nodes_step_ends_0_on_node_failure(
+        tmp_path: Path) -> None:
+    """The reconciler set n3 DOWN: Slurm took it out of the job and its srun ended 0 ("Node
+    failure"). That is no finished training: the script waits for the others (here they
+    cannot rendezvous again, so the job is requeued instead of COMPLETED)."""
+    proc = _run_batch_script(tmp_path, {"n1": "sleep 1; exit 85", "n2": "sleep 1; exit 85",
+                                        "n3": "exit 0"}, job_nodes=["n1", "n2"])
+    assert "n3 was removed from the job (node failure)" in proc.stdout, proc.stdout
+    assert proc.returncode == 85 and "elastic training finished" not in proc.stdout
 
 
 def test_batch_script_requeues_when_the_rendezvous_cannot_form_again(tmp_path: Path) -> None:

@@ -217,8 +217,9 @@ def test_an_abbreviation_sbatch_resolves_keeps_requeue_and_signal(tmp_path: Path
     (["-P", "spot"], "-P (in '-P'): not an option of sbatch"),
     (["--parsable=yes"], "--parsable takes no value"),
     (["--nproc-per-node", "0"], "--nproc-per-node=0: expected a positive integer"),
-    (["--no-"], "--no- is ambiguous: it abbreviates --no-kill, --no-requeue"),
-    (["--no-re"], "--no-requeue (or SBATCH_NO_REQUEUE): jobs on spot nodes must be"),
+    (["--no-"], "--no- is ambiguous: it abbreviates --no-kill, --no-replacements, --no-requeue"),
+    (["--no-re"], "--no-re is ambiguous: it abbreviates --no-replacements, --no-requeue"),
+    (["--no-req"], "--no-requeue (or SBATCH_NO_REQUEUE): jobs on spot nodes must be"),
 ])
 def test_options_it_cannot_resolve_exit_2_naming_them(tmp_path: Path, words: list[str],
                                                       message: str) -> None:

@@ -40,11 +40,14 @@ def _torchrun_fields(config: SpotConfig, script: str, args: list[str], nproc_per
 
 def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
                    python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
-                   endpoint: str, join_timeout_s: int) -> str:
+                   endpoint: str, join_timeout_s: int, replacements: bool = True) -> str:
     """The batch script of an elastic torchrun job: one job step (one agent) per node,
     ``--no-kill``, ``--nodes=MIN-MAX`` (pure). An agent told to leave exits 128 + the
     preemption signal (``preemption.signal``, slurm_spot.jobs.torchrun_agent); when every
-    agent did, the script exits with the requeue code, as below MIN nodes.
+    agent did, the script exits with the requeue code, as below MIN nodes. With
+    ``replacements``, lost nodes are replaced by one-node companion jobs that join the
+    rendezvous (slurm_spot.jobs.elastic_replacement; their ``--signal`` is
+    ``preemption.signal@preemption.lead_s``, as the job's).
 
     Raises:
         BadInputError: ``endpoint`` or ``python`` is not one line.
@@ -58,7 +61,8 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
         **_torchrun_fields(config, script, args, nproc_per_node, python, env),
         min_nodes=nodes[0], max_nodes=nodes[1], endpoint=shlex.quote(endpoint),
         join_timeout_s=join_timeout_s, signal_name=preempt.name,
-        signalled_exit_code=128 + preempt.number,
+        signalled_exit_code=128 + preempt.number, replacements=replacements,
+        companion_signal=shlex.quote(f"{preempt.name}@{config.preemption.lead_s}"),
     )
 
 
@@ -234,7 +238,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             raise BadInputError("--elastic needs --torchrun (it starts elastic torchrun agents)")
         elastic = parse_nnodes(str(ours["elastic"]))
         _check_nodes_within(line.options, elastic)
-    for name in ("rendezvous", "join-timeout", "coordinator-partition"):
+    for name in ("rendezvous", "join-timeout", "coordinator-partition", "no-replacements"):
         if name in ours and elastic is None:
             raise BadInputError(f"--{name} is for elastic jobs: add --torchrun --elastic MIN:MAX")
     if "rendezvous" in ours and "coordinator-partition" in ours:
@@ -254,7 +258,8 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             "json": bool(ours.get("json")), "nproc": int(nproc),
             "python": python, "job_env": job_env,
             "elastic": elastic, "rendezvous": rendezvous, "join_timeout": int(join),
-            "coordinator": ours.get("coordinator-partition")}
+            "coordinator": ours.get("coordinator-partition"),
+            "replacements": not ours.get("no-replacements")}
 
 
 @click.command("sbatch", context_settings={"ignore_unknown_options": True,
@@ -282,6 +287,9 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --coordinator-partition P  with --elastic: a heterogeneous job; one node of on-demand
                          partition P runs the batch script and the rendezvous store, the
                          MIN..MAX workers run on -p's partition (not with --rendezvous).
+    --no-replacements    with --elastic: do not replace lost nodes (by default one-node
+                         companion jobs, <name>+replacement, join until the job is back
+                         at the node count it started with, at most MAX).
     --dry-run            print the final batch script and sbatch command line only.
     --json               print the job id (or, with --dry-run, script and argv) as JSON.
     --checkpoint-root s3://BUCKET/PREFIX   this job's checkpoints in S3 (not the config's root).
@@ -313,7 +321,8 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
             endpoint = str(ours["rendezvous"] or default_rendezvous(config))
             text = elastic_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
                                   str(ours["python"]), env, ours["elastic"],  # type: ignore[arg-type]
-                                  endpoint, int(ours["join_timeout"]))  # type: ignore[call-overload]
+                                  endpoint, int(ours["join_timeout"]),  # type: ignore[call-overload]
+                                  bool(ours["replacements"]))
         else:
             text = torchrun_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
                                    str(ours["python"]), env)

@@ -32,6 +32,12 @@ Elastic mode (``--elastic MIN:MAX --rendezvous HOST:PORT``, as ``slurm-spot sbat
   save at the next step boundary, all ranks agreeing, and exit) and stops without closing the
   rendezvous (torchrun closes it only on a normal end), so the other nodes' workers exit,
   their agents re-rendezvous with the smaller world and restart them from the checkpoint;
+- a replacement node (a one-node companion job, :mod:`slurm_spot.jobs.elastic_replacement`)
+  runs the same agent with ``--rdzv-run-id`` (the elastic job's ``<job>-<restart count>``, not
+  its own) and ``--checkpoint-dir`` (the elastic job's checkpoints); it waits in the
+  rendezvous until the running agents see a node waiting, restart their workers (SIGTERM:
+  they save at the step boundary) and form the next round with it (torch/distributed/elastic/
+  agent/server/api.py, ``_invoke_run``: ``num_nodes_waiting() > 0``);
 - exit code: 0 when training finished; the requeue code when the rendezvous could not be
   formed again (fewer than MIN nodes within ``join_timeout``, or the store is gone): the
   batch script then requeues the job (checkpoint-and-requeue fallback); 128 + the signal when
@@ -43,6 +49,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -86,6 +93,7 @@ class ElasticSettings:
     join_timeout_s: int = 60
     last_call_timeout_s: int = 2
     max_restarts: int = 20
+    run_id: str | None = None
 
 
 #: torchrun's environment in elastic mode. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default
@@ -125,13 +133,27 @@ def elastic_torchrun_args(env: Mapping[str, str], settings: ElasticSettings, loc
     conf = (f"is_host=false,join_timeout={settings.join_timeout_s},"
             f"last_call_timeout={settings.last_call_timeout_s},close_timeout=10,"
             "keep_alive_interval=2,keep_alive_max_attempt=3")
-    run_id = f"{jobenv.requeue_target(env)}-{jobenv.restart_count(env)}"
+    run_id = settings.run_id or elastic_run_id(env)
     return [
         f"--nnodes={settings.min_nodes}:{settings.max_nodes}", f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={settings.endpoint}",
         f"--rdzv-id={run_id}", f"--rdzv-conf={conf}", f"--local-addr={local_addr}",
         f"--max-restarts={settings.max_restarts}", "--monitor-interval=0.5", *command,
     ]
+
+
+def elastic_run_id(env: Mapping[str, str]) -> str:
+    """The rendezvous id of an elastic job's run: ``<job>-<restart count>`` (``<array job>_<task>``
+    for an array task); a requeued job forms a rendezvous of its own.
+
+    Raises:
+        JobEnvError: ``SLURM_JOB_ID`` or ``SLURM_RESTART_COUNT`` is missing or malformed.
+    """
+    return f"{jobenv.requeue_target(env)}-{jobenv.restart_count(env)}"
+
+
+#: A rendezvous id as :func:`elastic_run_id` makes it (``--rdzv-run-id`` is checked against it).
+RUN_ID_PATTERN = r"[0-9]+(_[0-9]+)?-[0-9]+"
 
 
 def rendezvous_port(env: Mapping[str, str], base: int = DEFAULT_PORT_BASE) -> int:
@@ -148,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rendezvous", default=None, metavar="HOST:PORT")
     parser.add_argument("--join-timeout", type=int, default=60)
     parser.add_argument("--max-restarts", type=int, default=20)
+    parser.add_argument("--rdzv-run-id", default=None, metavar="JOB-RESTART",
+                        help="join this run's rendezvous (a replacement node's agent, which "
+                             "runs in a job of its own: slurm_spot.jobs.elastic_replacement)")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="the workers' SLURM_SPOT_CHECKPOINT_DIR (a replacement's workers "
+                             "use the elastic job's checkpoints, not their own job's)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -162,14 +190,19 @@ def main(argv: list[str] | None = None) -> int:
         if not args.rendezvous:
             parser.error("--elastic needs --rendezvous HOST:PORT")
         low, high = parse_nnodes(args.elastic)
+        if args.rdzv_run_id is not None and not re.fullmatch(RUN_ID_PATTERN, args.rdzv_run_id):
+            parser.error(f"--rdzv-run-id={args.rdzv_run_id!r}: expected JOB-RESTART (e.g. 42-0)")
+        if args.checkpoint_dir:
+            os.environ[jobenv.ENV_CHECKPOINT_DIR] = args.checkpoint_dir  # the workers inherit it
         settings = ElasticSettings(low, high, args.rendezvous, args.join_timeout,
-                                   max_restarts=args.max_restarts)
+                                   max_restarts=args.max_restarts, run_id=args.rdzv_run_id)
         targs = elastic_torchrun_args(env, settings, node_addr(client, me),
                                       args.nproc_per_node, command)
         print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
         os.environ.update(ELASTIC_ENV)
         signal.signal(spec.number, _leave_on_signal)
-        return run_torchrun(targs, jobenv.requeue_exit_code(env), elastic=True)
+        return run_torchrun(targs, jobenv.requeue_exit_code(env), elastic=True,
+                            joining=args.rdzv_run_id is not None)
     signal.signal(spec.number, signal.SIG_IGN)
     port = args.port or rendezvous_port(env)
     targs = torchrun_args(env, node_addr(client, head), node_addr(client, me),
@@ -228,14 +261,17 @@ def _leave_rendezvous() -> None:
               "notice when this node's keep-alive lapses", file=sys.stderr, flush=True)
 
 
-def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False) -> int:
+def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
+                 joining: bool = False) -> int:
     """Run torchrun (``torch.distributed.run``) with ``targs`` in this process; returns the
     agent's exit status: 0, ``requeue_code`` when a worker exited with it (or, ``elastic``,
     when the rendezvous could not be formed again), 128 + the signal when a death signal
-    stopped the agent, else 1 (a worker failed)."""
+    stopped the agent, else 1 (a worker failed). ``joining`` (a replacement's agent): a
+    rendezvous already closed means the run is over, exit 0 (nothing to requeue: the
+    replacement's job is not the elastic job)."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
     from torch.distributed.run import main as torchrun_main
 
     if elastic:
@@ -243,6 +279,10 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False) -> 
     try:
         torchrun_main(targs)
     except RendezvousError as exc:
+        if joining and isinstance(exc, RendezvousClosedError):
+            print("slurm-spot: the run's rendezvous is closed (training is over); leaving",
+                  file=sys.stderr, flush=True)
+            return 0
         if not elastic:
             raise
         # Fewer than MIN nodes came back within join_timeout, or the store is gone: the job

@@ -9,6 +9,10 @@ The Slurm transitions that carry out each verdict (verified on Slurm 22.05.8):
   once and stops waiting for the dead slurmd), then ``state=POWER_DOWN_FORCE reason=R``
   (SuspendProgram runs, the node returns to ``idle~`` after SuspendTimeout). POWER_DOWN_FORCE
   alone leaves the job COMPLETING until slurmctld gives up on the dead node (~100 s).
+  An *elastic* job (``--no-kill``, one step per node) is not requeued: DOWN removes the node
+  from it and ends its step there, the job goes on with its other nodes, and the pass records
+  ``released`` for it, as the watcher does with notice (:mod:`slurm_spot.jobs.elastic_release`);
+  unless its batch script ran on the lost node (then Slurm requeues it: the fallback).
 - ``RESUME_FAILED`` / ``REENABLE``: ``state=IDLE`` turns ``down~`` into ``idle~`` at once and
   clears the reason (``state=RESUME`` adds NOT_RESPONDING; POWER_DOWN goes through
   SuspendProgram and keeps the reason); then NodeAddr/NodeHostName are reset to the node name,
@@ -30,13 +34,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from slurm_spot import events
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import PartialTerminationError, SlurmCommandError
 from slurm_spot.events import Action
+from slurm_spot.jobs.elastic_release import RELEASE_REASON, ElasticJobs, release_node
 from slurm_spot.jobs.requeue import requeue_ended_on
 from slurm_spot.power import ProviderFactory, provider_cache
 from slurm_spot.prewarm import restore_weights
@@ -152,6 +157,7 @@ class Reconciler:
         self._missing_since: dict[str, datetime] = {}
         self._notes: list[tuple[int, str]] = []
         self._job_records: list[JobRecord] | SlurmCommandError | None = None
+        self._elastic = ElasticJobs(slurm)  # per pass: which jobs are elastic
         # the pass's providers: each built once per pass (one cloud session and client)
         self._providers: ProviderFactory = provider_cache(providers)
         # verdict -> (Slurm updates for nodes that share a reason, what to record per node)
@@ -255,9 +261,14 @@ class Reconciler:
         requeued: list[int] = []
         self._notes = []  # AdminComment notes, written at the end
         self._job_records = None  # every job, read once if a lost node needs them
+        self._elastic = ElasticJobs(self.slurm)
         for (verdict, reason), members in groups.items():
             update, record = self._handlers[verdict]
             for d in self._update_batched(update, reason, members, result):
+                released: list[int] = []
+                if d.verdict in (Verdict.RECLAIMED, Verdict.BOOT_LOST) and d.jobs:
+                    released = self._release_elastic(d, result)
+                    d = replace(d, jobs=tuple(j for j in d.jobs if j not in released))
                 try:
                     record(d, result)
                 except Exception as exc:  # isolate one node's failure
@@ -296,6 +307,42 @@ class Reconciler:
         log.error("%s: %s failed: %s", d.node, d.verdict.value, exc)
         result.errors.append(f"{d.node}: {d.verdict.value}: {exc}")
         self.metrics.action(d.verdict.value, ok=False)
+
+    def _release_elastic(self, d: NodeDecision, result: PassResult) -> list[int]:
+        """The elastic jobs of the lost node ``d.node`` that go on without it (DOWN, just
+        issued, took the node out of them; :func:`release_node` shrinks any that Slurm kept
+        it in): one ``released`` event each. Returns their ids; a job that cannot be read is
+        left to the usual path (requeue), with an error."""
+        released = []
+        for job in d.jobs:
+            try:
+                if not self._elastic.is_elastic(job):
+                    continue
+                remaining = release_node(self.slurm, job, d.node, after_steps=False)
+            except (SlurmCommandError, ValueError) as exc:
+                result.errors.append(f"{d.node}: releasing it from job {job}: {exc}")
+                continue
+            if remaining is None:  # its batch script ran there, or that was its last node
+                self._requeue_headless(d, job, result)
+                continue
+            released.append(job)
+            self._emit(result, Action.RELEASED, node=d.node, instance=d.instance,
+                       job_ids=(job,), reason=RELEASE_REASON,
+                       extra={"remaining": remaining, "notice": False})
+        return released
+
+    def _requeue_headless(self, d: NodeDecision, job: int, result: PassResult) -> None:
+        """The fallback: an elastic job whose batch host was the lost node keeps running
+        without its batch script after DOWN (``--no-kill``: slurmctld removes any failed node,
+        job_mgr.c kill_running_job_by_node_name, 22.05), so it is requeued here
+        (``scontrol requeue``); it then restarts from its checkpoint like any other job."""
+        try:
+            record = self.slurm.job_record(job)
+            if record is None or record.state.base != "RUNNING":
+                return  # Slurm requeued it (one node left) or it ended
+            self.slurm.requeue(job)
+        except SlurmCommandError as exc:
+            result.errors.append(f"{d.node}: requeueing elastic job {job}: {exc}")
 
     def _requeue_ended(self, d: NodeDecision, snap: Snapshot, result: PassResult) -> list[int]:
         """Requeue the batch jobs that ended on a lost node during its interruption (an

@@ -49,6 +49,9 @@ class FakeJob:
     end_time: str = "Unknown"  # scontrol's local time, e.g. 2026-03-01T11:59:50
     submit_time: int = 0  # Unix seconds, as squeue --json gives them (0: unset)
     start_time: int = 0
+    batch_host: str = ""  # "" : the first of its nodes
+    script: str = ""  # its batch script ("": none to show, e.g. srun/salloc)
+    no_kill: bool = False  # sbatch --no-kill: a DOWN node is removed from it, not requeued
 
 
 class FakeSlurm:
@@ -139,7 +142,7 @@ class FakeSlurm:
                 self.on_show(self.show_calls)
             names = expand(args[3]) if len(args) > 3 else list(self.nodes)
             return "".join(self._show(n) for n in names)
-        if args[0] == "update" and args[1].startswith("jobid="):
+        if args[0] == "update" and args[1].lower().startswith("jobid="):
             # scontrol(1): JobId=<job_list>, comma separated; each job is updated on its own
             # and a refused one makes the exit status non-zero.
             refused = []
@@ -159,6 +162,11 @@ class FakeSlurm:
             if not jobs:
                 raise _Refused("slurm_load_jobs error: Invalid job id specified")
             return "".join(self._show_job(j) for j in jobs)
+        if args[:2] == ["write", "batch_script"]:
+            job_id = int(args[2])
+            if job_id not in self.jobs or not self.jobs[job_id].script:
+                raise _Refused(f"No batch script for job {job_id}")
+            return self.jobs[job_id].script
         if args[0] == "requeue":
             job = self.jobs[int(args[1])]
             if job.state == "PENDING":
@@ -178,10 +186,12 @@ class FakeSlurm:
 
     def _show_job(self, j: FakeJob) -> str:
         nodes = compress(j.nodes) if j.nodes else "(null)"
+        batch_host = j.batch_host or (j.nodes[0] if j.nodes else "")
         return (f"JobId={j.job_id} JobName=wrap JobState={j.state} Reason={j.reason} "
                 f"AdminComment={j.admin_comment or '(null)'} "
                 f"Requeue={int(j.requeue)} Restarts={j.restarts} BatchFlag=1 "
-                f"ExitCode={j.exit_code} EndTime={j.end_time} NodeList={nodes}\n")
+                f"ExitCode={j.exit_code} EndTime={j.end_time} NodeList={nodes}"
+                f"{f' BatchHost={batch_host}' if batch_host else ''}\n")
 
     def _show(self, name: str) -> str:
         if name not in self.nodes:
@@ -225,6 +235,11 @@ class FakeSlurm:
 
     # -- node transitions (as observed on Slurm 22.05.8) ----------------------------------
     def _to_down(self, node: FakeNode) -> None:
+        # Slurm 22.05 (job_mgr.c, kill_running_job_by_node_name): a running --no-kill job of
+        # several nodes loses the DOWN node and keeps running, even its batch host.
+        for job in self._jobs_on(node.name):
+            if job.no_kill and job.state == "RUNNING" and len(job.nodes) > 1:
+                job.nodes = [n for n in job.nodes if n != node.name]
         self._requeue_jobs_of(node.name)
         node.base = "DOWN"
         node.flags -= {"COMPLETING", "POWERING_UP"}
@@ -279,6 +294,8 @@ class FakeSlurm:
     def _update_job(self, job_id: int, args: list[str]) -> str:
         if job_id not in self.jobs:
             raise _Refused(f"Invalid job id specified for job {job_id}")
+        if len(args) == 1 and args[0].lower().startswith("nodelist="):
+            self.jobs[job_id].nodes = expand(args[0].split("=", 1)[1])
         if len(args) == 1 and args[0].startswith("AdminComment="):
             self.jobs[job_id].admin_comment = args[0].split("=", 1)[1]
         if args == ["StartTime=now"]:
