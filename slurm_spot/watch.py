@@ -128,7 +128,7 @@ class Watcher:
         # Per job whose signal time has come: when/why now, for its ``signalled`` event.
         self._when: dict[int, dict[str, object]] = {}
         # Per job: is it elastic (its batch script carries ELASTIC_MARK)? Read once per job.
-        self._elastic = ElasticJobs(slurm)
+        self._elastic = ElasticJobs(slurm, het_components=True)
 
     def _event(self, action: events.Action, **fields: object) -> None:
         job_ids = fields.get("job_ids") or ()

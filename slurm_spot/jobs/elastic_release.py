@@ -44,17 +44,24 @@ class ElasticJobs:
         SlurmCommandError: scontrol could not be run.
     """
 
-    def __init__(self, slurm: SlurmClient) -> None:
+    def __init__(self, slurm: SlurmClient, het_components: bool = False) -> None:
         self.slurm = slurm
+        #: also recognise a heterogeneous job's worker component (one more ``scontrol show job``
+        #: per job): the watcher's case; the reconciler's lost node without notice ends a whole
+        #: heterogeneous job in Slurm 22.05 (docs/ml-engineer.md), so it reads scripts only
+        self.het_components = het_components
         self._known: dict[int, bool] = {}
 
     def is_elastic(self, job: int) -> bool:
-        """True if ``job``'s batch script carries :data:`ELASTIC_MARK`: its own, or for a
-        component of a heterogeneous job (``slurm-spot sbatch --coordinator-partition``) the
-        leader's (``HetJobId``; a component's own script is a stub of its directives)."""
+        """True if ``job``'s batch script carries :data:`ELASTIC_MARK`: its own, or (with
+        ``het_components``) for a component of a heterogeneous job (``slurm-spot sbatch
+        --coordinator-partition``) the leader's (``HetJobId``; a component's own script is a
+        stub of its directives)."""
         if job not in self._known:
-            record = self.slurm.job_record(job)
-            leader = record.het_job_id if record is not None and record.het_job_id else job
+            leader = job
+            if self.het_components:
+                record = self.slurm.job_record(job)
+                leader = record.het_job_id if record is not None and record.het_job_id else job
             script = self.slurm.batch_script(leader)
             self._known[job] = bool(script) and ELASTIC_MARK in (script or "")
         return self._known[job]
