@@ -44,6 +44,7 @@ from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.reconcile.history import EventTail, build_history, history_keep_s
 from slurm_spot.reconcile.metrics import ReconcileMetrics
+from slurm_spot.reconcile.requeue_exit import held_by_requeue_exit, requeue_candidates
 from slurm_spot.reconcile.rules import (
     History,
     NodeDecision,
@@ -231,6 +232,7 @@ class Reconciler:
                                      snap, result)
         requeued = self._act_all(acting, failed, snap, result)
         self._expedite(requeued, plan.expedite, result)
+        self._expedite_requeue_exits(result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
             self._emit(result, Action.WEIGHT_RESTORED, node=node)
@@ -452,6 +454,22 @@ class Reconciler:
             if not waiting or time.monotonic() >= deadline:
                 return
             self.sleep(0.5)
+
+    def _expedite_requeue_exits(self, result: PassResult) -> None:
+        """Clear the requeue delay of jobs on our partitions that requeued themselves with the
+        requeue exit code (an elastic job below MIN, a job that saved and left): one
+        ``squeue``, then ``scontrol show job`` for the few candidates
+        (:mod:`slurm_spot.reconcile.requeue_exit`)."""
+        ours = [p.name for p in self.config.partitions]
+        try:
+            candidates = requeue_candidates(self.slurm.jobs(), ours)
+            records = [r for j in candidates if (r := self.slurm.job_record(j)) is not None]
+        except SlurmCommandError as exc:
+            result.errors.append(str(exc))
+            return
+        code = self.config.preemption.requeue_exit_code
+        self._expedite_jobs(held_by_requeue_exit(records, code), result,
+                            f"requeued by exit code {code}")
 
     def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> None:
         if not job_ids:

@@ -377,7 +377,9 @@ class JobRecord:
 
     ``exit_code`` is Slurm's ``<exit status>:<signal>`` (``0:0`` is success); ``requeue`` is
     False for a job submitted ``--no-requeue``; ``batch`` is False for salloc/srun jobs;
-    ``end_time`` is seconds since the epoch, None while unknown.
+    ``end_time``, ``submit_time`` (a requeued job's is the requeue's) and ``eligible_time``
+    (the earliest start: a requeued job's is ~121 s after its requeue on 22.05) are seconds
+    since the epoch, None while unknown.
     """
 
     job_id: int
@@ -389,6 +391,8 @@ class JobRecord:
     nodes: str = ""
     batch_host: str = ""
     end_time: float | None = None
+    submit_time: float | None = None
+    eligible_time: float | None = None
 
 
 def parse_job_record(line: str) -> JobRecord:
@@ -409,6 +413,8 @@ def parse_job_record(line: str) -> JobRecord:
         nodes="" if fields.get("NodeList", "(null)") == "(null)" else fields.get("NodeList", ""),
         batch_host=fields.get("BatchHost", ""),
         end_time=local_time(fields.get("EndTime", "")),
+        submit_time=local_time(fields.get("SubmitTime", "")),
+        eligible_time=local_time(fields.get("EligibleTime", "")),
     )
 
 
