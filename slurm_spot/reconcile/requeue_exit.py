@@ -3,11 +3,11 @@
 A job that exits with slurm-spot's requeue exit code (``preemption.requeue_exit_code``,
 rendered as slurm.conf ``RequeueExit``) is requeued by slurmctld, then held: Slurm 22.05.8
 gives it ``JobState=PENDING Reason=BeginTime Restarts=N+1 ExitCode=85:0`` and
-``EligibleTime = SubmitTime + 121 s`` (``SubmitTime`` is reset to the requeue; observed on the
-local cluster, docs/local-slurm.md). On 24.11 the same hold is the credential lifetime; from
-25.11 it is ``SchedulerParameters=requeue_delay`` (slurm.conf(5) 26.05: "Delay before a
-non-Expedited Requeue job is eligible to run after being requeued"), and ``--requeue=expedite``
-covers node failures, not a requeue by exit code.
+``EligibleTime = SubmitTime + 121 s``, ``SubmitTime`` being reset to the requeue (observed on
+the local cluster, docs/local-slurm.md). On 24.11 the same hold is the credential lifetime;
+from 25.11 it is ``SchedulerParameters=requeue_delay`` (slurm.conf(5) 26.05: "Delay before a
+non-Expedited Requeue job is eligible to run after being requeued"), and
+``--requeue=expedite`` covers node failures, not a requeue by exit code.
 
 The watcher clears that hold for the jobs it saw leave a node; nobody watches a job whose own
 batch script decided to requeue later, such as an elastic job whose survivors could not form a
