@@ -490,6 +490,18 @@ def test_a_job_requeued_by_its_exit_code_starts_at_once(tmp_path: Path) -> None:
     assert len(world.events("expedited")) == 1
 
 
+def test_a_job_requeued_by_exit_soon_after_a_notice_is_expedited_once(tmp_path: Path) -> None:
+    """The notice is still remembered (the safety net would catch the job too): one
+    ``expedited`` event, with the precise reason."""
+    world = World(tmp_path)
+    _requeued_by_exit(world, 23)
+    world.emit("notice", "watch", "spot-2", 30, job_ids=(23,))
+    world.run()
+    assert world.slurm.jobs[23].reason == "None"
+    assert [e["reason"] for e in world.events("expedited")] == ["requeued by exit code 85"]
+    assert world.slurm.expedited == [23]
+
+
 @pytest.mark.parametrize(("hold_s", "exit_code", "partition"), [
     (3600, "85:0", "spot"),  # someone set StartTime an hour ahead on purpose
     (121, "1:0", "spot"),  # a failure requeued by someone else: not ours to hurry

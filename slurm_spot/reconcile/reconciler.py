@@ -231,8 +231,8 @@ class Reconciler:
         failed = self._terminate_all([t for d in acting for t in d.terminate], plan.orphans,
                                      snap, result)
         requeued = self._act_all(acting, failed, snap, result)
-        self._expedite(requeued, plan.expedite, result)
-        self._expedite_requeue_exits(result)
+        done = self._expedite_requeue_exits(result)  # the more precise reason goes first
+        self._expedite(requeued, [j for j in plan.expedite if j not in done], result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
             self._emit(result, Action.WEIGHT_RESTORED, node=node)
@@ -455,25 +455,25 @@ class Reconciler:
                 return
             self.sleep(0.5)
 
-    def _expedite_requeue_exits(self, result: PassResult) -> None:
+    def _expedite_requeue_exits(self, result: PassResult) -> list[int]:
         """Clear the requeue delay of jobs on our partitions that requeued themselves with the
-        requeue exit code (an elastic job below MIN, a job that saved and left): one
-        ``squeue``, then ``scontrol show job`` for the few candidates
-        (:mod:`slurm_spot.reconcile.requeue_exit`)."""
+        requeue exit code (an elastic job below MIN, a job that saved and left), however long
+        after an interruption: one ``squeue``, then ``scontrol show job`` for the few
+        candidates (:mod:`slurm_spot.reconcile.requeue_exit`). Returns the jobs expedited."""
         ours = [p.name for p in self.config.partitions]
         try:
             candidates = requeue_candidates(self.slurm.jobs(), ours)
             records = [r for j in candidates if (r := self.slurm.job_record(j)) is not None]
         except SlurmCommandError as exc:
             result.errors.append(str(exc))
-            return
+            return []
         code = self.config.preemption.requeue_exit_code
-        self._expedite_jobs(held_by_requeue_exit(records, code), result,
-                            f"requeued by exit code {code}")
+        return self._expedite_jobs(held_by_requeue_exit(records, code), result,
+                                   f"requeued by exit code {code}")
 
-    def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> None:
+    def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> list[int]:
         if not job_ids:
-            return
+            return []
         done, errors = self.slurm.expedite_many(job_ids)
         for error in errors:
             log.error("expediting: %s", error)
@@ -482,6 +482,7 @@ class Reconciler:
         for job in done:
             self.metrics.action("expedite", ok=True)
             self._emit(result, Action.EXPEDITED, job_ids=(job,), reason=why)
+        return done
 
     # -- events and metrics ---------------------------------------------------------------
     def _record(self, result: PassResult, action: Action, d: NodeDecision, reason: str | None = None,
