@@ -502,6 +502,20 @@ def test_a_job_requeued_by_exit_soon_after_a_notice_is_expedited_once(tmp_path: 
     assert world.slurm.expedited == [23]
 
 
+def test_many_jobs_requeued_by_exit_are_read_and_expedited_in_one_call_each(
+        tmp_path: Path) -> None:
+    world = World(tmp_path)
+    for job in range(31, 36):
+        _requeued_by_exit(world, job)
+    world.slurm.calls.clear()
+    world.run()
+    assert all(world.slurm.jobs[j].reason == "None" for j in range(31, 36))
+    reads = [c[1:] for c in world.slurm.calls if c[1:4] == ["-o", "show", "job"]]
+    assert reads == [["-o", "show", "job"]]
+    assert [c[2] for c in world.slurm.calls if c[-1] == "StartTime=now"] == [
+        "jobid=31,32,33,34,35"]
+
+
 @pytest.mark.parametrize(("hold_s", "exit_code", "partition"), [
     (3600, "85:0", "spot"),  # someone set StartTime an hour ahead on purpose
     (121, "1:0", "spot"),  # a failure requeued by someone else: not ours to hurry

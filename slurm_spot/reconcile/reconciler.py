@@ -231,7 +231,7 @@ class Reconciler:
         failed = self._terminate_all([t for d in acting for t in d.terminate], plan.orphans,
                                      snap, result)
         requeued = self._act_all(acting, failed, snap, result)
-        done = self._expedite_requeue_exits(result)  # the more precise reason goes first
+        done = self._expedite_requeue_exits(result, requeued)  # the more precise reason first
         self._expedite(requeued, [j for j in plan.expedite if j not in done], result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
@@ -455,15 +455,19 @@ class Reconciler:
                 return
             self.sleep(0.5)
 
-    def _expedite_requeue_exits(self, result: PassResult) -> list[int]:
+    def _expedite_requeue_exits(self, result: PassResult, skip: Sequence[int]) -> list[int]:
         """Clear the requeue delay of jobs on our partitions that requeued themselves with the
         requeue exit code (an elastic job below MIN, a job that saved and left), however long
         after an interruption: one ``squeue``, then ``scontrol show job`` for the few
-        candidates (:mod:`slurm_spot.reconcile.requeue_exit`). Returns the jobs expedited."""
+        candidates, or one for all jobs when there are many; ``skip``: the jobs this pass
+        requeued itself (expedited as such). Returns the jobs expedited."""
         ours = [p.name for p in self.config.partitions]
         try:
-            candidates = requeue_candidates(self.slurm.jobs(), ours)
-            records = [r for j in candidates if (r := self.slurm.job_record(j)) is not None]
+            candidates = [j for j in requeue_candidates(self.slurm.jobs(), ours) if j not in skip]
+            if len(candidates) > 3:
+                records = [r for r in self.slurm.job_records() if r.job_id in candidates]
+            else:
+                records = [r for j in candidates if (r := self.slurm.job_record(j)) is not None]
         except SlurmCommandError as exc:
             result.errors.append(str(exc))
             return []
