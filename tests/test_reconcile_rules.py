@@ -461,6 +461,75 @@ def test_pending_job_of_our_interruption_is_expedited_once(tmp_path: Path) -> No
     assert world.slurm.expedited == [11]
 
 
+# -- a job that requeued itself (exit code 85), long after any interruption ---------------
+def _requeued_by_exit(world: World, job_id: int, hold_s: float = 121, exit_code: str = "85:0",
+                      partition: str = "spot") -> None:
+    """A job as Slurm 22.05.8 shows it after its batch script exited 85 (RequeueExit):
+    PENDING, Reason=BeginTime, Restarts=1, ExitCode=85:0, eligible 121 s after the requeue."""
+    job = world.slurm.add_job(job_id, [], state="PENDING", reason="BeginTime")
+    job.restarts, job.exit_code, job.partition = 1, exit_code, partition
+    job.submit_time = int(world.now.timestamp())
+    job.eligible_time = job.submit_time + int(hold_s)
+
+
+def test_a_job_requeued_by_its_exit_code_starts_at_once(tmp_path: Path) -> None:
+    """An elastic job whose survivors fell below MIN exits 85 long after any notice (nothing
+    in the events names it): the pass clears its ~121 s hold, and says so in an event."""
+    world = World(tmp_path)
+    _requeued_by_exit(world, 21)
+    client = world.slurm.client()
+    assert client.job_record(21).eligible_time == world.now.timestamp() + 121
+    world.run()
+    record = client.job_record(21)
+    assert world.slurm.jobs[21].reason == "None"  # no longer BeginTime: eligible now
+    assert record.eligible_time == record.submit_time
+    expedited = world.events("expedited")
+    assert [(e["job_ids"], e["reason"]) for e in expedited] == [
+        ([21], "requeued by exit code 85")]
+    world.run()  # already eligible: nothing more to do
+    assert len(world.events("expedited")) == 1
+
+
+def test_a_job_requeued_by_exit_soon_after_a_notice_is_expedited_once(tmp_path: Path) -> None:
+    """The notice is still remembered (the safety net would catch the job too): one
+    ``expedited`` event, with the precise reason."""
+    world = World(tmp_path)
+    _requeued_by_exit(world, 23)
+    world.emit("notice", "watch", "spot-2", 30, job_ids=(23,))
+    world.run()
+    assert world.slurm.jobs[23].reason == "None"
+    assert [e["reason"] for e in world.events("expedited")] == ["requeued by exit code 85"]
+    assert world.slurm.expedited == [23]
+
+
+def test_many_jobs_requeued_by_exit_are_read_and_expedited_in_one_call_each(
+        tmp_path: Path) -> None:
+    world = World(tmp_path)
+    for job in range(31, 36):
+        _requeued_by_exit(world, job)
+    world.slurm.calls.clear()
+    world.run()
+    assert all(world.slurm.jobs[j].reason == "None" for j in range(31, 36))
+    reads = [c[1:] for c in world.slurm.calls if c[1:4] == ["-o", "show", "job"]]
+    assert reads == [["-o", "show", "job"]]
+    assert [c[2] for c in world.slurm.calls if c[-1] == "StartTime=now"] == [
+        "jobid=31,32,33,34,35"]
+
+
+@pytest.mark.parametrize(("hold_s", "exit_code", "partition"), [
+    (3600, "85:0", "spot"),  # someone set StartTime an hour ahead on purpose
+    (121, "1:0", "spot"),  # a failure requeued by someone else: not ours to hurry
+    (121, "85:0", "other"),  # not a slurm-spot partition
+])
+def test_other_held_jobs_keep_their_begin_time(tmp_path: Path, hold_s: float, exit_code: str,
+                                               partition: str) -> None:
+    world = World(tmp_path)
+    _requeued_by_exit(world, 22, hold_s, exit_code, partition)
+    world.run()
+    assert world.slurm.jobs[22].reason == "BeginTime"
+    assert world.events("expedited") == []
+
+
 # -- small pure helpers ------------------------------------------------------------------
 @pytest.mark.parametrize(("state", "short"), [
     ("IDLE+CLOUD+POWERED_DOWN", "idle~"), ("MIXED+CLOUD+POWERING_UP", "mix#"),

@@ -49,6 +49,7 @@ from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.reconcile.history import EventTail, build_history, history_keep_s
 from slurm_spot.reconcile.metrics import ReconcileMetrics
+from slurm_spot.reconcile.requeue_exit import held_by_requeue_exit, requeue_candidates
 from slurm_spot.reconcile.rules import (
     History,
     NodeDecision,
@@ -236,7 +237,8 @@ class Reconciler:
         failed = self._terminate_all([t for d in acting for t in d.terminate], plan.orphans,
                                      snap, result)
         requeued = self._act_all(acting, failed, snap, result)
-        self._expedite(requeued, plan.expedite, result)
+        done = self._expedite_requeue_exits(result, requeued)  # the more precise reason first
+        self._expedite(requeued, [j for j in plan.expedite if j not in done], result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
             self._emit(result, Action.WEIGHT_RESTORED, node=node)
@@ -500,9 +502,29 @@ class Reconciler:
                 return
             self.sleep(0.5)
 
-    def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> None:
+    def _expedite_requeue_exits(self, result: PassResult, skip: Sequence[int]) -> list[int]:
+        """Clear the requeue delay of jobs on our partitions that requeued themselves with the
+        requeue exit code (an elastic job below MIN, a job that saved and left), however long
+        after an interruption: one ``squeue``, then ``scontrol show job`` for the few
+        candidates, or one for all jobs when there are many; ``skip``: the jobs this pass
+        requeued itself (expedited as such). Returns the jobs expedited."""
+        ours = [p.name for p in self.config.partitions]
+        try:
+            candidates = [j for j in requeue_candidates(self.slurm.jobs(), ours) if j not in skip]
+            if len(candidates) > 3:
+                records = [r for r in self.slurm.job_records() if r.job_id in candidates]
+            else:
+                records = [r for j in candidates if (r := self.slurm.job_record(j)) is not None]
+        except SlurmCommandError as exc:
+            result.errors.append(str(exc))
+            return []
+        code = self.config.preemption.requeue_exit_code
+        return self._expedite_jobs(held_by_requeue_exit(records, code), result,
+                                   f"requeued by exit code {code}")
+
+    def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> list[int]:
         if not job_ids:
-            return
+            return []
         done, errors = self.slurm.expedite_many(job_ids)
         for error in errors:
             log.error("expediting: %s", error)
@@ -511,6 +533,7 @@ class Reconciler:
         for job in done:
             self.metrics.action("expedite", ok=True)
             self._emit(result, Action.EXPEDITED, job_ids=(job,), reason=why)
+        return done
 
     # -- events and metrics ---------------------------------------------------------------
     def _record(self, result: PassResult, action: Action, d: NodeDecision, reason: str | None = None,

@@ -377,7 +377,9 @@ class JobRecord:
 
     ``exit_code`` is Slurm's ``<exit status>:<signal>`` (``0:0`` is success); ``requeue`` is
     False for a job submitted ``--no-requeue``; ``batch`` is False for salloc/srun jobs;
-    ``end_time`` is seconds since the epoch, None while unknown. ``het_job_id`` is the
+    ``end_time``, ``submit_time`` (a requeued job's is the requeue's) and ``eligible_time``
+    (the earliest start: a requeued job's is ~121 s after its requeue on 22.05) are seconds
+    since the epoch, None while unknown. ``het_job_id`` is the
     leader's job id (``HetJobId``) for a component of a heterogeneous job, whose batch script
     and BatchHost are the leader's (Slurm 22.05.8: ``scontrol write batch_script`` of
     component 1 prints a stub of that component's directives); None for any other job.
@@ -393,6 +395,8 @@ class JobRecord:
     batch_host: str = ""
     end_time: float | None = None
     het_job_id: int | None = None
+    submit_time: float | None = None
+    eligible_time: float | None = None
 
 
 def parse_job_record(line: str) -> JobRecord:
@@ -414,6 +418,8 @@ def parse_job_record(line: str) -> JobRecord:
         batch_host=fields.get("BatchHost", ""),
         end_time=local_time(fields.get("EndTime", "")),
         het_job_id=int(fields["HetJobId"]) if fields.get("HetJobId", "").isdigit() else None,
+        submit_time=local_time(fields.get("SubmitTime", "")),
+        eligible_time=local_time(fields.get("EligibleTime", "")),
     )
 
 

@@ -52,6 +52,8 @@ class FakeJob:
     batch_host: str = ""  # "" : the first of its nodes
     script: str = ""  # its batch script ("": none to show, e.g. srun/salloc)
     no_kill: bool = False  # sbatch --no-kill: a DOWN node is removed from it, not requeued
+    eligible_time: int = 0  # Unix seconds (0: unknown); after a requeue, submit_time + 121
+    partition: str = "spot"
 
 
 class FakeSlurm:
@@ -190,7 +192,8 @@ class FakeSlurm:
         return (f"JobId={j.job_id} JobName=wrap JobState={j.state} Reason={j.reason} "
                 f"AdminComment={j.admin_comment or '(null)'} "
                 f"Requeue={int(j.requeue)} Restarts={j.restarts} BatchFlag=1 "
-                f"ExitCode={j.exit_code} EndTime={j.end_time} NodeList={nodes}"
+                f"ExitCode={j.exit_code} EndTime={j.end_time} NodeList={nodes} "
+                f"SubmitTime={_local(j.submit_time)} EligibleTime={_local(j.eligible_time)}"
                 f"{f' BatchHost={batch_host}' if batch_host else ''}\n")
 
     def _show(self, name: str) -> str:
@@ -302,6 +305,7 @@ class FakeSlurm:
             job = self.jobs[job_id]
             if job.state == "PENDING" and job.reason == "BeginTime":
                 job.reason = "None"
+                job.eligible_time = job.submit_time
             self.expedited.append(job_id)
         return ""
 
@@ -314,7 +318,7 @@ class FakeSlurm:
             return json.dumps({"jobs": [
                 {"job_id": j.job_id, "job_state": j.state, "state_reason": j.reason,
                  "nodes": compress(j.nodes) if j.nodes else "", "restart_cnt": j.restarts,
-                 "partition": "spot", "name": "wrap", "submit_time": j.submit_time,
+                 "partition": j.partition, "name": "wrap", "submit_time": j.submit_time,
                  "start_time": j.start_time}
                 for j in jobs if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED")]})
         # squeue -o "%A %F %K %N": unique id, array id (the id itself), task (N/A), nodes.
@@ -326,6 +330,11 @@ class FakeSlurm:
 def _epoch(text: str) -> int:
     """sinfo --json gives Unix seconds where scontrol prints local time (0: none)."""
     return 0 if text in ("None", "") else int(datetime.fromisoformat(text).timestamp())
+
+
+def _local(epoch: int) -> str:
+    """scontrol prints times as local time (``Unknown`` when unset)."""
+    return datetime.fromtimestamp(epoch).isoformat(timespec="seconds") if epoch else "Unknown"
 
 
 class _Refused(Exception):
