@@ -64,9 +64,10 @@ from slurm_spot.checkpoint.elastic import (
 from slurm_spot.checkpoint.preemption import PreemptionHandler
 from slurm_spot.jobs import jobenv
 
-#: Exit code of a rank that stops only because another node leaves: any non-zero code makes
-#: torchrun's agent restart its workers after a new rendezvous; this one says why in the log.
-REJOIN_EXIT = 86
+#: Exit code of a rank that stops only because another node leaves or joins: any non-zero
+#: code makes torchrun's agent restart its workers after a new rendezvous; this one says why in
+#: the log, and tells the agent that a spent restart budget is an interruption (it requeues).
+REJOIN_EXIT = jobenv.REJOIN_EXIT_CODE
 
 
 #: Samples in scikit-learn's digits data set (``load_digits``): the largest --global-batch.

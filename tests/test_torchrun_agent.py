@@ -39,6 +39,9 @@ print("worker ready", flush=True)
 if sys.argv[1] == "requeue":  # saved its checkpoint: leaves with the requeue code
     time.sleep(0.5)
     sys.exit(85)
+if sys.argv[1] in ("rejoin", "crash"):  # stops for a new rendezvous round / crashes
+    time.sleep(0.5)
+    sys.exit(86 if sys.argv[1] == "rejoin" else 3)
 deadline = time.time() + 120
 while not stop and time.time() < deadline:
     time.sleep(0.05)
@@ -49,15 +52,16 @@ import sys
 from slurm_spot.jobs.torchrun_agent import leave, run_torchrun
 leave(run_torchrun(["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
                     "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", sys.argv[1],
-                    sys.argv[2]], 85))
+                    sys.argv[2]], 85, elastic=sys.argv[3] == "elastic"))
 """
 
 
-def _agent(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
+def _agent(tmp_path: Path, mode: str, elastic: bool = False) -> subprocess.Popen[str]:
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    return subprocess.Popen([sys.executable, "-c", AGENT, str(worker), mode], env=env,
+    return subprocess.Popen([sys.executable, "-c", AGENT, str(worker), mode,
+                             "elastic" if elastic else "plain"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -91,3 +95,20 @@ def test_agent_exit_status(tmp_path: Path, mode: str, code: int, said: str) -> N
     output = "".join(lines) + rest
     assert agent.returncode == code, output
     assert said in output and "Traceback" not in output, output
+
+
+@pytest.mark.parametrize(("mode", "elastic", "code"), [
+    ("rejoin", True, 85), ("crash", True, 1), ("rejoin", False, 1)])
+def test_elastic_agent_with_its_restart_budget_spent(tmp_path: Path, mode: str, elastic: bool,
+                                                     code: int) -> None:
+    """An elastic agent whose workers last stopped for a new rendezvous round (exit 86) when
+    torchrun's --max-restarts were spent (0 here) falls back to requeue (85): interruptions
+    never end an elastic job FAILED. A crash stays a failure (1), and outside elastic mode
+    86 means nothing to the agent."""
+    agent = _agent(tmp_path, mode, elastic)
+    try:
+        rest, _ = agent.communicate(timeout=120)
+    finally:
+        agent.kill()
+    assert agent.returncode == code, rest
+    assert ("restart budget (--max-restarts) is spent on interruptions" in rest) == (code == 85)

@@ -31,6 +31,11 @@ ENV_REQUEUE_EXIT_CODE = "SLURM_SPOT_REQUEUE_EXIT_CODE"
 ENV_CHECKPOINT_DIR = "SLURM_SPOT_CHECKPOINT_DIR"
 DEFAULT_PREEMPT_SIGNAL = "USR2"
 DEFAULT_REQUEUE_EXIT_CODE = 85
+#: Exit code of an elastic job's worker that stops only because the world changes (another
+#: node leaves or joins): torchrun's agent restarts it after a new rendezvous round. The
+#: elastic agent (:mod:`slurm_spot.jobs.torchrun_agent`) counts it, like the requeue code, as
+#: an interruption, not a crash.
+REJOIN_EXIT_CODE = 86
 
 # The names Slurm's sig_name2num() knows (src/common/proc_args.c); sbatch rejects any other name.
 SLURM_SIGNAL_NAMES = (

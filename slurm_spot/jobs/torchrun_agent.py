@@ -266,7 +266,9 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
     """Run torchrun (``torch.distributed.run``) with ``targs`` in this process; returns the
     agent's exit status: 0, ``requeue_code`` when a worker exited with it (or, ``elastic``,
     when the rendezvous could not be formed again), 128 + the signal when a death signal
-    stopped the agent, else 1 (a worker failed). ``joining`` (a replacement's agent): a
+    stopped the agent, else 1 (a worker failed). ``elastic``: workers whose last exit was
+    :data:`~slurm_spot.jobs.jobenv.REJOIN_EXIT_CODE` (the world changed) when torchrun's
+    ``--max-restarts`` were spent also give the requeue code. ``joining`` (a replacement's agent): a
     rendezvous already closed means the run is over, exit 0 (nothing to requeue: the
     replacement's job is not the elastic job)."""
     from torch.distributed.elastic.multiprocessing import SignalException
@@ -303,6 +305,14 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
         codes = {failure.exitcode for failure in exc.failures.values()}
         if requeue_code in codes:
             print(f"slurm-spot: workers stopped for a requeue (exit {requeue_code})",
+                  file=sys.stderr, flush=True)
+            return requeue_code
+        if elastic and codes == {jobenv.REJOIN_EXIT_CODE}:
+            # Every re-rendezvous after a node left used one of torchrun's --max-restarts;
+            # once they are spent, the workers' last exit still says "the world changed":
+            # an interruption, not a crash. Requeue (a new run, a new budget), never FAILED.
+            print("slurm-spot: torchrun's restart budget (--max-restarts) is spent on "
+                  f"interruptions; falling back to requeue (exit {requeue_code})",
                   file=sys.stderr, flush=True)
             return requeue_code
         return 1
