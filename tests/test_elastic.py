@@ -201,6 +201,9 @@ def test_elastic_dry_run_one_step_per_node_no_kill(tmp_path: Path) -> None:
     (["--torchrun", "--elastic", "2:3", "--elastic", "1:2"], "--elastic given twice"),
     (["--torchrun", "--elastic", "1:99999999999999999999"], "MAX <= 100000"),
     (["--torchrun", "--python", "python3\ntouch /tmp/x"], "--python"),
+    # str.isdigit() accepts superscripts that int() refuses: a traceback, not exit 2
+    (["--torchrun", "--elastic", "2:3", "--join-timeout", "\u00b2"], "--join-timeout"),
+    (["--torchrun", "--nproc-per-node", "\u00b2"], "--nproc-per-node"),
 ])
 def test_bad_elastic_options_exit_2_naming_the_option(tmp_path: Path, words: list[str],
                                                       message: str) -> None:

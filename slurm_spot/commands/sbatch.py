@@ -228,7 +228,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
     job_env = {_JOB_ENV_OPTIONS[f"--{name}"]: str(value) for name, value in ours.items()
                if f"--{name}" in _JOB_ENV_OPTIONS}
     nproc = str(ours.get("nproc-per-node", "1"))
-    if not nproc.isdigit() or int(nproc) < 1:
+    if not (nproc.isascii() and nproc.isdigit()) or int(nproc) < 1:
         raise BadInputError(f"--nproc-per-node={nproc}: expected a positive integer")
     elastic = None
     if "elastic" in ours:
@@ -250,7 +250,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
 
         rendezvous = format_endpoint(*parse_endpoint(str(ours["rendezvous"])))
     join = str(ours.get("join-timeout", "60"))
-    if not join.isdigit() or not 1 <= int(join) <= 86400:
+    if not (join.isascii() and join.isdigit()) or not 1 <= int(join) <= 86400:
         raise BadInputError(f"--join-timeout={join}: expected seconds, 1..86400")
     python = str(ours.get("python", sys.executable))
     _one_line("--python", python)
