@@ -262,8 +262,23 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             "replacements": not ours.get("no-replacements")}
 
 
-@click.command("sbatch", context_settings={"ignore_unknown_options": True,
-                                           "allow_extra_args": True, "help_option_names": []})
+class _WordsAsTyped(click.Command):
+    """A command that keeps its words as typed (``ctx.meta[RAW_WORDS]``): click drops the
+    first ``--`` even from UNPROCESSED arguments, so ``job.sh a -- b`` would reach the script
+    as ``a b``; :func:`parse_command_line` handles ``--`` itself."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[RAW_WORDS] = list(args)
+        return super().parse_args(ctx, args)
+
+
+#: ``ctx.meta`` key of ``slurm-spot sbatch``'s words as typed.
+RAW_WORDS = "slurm_spot.sbatch.words"
+
+
+@click.command("sbatch", cls=_WordsAsTyped,
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                 "help_option_names": []})
 @click.argument("words", nargs=-1, type=click.UNPROCESSED)
 @pass_app
 def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
@@ -296,6 +311,7 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --s3-endpoint-url URL, --s3-addressing-style auto|path|virtual   how to reach that S3.
     Every other option and argument goes to sbatch unchanged.
     """
+    words = tuple(click.get_current_context().meta.get(RAW_WORDS, words))
     line = parse_command_line(list(words))
     ours = _our_options(line)
     job_env = _job_env(dict(ours["job_env"]))  # type: ignore[call-overload]
