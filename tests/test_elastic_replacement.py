@@ -64,6 +64,26 @@ def test_companion_asks_for_what_the_job_asked_per_node() -> None:
                                                                       "--reservation"))]
 
 
+@pytest.mark.parametrize(("tres", "gpus"), [
+    ("TresPerJob=gres:gpu:24", "--gpus-per-node=8"),  # sbatch --gpus=24 on 3 nodes
+    ("TresPerJob=gres:gpu:a100:16", "--gpus-per-node=a100:6"),  # rounded up
+    ("TresPerTask=gres:gpu:2", "--gpus-per-node=2"),  # --gpus-per-task (one agent task)
+    ("TresPerJob=gres/gpu:3", "--gpus-per-node=1"),  # Slurm 23.02+ spelling
+])
+def test_a_companion_of_a_job_asking_gpus_per_job_or_task_gets_them_per_node(
+        tres: str, gpus: str) -> None:
+    """sbatch --gpus/--gpus-per-task leave TresPerNode unset: the companion must still ask for
+    the GPUs its agent's workers use (it asked for none, and its workers had no GPU)."""
+    line = JOB_LINE.replace("TresPerNode=gres:gpu:8", tres)
+    options = companion_options(parse_oneline(line), "42", "train", "spot", "USR2@120")
+    assert gpus in options
+    assert not [o for o in options if o.startswith("--gres")]
+    assert "--gres=gpu:8" in companion_options(parse_oneline(JOB_LINE), "42", "train", "spot",
+                                               "USR2@120")
+    assert not [o for o in companion_options(parse_oneline(JOB_LINE), "42", "train", "spot",
+                                             "USR2@120") if o.startswith("--gpus")]
+
+
 def test_companion_script_joins_the_jobs_rendezvous(tmp_path: Path) -> None:
     script = companion_script(AGENT, "42-1", "/ck/u/42", "42")
     srun = script.splitlines()[-1]

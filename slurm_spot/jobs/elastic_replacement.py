@@ -20,7 +20,8 @@ which the batch script may run as the job's user.
 A companion:
 
 - copies what the elastic job asked of each node from ``scontrol show job``: partition,
-  account, QOS, reservation, time limit, ``--constraint`` (Features), ``--gres`` (TresPerNode),
+  account, QOS, reservation, time limit, ``--constraint`` (Features), ``--gres`` (TresPerNode;
+  GPUs asked per job or per task become ``--gpus-per-node``),
   ``--mincpus``, ``--mem``/``--mem-per-cpu``, working directory, and writes to the job's own
   output and error files (``--open-mode=append``);
 - is named ``<job name>+replacement`` with the comment ``slurm-spot replacement for job <job>``
@@ -95,11 +96,36 @@ def companion_options(job: Mapping[str, str], job_id: str, job_name: str, partit
             for g in (_null(job.get("TresPerNode")) or "").split(",") if g]
     if gres:
         options.append(f"--gres={','.join(gres)}")
+    if not any(g.split(":")[0] == "gpu" for g in gres):
+        gpus = _gpus_per_node(job)
+        if gpus is not None:
+            options.append(f"--gpus-per-node={gpus}")
     for key, option in (("MinMemoryNode", "--mem"), ("MinMemoryCPU", "--mem-per-cpu")):
         value = _null(job.get(key))
         if value is not None and value not in ("0", "0M"):
             options.append(f"{option}={value}")
     return options
+
+
+def _gpus_per_node(job: Mapping[str, str]) -> str | None:
+    """``[type:]count`` GPUs per node of a job that asked for them per task
+    (``--gpus-per-task``: ``TresPerTask=gres:gpu:2``; one agent task per node) or per job
+    (``--gpus``/``-G``: ``TresPerJob=gres:gpu:a100:16``, split over ``NumNodes``, the nodes
+    it started with; rounded up); None when it asked for none (Slurm 22.05 ``scontrol show
+    job``; 23.02+ writes ``gres/gpu:``)."""
+    for key, per_job in (("TresPerTask", False), ("TresPerJob", True)):
+        for item in (_null(job.get(key)) or "").split(","):
+            parts = item.removeprefix("gres:").removeprefix("gres/").split(":")
+            if parts[0] != "gpu":
+                continue
+            kind = parts[1] if len(parts) > 2 or (len(parts) == 2
+                                                  and not parts[1].isdigit()) else None
+            count = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+            nodes = job.get("NumNodes", "1")
+            if per_job and nodes.isdigit() and int(nodes) > 1:
+                count = -(-count // int(nodes))
+            return f"{kind}:{count}" if kind else str(count)
+    return None
 
 
 def companion_script(agent: Sequence[str], run_id: str, checkpoint_dir: str | None,
