@@ -215,6 +215,25 @@ def test_bad_elastic_options_exit_2_naming_the_option(tmp_path: Path, words: lis
     assert message in result.output
 
 
+def test_no_scontrol_to_find_the_controller_asks_for_rendezvous(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off the cluster (no scontrol in slurm_bin_dir) an elastic --dry-run without --rendezvous
+    is a usage error naming --rendezvous (it was exit 1, "cannot run .../scontrol")."""
+    monkeypatch.delenv("SLURM_SPOT_RENDEZVOUS", raising=False)
+    config = _config(tmp_path)
+    config.write_text(config.read_text() + f"slurm_bin_dir: {tmp_path / 'no-slurm'}\n")
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--dry-run", str(train)])
+    assert result.exit_code == 2, result.output
+    assert "give --rendezvous HOST:PORT" in result.output
+    result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--rendezvous", "10.0.0.1:29390",
+                                      "--dry-run", str(train)])
+    assert result.exit_code == 0, result.output
+
+
 def test_elastic_nodes_within_min_max_are_kept(tmp_path: Path) -> None:
     train = tmp_path / "train.py"
     train.write_text("print('hi')\n")

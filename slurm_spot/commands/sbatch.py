@@ -132,8 +132,8 @@ def default_rendezvous(config: SpotConfig) -> str:
     :data:`~slurm_spot.jobs.rendezvous.DEFAULT_PORT`.
 
     Raises:
-        BadInputError: neither is known (names --rendezvous); ``$SLURM_SPOT_RENDEZVOUS`` is no
-            HOST:PORT (names the variable).
+        BadInputError: neither is known, or scontrol cannot be run (names --rendezvous);
+            ``$SLURM_SPOT_RENDEZVOUS`` is no HOST:PORT (names the variable).
     """
     import re
 
@@ -147,7 +147,11 @@ def default_rendezvous(config: SpotConfig) -> str:
     if "SLURM_SPOT_RENDEZVOUS" in os.environ:
         return format_endpoint(*parse_endpoint(os.environ["SLURM_SPOT_RENDEZVOUS"],
                                                "$SLURM_SPOT_RENDEZVOUS"))
-    proc = run_command([str(config.slurm_bin_dir / "scontrol"), "show", "config"], 30)
+    try:
+        proc = run_command([str(config.slurm_bin_dir / "scontrol"), "show", "config"], 30)
+    except SlurmCommandError as exc:  # no scontrol here (a --dry-run off the cluster)
+        raise BadInputError(f"--elastic: cannot tell where the controller is ({exc}); give "
+                            "--rendezvous HOST:PORT (slurm-spot rendezvous)") from None
     found = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout,
                       re.MULTILINE) if proc.returncode == 0 else None
     if found is None:
