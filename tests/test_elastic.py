@@ -198,6 +198,7 @@ def test_elastic_dry_run_one_step_per_node_no_kill(tmp_path: Path) -> None:
     (["--torchrun", "--elastic", "2:4", "-N", "1"], "-N 1 is outside --elastic 2:4"),
     (["--torchrun", "--elastic", "2:4", "--nodes=3-5"], "3-5 is outside --elastic 2:4"),
     (["--torchrun", "--elastic", "2:4", "-N", "x"], "'x' with --elastic 2:4"),
+    (["--torchrun", "--elastic", "2:4", "-HN", "5"], "-N 5 is outside --elastic 2:4"),
     (["--torchrun", "--elastic", "2:3", "--elastic", "1:2"], "--elastic given twice"),
     (["--torchrun", "--elastic", "1:99999999999999999999"], "MAX <= 100000"),
     (["--torchrun", "--python", "python3\ntouch /tmp/x"], "--python"),

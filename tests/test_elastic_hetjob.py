@@ -100,6 +100,20 @@ def test_hetjob_puts_one_on_demand_coordinator_first_and_the_workers_second(
     assert check.returncode == 0, check.stderr
 
 
+@pytest.mark.parametrize("words", [["-Hp", "spot", "-HN3"], ["-Hpspot", "-HN", "3"]])
+def test_partition_and_nodes_inside_clustered_short_options_go_to_the_workers(
+        tmp_path: Path, words: list[str]) -> None:
+    """getopt reads ``-Hp spot`` as ``-H -p spot``: left on the command line, sbatch put the
+    coordinator on the spot partition (and ``-HN3`` gave it 3 nodes)."""
+    out = _dry_run(tmp_path, "--elastic", "2:3", "--coordinator-partition", "coord", *words)
+    coordinator, workers = _components(out["script"])
+    assert "--partition=coord" in coordinator and "--nodes=1" in coordinator
+    assert workers == ["--partition=spot", "--no-kill", "--nodes=3"]
+    assert "-H" in out["argv"]  # the flag clustered with them still reaches sbatch
+    assert not [w for w in out["argv"] if w.startswith(("-Hp", "-HN", "-p", "-N"))]
+    assert "spot" not in out["argv"] and "3" not in out["argv"]
+
+
 def test_hetjob_without_n_takes_min_to_max_workers_on_the_default_partition(
         tmp_path: Path) -> None:
     out = _dry_run(tmp_path, "--elastic", "2:4", "--coordinator-partition", "coord")
