@@ -235,6 +235,24 @@ def test_no_scontrol_to_find_the_controller_asks_for_rendezvous(
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.parametrize("elastic", [[], ["--elastic", "2:3", "--rendezvous", "h:1"]])
+def test_sbatch_lines_in_a_torchrun_training_script_are_refused(tmp_path: Path,
+                                                              elastic: list[str]) -> None:
+    """A Python script written for plain sbatch carries its own #SBATCH lines; --torchrun
+    generates the batch script, so they were dropped without a word (no GPUs, no time
+    limit): exit 2 naming them. #SBATCH text after the first command is no directive."""
+    train = tmp_path / "train.py"
+    train.write_text("#!/usr/bin/env python\n#SBATCH --gres=gpu:8\n#SBATCH -t 2:00:00\n"
+                     "import sys\n#SBATCH --mem=1G\nprint('hi')\n")
+    words = ["--config", str(_config(tmp_path)), "sbatch", "--torchrun", *elastic,
+             "--dry-run", "-N", "2", str(train)]
+    result = CliRunner().invoke(cli, words)
+    assert result.exit_code == 2, result.output
+    assert "--gres=gpu:8; -t 2:00:00" in result.output and "--mem" not in result.output
+    train.write_text("import sys\n#SBATCH --mem=1G\nprint('hi')\n")
+    assert CliRunner().invoke(cli, words).exit_code == 0
+
+
 def test_elastic_nodes_within_min_max_are_kept(tmp_path: Path) -> None:
     train = tmp_path / "train.py"
     train.write_text("print('hi')\n")

@@ -332,6 +332,7 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     if not path.is_file():
         raise BadInputError(f"{script}: no such file")
     if ours["torchrun"]:
+        _refuse_training_directives(path)
         env = [("GLOO_SOCKET_IFNAME", _one_line("$GLOO_SOCKET_IFNAME",
                                                 os.environ["GLOO_SOCKET_IFNAME"]))
                ] if os.environ.get("GLOO_SOCKET_IFNAME") else []
@@ -371,6 +372,28 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _refuse_training_directives(path: Path) -> None:
+    """With ``--torchrun`` the batch script is generated: ``#SBATCH`` lines in the training
+    script (as users of plain sbatch write them in a Python script) would be silently
+    dropped, and the job would run without the GPUs, time or partition they ask for.
+
+    Raises:
+        BadInputError: the script has some (names them and where they belong).
+    """
+    from slurm_spot.jobs.sbatch import read_directives
+
+    try:
+        text = path.read_text()
+    except (UnicodeDecodeError, OSError):
+        return  # not a text script: nothing sbatch would read either
+    found = [" ".join(d.options) for d in read_directives(text).active]
+    if found:
+        raise BadInputError(
+            f"{path}: #SBATCH lines in a --torchrun training script are not applied (the "
+            f"batch script is generated): {'; '.join(found)}; give them on the slurm-spot "
+            "sbatch command line instead, and remove them from the script")
 
 
 def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_args: list[str],
