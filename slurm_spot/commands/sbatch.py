@@ -6,6 +6,7 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -69,7 +70,7 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
 def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
                   python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
                   coordinator_partition: str, partition: str | None, worker_nodes: str | None,
-                  join_timeout_s: int) -> str:
+                  join_timeout_s: int, worker_options: Sequence[str] = ()) -> str:
     """The batch script of an elastic torchrun job with an on-demand coordinator (pure): a
     heterogeneous job (sbatch(1), ``#SBATCH hetjob``; Slurm 17.11+) whose component 0 is one
     node of ``coordinator_partition``, which runs the script and hosts the rendezvous store
@@ -77,7 +78,8 @@ def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_no
     :data:`~slurm_spot.jobs.rendezvous.HETJOB_PORT_BASE` + job id % 1000), and whose
     component 1 is the workers on ``partition`` (None: the default partition),
     ``worker_nodes`` of them (None: ``MIN-MAX``), ``--no-kill``, one job step (one agent)
-    per node (``srun --het-group=1 --nodelist=<node>``). The agents' wait loop and exit codes
+    per node (``srun --het-group=1 --nodelist=<node>``), each with ``worker_options`` (sbatch
+    options, shell-quoted: what a worker node needs). The agents' wait loop and exit codes
     are :func:`elastic_script`'s.
 
     Raises:
@@ -96,6 +98,7 @@ def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_no
         signal_name=preempt.name, signalled_exit_code=128 + preempt.number,
         coordinator_partition=coordinator_partition, partition=partition,
         worker_nodes=worker_nodes or f"{nodes[0]}-{nodes[1]}", port_base=HETJOB_PORT_BASE,
+        worker_options=list(worker_options),
     )
 
 
@@ -396,6 +399,19 @@ def _refuse_training_directives(path: Path) -> None:
             "sbatch command line instead, and remove them from the script")
 
 
+#: What each worker node needs (sbatch(1) options, long and short): with
+#: ``--coordinator-partition`` they go into the workers' component, not on the command line,
+#: which sbatch applies to every component (src/sbatch/opt.c, process_options_second_pass:
+#: the command line is read again for each component), so ``--gres=gpu:8`` would ask for
+#: GPUs on the coordinator's on-demand node too.
+_WORKER_RESOURCES = (
+    ("--gres", ""), ("--gpus", "-G"), ("--gpus-per-node", ""), ("--gpus-per-task", ""),
+    ("--gpus-per-socket", ""), ("--cpus-per-gpu", ""), ("--mem-per-gpu", ""),
+    ("--constraint", "-C"), ("--cpus-per-task", "-c"), ("--mem", ""), ("--mem-per-cpu", ""),
+    ("--mincpus", ""), ("--tmp", ""),
+)
+
+
 def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_args: list[str],
             env: list[tuple[str, str]], options: list[str]) -> tuple[str, list[str]]:
     """The hetjob batch script, and the command-line options without ``-p``/``-N``, which go
@@ -408,6 +424,10 @@ def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_arg
 
     partitions, options = take_option(options, "--partition", "-p")
     nodes, options = take_option(options, "--nodes", "-N")
+    worker_options = []
+    for long, short in _WORKER_RESOURCES:
+        values, options = take_option(options, long, short or long)
+        worker_options += [shlex.quote(f"{long}={_one_line(long, v)}") for v in values]
     if len(set(partitions)) > 1:
         raise BadInputError(f"-p/--partition given twice ({', '.join(partitions)}): the "
                             "workers run on one partition")
@@ -417,7 +437,8 @@ def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_arg
     text = hetjob_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
                          str(ours["python"]), env, ours["elastic"], coordinator,  # type: ignore[arg-type]
                          partition, nodes[-1] if nodes else None,
-                         int(ours["join_timeout"]))  # type: ignore[call-overload]
+                         int(ours["join_timeout"]),  # type: ignore[call-overload]
+                         worker_options)
     return text, options
 
 
