@@ -198,9 +198,13 @@ def test_elastic_dry_run_one_step_per_node_no_kill(tmp_path: Path) -> None:
     (["--torchrun", "--elastic", "2:4", "-N", "1"], "-N 1 is outside --elastic 2:4"),
     (["--torchrun", "--elastic", "2:4", "--nodes=3-5"], "3-5 is outside --elastic 2:4"),
     (["--torchrun", "--elastic", "2:4", "-N", "x"], "'x' with --elastic 2:4"),
+    (["--torchrun", "--elastic", "2:4", "-HN", "5"], "-N 5 is outside --elastic 2:4"),
     (["--torchrun", "--elastic", "2:3", "--elastic", "1:2"], "--elastic given twice"),
     (["--torchrun", "--elastic", "1:99999999999999999999"], "MAX <= 100000"),
     (["--torchrun", "--python", "python3\ntouch /tmp/x"], "--python"),
+    # str.isdigit() accepts superscripts that int() refuses: a traceback, not exit 2
+    (["--torchrun", "--elastic", "2:3", "--join-timeout", "\u00b2"], "--join-timeout"),
+    (["--torchrun", "--nproc-per-node", "\u00b2"], "--nproc-per-node"),
 ])
 def test_bad_elastic_options_exit_2_naming_the_option(tmp_path: Path, words: list[str],
                                                       message: str) -> None:
@@ -210,6 +214,43 @@ def test_bad_elastic_options_exit_2_naming_the_option(tmp_path: Path, words: lis
                                       "--dry-run", str(train)])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_no_scontrol_to_find_the_controller_asks_for_rendezvous(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off the cluster (no scontrol in slurm_bin_dir) an elastic --dry-run without --rendezvous
+    is a usage error naming --rendezvous (it was exit 1, "cannot run .../scontrol")."""
+    monkeypatch.delenv("SLURM_SPOT_RENDEZVOUS", raising=False)
+    config = _config(tmp_path)
+    config.write_text(config.read_text() + f"slurm_bin_dir: {tmp_path / 'no-slurm'}\n")
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--dry-run", str(train)])
+    assert result.exit_code == 2, result.output
+    assert "give --rendezvous HOST:PORT" in result.output
+    result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--torchrun",
+                                      "--elastic", "2:3", "--rendezvous", "10.0.0.1:29390",
+                                      "--dry-run", str(train)])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("elastic", [[], ["--elastic", "2:3", "--rendezvous", "h:1"]])
+def test_sbatch_lines_in_a_torchrun_training_script_are_refused(tmp_path: Path,
+                                                              elastic: list[str]) -> None:
+    """A Python script written for plain sbatch carries its own #SBATCH lines; --torchrun
+    generates the batch script, so they were dropped without a word (no GPUs, no time
+    limit): exit 2 naming them. #SBATCH text after the first command is no directive."""
+    train = tmp_path / "train.py"
+    train.write_text("#!/usr/bin/env python\n#SBATCH --gres=gpu:8\n#SBATCH -t 2:00:00\n"
+                     "import sys\n#SBATCH --mem=1G\nprint('hi')\n")
+    words = ["--config", str(_config(tmp_path)), "sbatch", "--torchrun", *elastic,
+             "--dry-run", "-N", "2", str(train)]
+    result = CliRunner().invoke(cli, words)
+    assert result.exit_code == 2, result.output
+    assert "--gres=gpu:8; -t 2:00:00" in result.output and "--mem" not in result.output
+    train.write_text("import sys\n#SBATCH --mem=1G\nprint('hi')\n")
+    assert CliRunner().invoke(cli, words).exit_code == 0
 
 
 def test_elastic_nodes_within_min_max_are_kept(tmp_path: Path) -> None:

@@ -100,6 +100,40 @@ def test_hetjob_puts_one_on_demand_coordinator_first_and_the_workers_second(
     assert check.returncode == 0, check.stderr
 
 
+@pytest.mark.parametrize("words", [["-Hp", "spot", "-HN3"], ["-Hpspot", "-HN", "3"]])
+def test_partition_and_nodes_inside_clustered_short_options_go_to_the_workers(
+        tmp_path: Path, words: list[str]) -> None:
+    """getopt reads ``-Hp spot`` as ``-H -p spot``: left on the command line, sbatch put the
+    coordinator on the spot partition (and ``-HN3`` gave it 3 nodes)."""
+    out = _dry_run(tmp_path, "--elastic", "2:3", "--coordinator-partition", "coord", *words)
+    coordinator, workers = _components(out["script"])
+    assert "--partition=coord" in coordinator and "--nodes=1" in coordinator
+    assert workers == ["--partition=spot", "--no-kill", "--nodes=3"]
+    assert "-H" in out["argv"]  # the flag clustered with them still reaches sbatch
+    assert not [w for w in out["argv"] if w.startswith(("-Hp", "-HN", "-p", "-N"))]
+    assert "spot" not in out["argv"] and "3" not in out["argv"]
+
+
+def test_what_each_worker_needs_goes_to_the_workers_not_the_coordinator(
+        tmp_path: Path) -> None:
+    """sbatch applies its command line to every component: ``--gres=gpu:8`` asked for GPUs on
+    the on-demand coordinator too (which runs no worker), so the job could not start on a
+    CPU-only on-demand partition."""
+    out = _dry_run(tmp_path, "--elastic", "2:3", "--coordinator-partition", "coord",
+                   "-p", "spot", "-H", "--gres=gpu:8", "-C", "a100&ib", "--mem", "64G",
+                   "-c8", "--time=10", "--gpus-per-n=8")
+    coordinator, workers = _components(out["script"])
+    assert workers == ["--partition=spot", "--no-kill", "--nodes=2-3", "--gres=gpu:8",
+                       "--gpus-per-node=8", "--constraint=a100&ib", "--cpus-per-task=8",
+                       "--mem=64G"]
+    assert not [o for o in coordinator if o.startswith(("--gres", "--gpus", "--mem", "-C",
+                                                        "--constraint", "-c"))]
+    assert out["argv"][1:] == ["-H", "--time=10", "<script>"]
+    check = subprocess.run(["bash", "-n"], input=out["script"], text=True,
+                           capture_output=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+
+
 def test_hetjob_without_n_takes_min_to_max_workers_on_the_default_partition(
         tmp_path: Path) -> None:
     out = _dry_run(tmp_path, "--elastic", "2:4", "--coordinator-partition", "coord")

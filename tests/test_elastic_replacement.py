@@ -64,6 +64,26 @@ def test_companion_asks_for_what_the_job_asked_per_node() -> None:
                                                                       "--reservation"))]
 
 
+@pytest.mark.parametrize(("tres", "gpus"), [
+    ("TresPerJob=gres:gpu:24", "--gpus-per-node=8"),  # sbatch --gpus=24 on 3 nodes
+    ("TresPerJob=gres:gpu:a100:16", "--gpus-per-node=a100:6"),  # rounded up
+    ("TresPerTask=gres:gpu:2", "--gpus-per-node=2"),  # --gpus-per-task (one agent task)
+    ("TresPerJob=gres/gpu:3", "--gpus-per-node=1"),  # Slurm 23.02+ spelling
+])
+def test_a_companion_of_a_job_asking_gpus_per_job_or_task_gets_them_per_node(
+        tres: str, gpus: str) -> None:
+    """sbatch --gpus/--gpus-per-task leave TresPerNode unset: the companion must still ask for
+    the GPUs its agent's workers use (it asked for none, and its workers had no GPU)."""
+    line = JOB_LINE.replace("TresPerNode=gres:gpu:8", tres)
+    options = companion_options(parse_oneline(line), "42", "train", "spot", "USR2@120")
+    assert gpus in options
+    assert not [o for o in options if o.startswith("--gres")]
+    assert "--gres=gpu:8" in companion_options(parse_oneline(JOB_LINE), "42", "train", "spot",
+                                               "USR2@120")
+    assert not [o for o in companion_options(parse_oneline(JOB_LINE), "42", "train", "spot",
+                                             "USR2@120") if o.startswith("--gpus")]
+
+
 def test_companion_script_joins_the_jobs_rendezvous(tmp_path: Path) -> None:
     script = companion_script(AGENT, "42-1", "/ck/u/42", "42")
     srun = script.splitlines()[-1]
@@ -215,6 +235,50 @@ def test_supervisor_process_requests_a_companion_and_cancels_it_on_sigterm(
         for agent in agents:
             agent.kill()
             agent.wait()
+
+
+def test_supervisor_waits_to_read_the_job_before_sizing_a_companion(tmp_path: Path) -> None:
+    """slurmctld not answering ``scontrol show job`` when the supervisor starts (a busy
+    controller): the companion must still ask for the job's GPUs, memory and time limit, not
+    go out bare (it went out without --gres, so its workers had no GPU)."""
+    state = _fake_slurm(tmp_path)
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text(  # job 42 unreadable for its first 3 reads
+        f"#!/bin/bash\nif [ \"$4\" = 42 ]; then echo x >> {state}/reads\n"
+        f"  [ $(wc -l < {state}/reads) -le 3 ] && {{ echo 'Socket timed out' >&2; exit 1; }}\n"
+        "fi\n"
+        + scontrol.read_text().split("\n", 1)[1])
+    agents = _sleepers(2)
+    agents[0].kill()
+    agents[0].wait()
+    env = {**os.environ, "SLURM_SPOT_SLURM_BIN_DIR": str(tmp_path / "bin"),
+           "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NAME": "train",
+           "SLURM_JOB_PARTITION": "spot"}
+    main_code = ("import sys\nimport slurm_spot.jobs.elastic_replacement as r\n"
+                 "orig = r.Supervisor.step\n"
+                 "def step(self, now): self.retry_at = min(self.retry_at, now); "
+                 "return orig(self, now)\n"  # no 30 s pause between retries here
+                 "r.Supervisor.step = step\nsys.exit(r.main())\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", main_code, "--target=2", "--max=2",
+         f"--pids={agents[0].pid} {agents[1].pid}", "--signal=USR2@120", "--interval=0.2",
+         "--", *AGENT], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (state / "job500.argv").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        argv = (state / "job500.argv").read_text().splitlines()
+        assert "--gres=gpu:8" in argv and "--mem=16G" in argv and "--time=02:00:00" in argv
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert "cannot read job 42" in out and "Socket timed out" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        agents[1].kill()
+        agents[1].wait()
 
 
 def _config(tmp_path: Path) -> Path:

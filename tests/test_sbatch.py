@@ -201,6 +201,20 @@ def test_words_after_the_script_are_the_scripts(tmp_path: Path) -> None:
     assert "#SBATCH --nodes" not in out["script"]  # -N2 (attached, in a cluster) was seen
 
 
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_a_double_dash_among_the_scripts_words_reaches_the_script(tmp_path: Path,
+                                                                   torchrun: bool) -> None:
+    """``train.py --cfg a -- --override b``: click drops the first ``--`` of a command's words;
+    the script's own ``--`` must not be the one lost."""
+    path, script = _job(tmp_path)
+    words = ["--torchrun"] if torchrun else []
+    out = _dry(path, *words, "--dry-run", "--json", str(script), "a", "--", "b")
+    if torchrun:
+        assert f"{script} a -- b" in out["script"]
+    else:
+        assert out["argv"][1:] == ["<script>", "a", "--", "b"]
+
+
 def test_an_abbreviation_sbatch_resolves_keeps_requeue_and_signal(tmp_path: Path) -> None:
     """'--pars' is sbatch's --parsable: passed on as typed, and the value-less option does not
     swallow the script name (before, everything shifted and the --requeue/--signal were lost)."""

@@ -6,6 +6,7 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -69,7 +70,7 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
 def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
                   python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
                   coordinator_partition: str, partition: str | None, worker_nodes: str | None,
-                  join_timeout_s: int) -> str:
+                  join_timeout_s: int, worker_options: Sequence[str] = ()) -> str:
     """The batch script of an elastic torchrun job with an on-demand coordinator (pure): a
     heterogeneous job (sbatch(1), ``#SBATCH hetjob``; Slurm 17.11+) whose component 0 is one
     node of ``coordinator_partition``, which runs the script and hosts the rendezvous store
@@ -77,7 +78,8 @@ def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_no
     :data:`~slurm_spot.jobs.rendezvous.HETJOB_PORT_BASE` + job id % 1000), and whose
     component 1 is the workers on ``partition`` (None: the default partition),
     ``worker_nodes`` of them (None: ``MIN-MAX``), ``--no-kill``, one job step (one agent)
-    per node (``srun --het-group=1 --nodelist=<node>``). The agents' wait loop and exit codes
+    per node (``srun --het-group=1 --nodelist=<node>``), each with ``worker_options`` (sbatch
+    options, shell-quoted: what a worker node needs). The agents' wait loop and exit codes
     are :func:`elastic_script`'s.
 
     Raises:
@@ -96,6 +98,7 @@ def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_no
         signal_name=preempt.name, signalled_exit_code=128 + preempt.number,
         coordinator_partition=coordinator_partition, partition=partition,
         worker_nodes=worker_nodes or f"{nodes[0]}-{nodes[1]}", port_base=HETJOB_PORT_BASE,
+        worker_options=list(worker_options),
     )
 
 
@@ -132,8 +135,8 @@ def default_rendezvous(config: SpotConfig) -> str:
     :data:`~slurm_spot.jobs.rendezvous.DEFAULT_PORT`.
 
     Raises:
-        BadInputError: neither is known (names --rendezvous); ``$SLURM_SPOT_RENDEZVOUS`` is no
-            HOST:PORT (names the variable).
+        BadInputError: neither is known, or scontrol cannot be run (names --rendezvous);
+            ``$SLURM_SPOT_RENDEZVOUS`` is no HOST:PORT (names the variable).
     """
     import re
 
@@ -147,7 +150,11 @@ def default_rendezvous(config: SpotConfig) -> str:
     if "SLURM_SPOT_RENDEZVOUS" in os.environ:
         return format_endpoint(*parse_endpoint(os.environ["SLURM_SPOT_RENDEZVOUS"],
                                                "$SLURM_SPOT_RENDEZVOUS"))
-    proc = run_command([str(config.slurm_bin_dir / "scontrol"), "show", "config"], 30)
+    try:
+        proc = run_command([str(config.slurm_bin_dir / "scontrol"), "show", "config"], 30)
+    except SlurmCommandError as exc:  # no scontrol here (a --dry-run off the cluster)
+        raise BadInputError(f"--elastic: cannot tell where the controller is ({exc}); give "
+                            "--rendezvous HOST:PORT (slurm-spot rendezvous)") from None
     found = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout,
                       re.MULTILINE) if proc.returncode == 0 else None
     if found is None:
@@ -228,7 +235,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
     job_env = {_JOB_ENV_OPTIONS[f"--{name}"]: str(value) for name, value in ours.items()
                if f"--{name}" in _JOB_ENV_OPTIONS}
     nproc = str(ours.get("nproc-per-node", "1"))
-    if not nproc.isdigit() or int(nproc) < 1:
+    if not (nproc.isascii() and nproc.isdigit()) or int(nproc) < 1:
         raise BadInputError(f"--nproc-per-node={nproc}: expected a positive integer")
     elastic = None
     if "elastic" in ours:
@@ -250,7 +257,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
 
         rendezvous = format_endpoint(*parse_endpoint(str(ours["rendezvous"])))
     join = str(ours.get("join-timeout", "60"))
-    if not join.isdigit() or not 1 <= int(join) <= 86400:
+    if not (join.isascii() and join.isdigit()) or not 1 <= int(join) <= 86400:
         raise BadInputError(f"--join-timeout={join}: expected seconds, 1..86400")
     python = str(ours.get("python", sys.executable))
     _one_line("--python", python)
@@ -262,8 +269,23 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             "replacements": not ours.get("no-replacements")}
 
 
-@click.command("sbatch", context_settings={"ignore_unknown_options": True,
-                                           "allow_extra_args": True, "help_option_names": []})
+class _WordsAsTyped(click.Command):
+    """A command that keeps its words as typed (``ctx.meta[RAW_WORDS]``): click drops the
+    first ``--`` even from UNPROCESSED arguments, so ``job.sh a -- b`` would reach the script
+    as ``a b``; :func:`parse_command_line` handles ``--`` itself."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[RAW_WORDS] = list(args)
+        return super().parse_args(ctx, args)
+
+
+#: ``ctx.meta`` key of ``slurm-spot sbatch``'s words as typed.
+RAW_WORDS = "slurm_spot.sbatch.words"
+
+
+@click.command("sbatch", cls=_WordsAsTyped,
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                 "help_option_names": []})
 @click.argument("words", nargs=-1, type=click.UNPROCESSED)
 @pass_app
 def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
@@ -296,6 +318,7 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --s3-endpoint-url URL, --s3-addressing-style auto|path|virtual   how to reach that S3.
     Every other option and argument goes to sbatch unchanged.
     """
+    words = tuple(click.get_current_context().meta.get(RAW_WORDS, words))
     line = parse_command_line(list(words))
     ours = _our_options(line)
     job_env = _job_env(dict(ours["job_env"]))  # type: ignore[call-overload]
@@ -312,6 +335,7 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     if not path.is_file():
         raise BadInputError(f"{script}: no such file")
     if ours["torchrun"]:
+        _refuse_training_directives(path)
         env = [("GLOO_SOCKET_IFNAME", _one_line("$GLOO_SOCKET_IFNAME",
                                                 os.environ["GLOO_SOCKET_IFNAME"]))
                ] if os.environ.get("GLOO_SOCKET_IFNAME") else []
@@ -353,6 +377,41 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
                 os.environ[key] = value
 
 
+def _refuse_training_directives(path: Path) -> None:
+    """With ``--torchrun`` the batch script is generated: ``#SBATCH`` lines in the training
+    script (as users of plain sbatch write them in a Python script) would be silently
+    dropped, and the job would run without the GPUs, time or partition they ask for.
+
+    Raises:
+        BadInputError: the script has some (names them and where they belong).
+    """
+    from slurm_spot.jobs.sbatch import read_directives
+
+    try:
+        text = path.read_text()
+    except (UnicodeDecodeError, OSError):
+        return  # not a text script: nothing sbatch would read either
+    found = [" ".join(d.options) for d in read_directives(text).active]
+    if found:
+        raise BadInputError(
+            f"{path}: #SBATCH lines in a --torchrun training script are not applied (the "
+            f"batch script is generated): {'; '.join(found)}; give them on the slurm-spot "
+            "sbatch command line instead, and remove them from the script")
+
+
+#: What each worker node needs (sbatch(1) options, long and short): with
+#: ``--coordinator-partition`` they go into the workers' component, not on the command line,
+#: which sbatch applies to every component (src/sbatch/opt.c, process_options_second_pass:
+#: the command line is read again for each component), so ``--gres=gpu:8`` would ask for
+#: GPUs on the coordinator's on-demand node too.
+_WORKER_RESOURCES = (
+    ("--gres", ""), ("--gpus", "-G"), ("--gpus-per-node", ""), ("--gpus-per-task", ""),
+    ("--gpus-per-socket", ""), ("--cpus-per-gpu", ""), ("--mem-per-gpu", ""),
+    ("--constraint", "-C"), ("--cpus-per-task", "-c"), ("--mem", ""), ("--mem-per-cpu", ""),
+    ("--mincpus", ""), ("--tmp", ""),
+)
+
+
 def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_args: list[str],
             env: list[tuple[str, str]], options: list[str]) -> tuple[str, list[str]]:
     """The hetjob batch script, and the command-line options without ``-p``/``-N``, which go
@@ -365,6 +424,10 @@ def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_arg
 
     partitions, options = take_option(options, "--partition", "-p")
     nodes, options = take_option(options, "--nodes", "-N")
+    worker_options = []
+    for long, short in _WORKER_RESOURCES:
+        values, options = take_option(options, long, short or long)
+        worker_options += [shlex.quote(f"{long}={_one_line(long, v)}") for v in values]
     if len(set(partitions)) > 1:
         raise BadInputError(f"-p/--partition given twice ({', '.join(partitions)}): the "
                             "workers run on one partition")
@@ -374,7 +437,8 @@ def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_arg
     text = hetjob_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
                          str(ours["python"]), env, ours["elastic"], coordinator,  # type: ignore[arg-type]
                          partition, nodes[-1] if nodes else None,
-                         int(ours["join_timeout"]))  # type: ignore[call-overload]
+                         int(ours["join_timeout"]),  # type: ignore[call-overload]
+                         worker_options)
     return text, options
 
 

@@ -20,7 +20,8 @@ which the batch script may run as the job's user.
 A companion:
 
 - copies what the elastic job asked of each node from ``scontrol show job``: partition,
-  account, QOS, reservation, time limit, ``--constraint`` (Features), ``--gres`` (TresPerNode),
+  account, QOS, reservation, time limit, ``--constraint`` (Features), ``--gres`` (TresPerNode;
+  GPUs asked per job or per task become ``--gpus-per-node``),
   ``--mincpus``, ``--mem``/``--mem-per-cpu``, working directory, and writes to the job's own
   output and error files (``--open-mode=append``);
 - is named ``<job name>+replacement`` with the comment ``slurm-spot replacement for job <job>``
@@ -95,11 +96,36 @@ def companion_options(job: Mapping[str, str], job_id: str, job_name: str, partit
             for g in (_null(job.get("TresPerNode")) or "").split(",") if g]
     if gres:
         options.append(f"--gres={','.join(gres)}")
+    if not any(g.split(":")[0] == "gpu" for g in gres):
+        gpus = _gpus_per_node(job)
+        if gpus is not None:
+            options.append(f"--gpus-per-node={gpus}")
     for key, option in (("MinMemoryNode", "--mem"), ("MinMemoryCPU", "--mem-per-cpu")):
         value = _null(job.get(key))
         if value is not None and value not in ("0", "0M"):
             options.append(f"{option}={value}")
     return options
+
+
+def _gpus_per_node(job: Mapping[str, str]) -> str | None:
+    """``[type:]count`` GPUs per node of a job that asked for them per task
+    (``--gpus-per-task``: ``TresPerTask=gres:gpu:2``; one agent task per node) or per job
+    (``--gpus``/``-G``: ``TresPerJob=gres:gpu:a100:16``, split over ``NumNodes``, the nodes
+    it started with; rounded up); None when it asked for none (Slurm 22.05 ``scontrol show
+    job``; 23.02+ writes ``gres/gpu:``)."""
+    for key, per_job in (("TresPerTask", False), ("TresPerJob", True)):
+        for item in (_null(job.get(key)) or "").split(","):
+            parts = item.removeprefix("gres:").removeprefix("gres/").split(":")
+            if parts[0] != "gpu":
+                continue
+            kind = parts[1] if len(parts) > 2 or (len(parts) == 2
+                                                  and not parts[1].isdigit()) else None
+            count = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+            nodes = job.get("NumNodes", "1")
+            if per_job and nodes.isdigit() and int(nodes) > 1:
+                count = -(-count // int(nodes))
+            return f"{kind}:{count}" if kind else str(count)
+    return None
 
 
 def companion_script(agent: Sequence[str], run_id: str, checkpoint_dir: str | None,
@@ -192,18 +218,20 @@ class Supervisor:
         self.companions = []
 
 
-def _slurm_functions(client: SlurmClient, options: list[str], script: str
+def _slurm_functions(client: SlurmClient, options: Callable[[], list[str]], script: str
                      ) -> tuple[Callable[[], str], Callable[[str], bool],
                                 Callable[[list[str]], None]]:
     def submit() -> str:
         import tempfile
+
+        argv = options()  # raises while the job cannot be read: the supervisor retries
 
         # sbatch sends the script's text to slurmctld: the file is not needed afterwards.
         with tempfile.TemporaryDirectory(prefix="slurm-spot-replacement-") as folder:
             path = os.path.join(folder, "replacement.sh")
             with open(path, "w") as out:
                 out.write(script)
-            result = client.run("sbatch", *options, path, check=False)
+            result = client.run("sbatch", *argv, path, check=False)
         if result.returncode != 0:
             raise RuntimeError((result.stderr or result.stdout).strip() or
                                f"sbatch exited {result.returncode}")
@@ -260,17 +288,35 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] = os.environ) -> 
     say = lambda text: print(text, flush=True)  # noqa: E731
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(number, _on_stop)
-    stale = client.run("squeue", "--me", "-h", "-o", "%i|%k", check=False)
-    old = leftovers(stale.stdout, job_id) if stale.returncode == 0 else []
-    if old:
-        client.run("scancel", *old, check=False)
-        say(f"slurm-spot: cancelled replacement job(s) {','.join(old)} of an earlier run")
-    fields = parse_oneline(client.run("scontrol", "-o", "show", "job", job_id,
-                                      check=False).stdout.strip())
+    try:
+        stale = client.run("squeue", "--me", "-h", "-o", "%i|%k", check=False)
+        old = leftovers(stale.stdout, job_id) if stale.returncode == 0 else []
+        if old:
+            client.run("scancel", *old, check=False)
+            say(f"slurm-spot: cancelled replacement job(s) {','.join(old)} of an earlier run")
+    except SlurmCommandError as exc:  # slurmctld too slow: the job's replacements matter more
+        say(f"slurm-spot: could not look for replacement jobs of an earlier run ({exc})")
     checkpoint = str(jobenv.checkpoint_dir(env) or "") or None
-    options = companion_options(fields, job_id, env.get("SLURM_JOB_NAME", "elastic"),
-                                env.get("SLURM_JOB_PARTITION", fields.get("Partition", "")),
-                                args.signal)
+    known: list[list[str]] = []
+
+    def options() -> list[str]:
+        """The companion's options, from the job's record once it could be read (a companion
+        built without it would lack the job's GPUs, memory, account and time limit)."""
+        if not known:
+            shown = client.run("scontrol", "-o", "show", "job", job_id, check=False)
+            fields = parse_oneline(shown.stdout.strip())
+            if shown.returncode != 0 or fields.get("JobId") is None:
+                raise RuntimeError(f"cannot read job {job_id} (scontrol show job: "
+                                   f"{(shown.stderr or shown.stdout).strip()[:200]})")
+            known.append(companion_options(
+                fields, job_id, env.get("SLURM_JOB_NAME", "elastic"),
+                env.get("SLURM_JOB_PARTITION", fields.get("Partition", "")), args.signal))
+        return known[0]
+
+    try:
+        options()
+    except Exception as exc:  # read again before the first replacement
+        say(f"slurm-spot: replacement check failed ({exc}); trying again")
     script = companion_script(agent, elastic_run_id(env), checkpoint, job_id)
     submit, active, cancel = _slurm_functions(client, options, script)
     supervisor = Supervisor(args.target, args.max_nodes, pids, submit, active, cancel, say)

@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.jobenv import parse_signal
-from slurm_spot.jobs.sbatch_options import canonical_option, parse_command_line
+from slurm_spot.jobs.sbatch_options import (
+    canonical_option,
+    parse_command_line,
+    split_clusters,
+)
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list
 def option_values(options: Sequence[str], long: str, short: str | None = None) -> list[str]:
     """Values given to an option in ``options`` (``--nodes=2``, ``--nodes 2``, ``-N2``, ``-N 2``)."""
     values = []
-    options = [canonical_option(w) for w in options]
+    options = [canonical_option(w) for w in split_clusters(options)]
     for i, word in enumerate(options):
         if word.startswith(long + "="):
             values.append(word.split("=", 1)[1])
@@ -209,6 +213,7 @@ def take_option(options: Sequence[str], long: str, short: str) -> tuple[list[str
     component on ``spot`` too)."""
     values: list[str] = []
     rest: list[str] = []
+    options = split_clusters(options)  # -Hp spot: the -p inside a cluster too
     i = 0
     while i < len(options):
         word = options[i]

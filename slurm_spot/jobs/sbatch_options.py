@@ -185,3 +185,35 @@ def canonical_option(word: str) -> str:
     except BadInputError:
         return word
     return f"--{full}{eq}{value}"
+
+
+def split_clusters(options: Sequence[str]) -> list[str]:
+    """``options`` with clustered short options split as getopt reads them (pure): ``-Hp``
+    -> ``-H -p``, ``-HN2`` -> ``-H -N2``, ``-vvv`` -> ``-v -v -v``; the value word after an
+    option that takes one, and every other word, unchanged. Lets a reader of one option
+    (``-p``, ``-N``) find it inside a cluster."""
+    out: list[str] = []
+    i = 0
+    while i < len(options):
+        word = options[i]
+        i += 1
+        if word.startswith("--") or not word.startswith("-") or len(word) <= 2:
+            out.append(word)
+            if (word.startswith("--") and "=" not in word
+                    and canonical_option(word)[2:] in REQUIRED_VALUE and i < len(options)):
+                out.append(options[i])  # its value: never read as options
+                i += 1
+            elif (len(word) == 2 and SHORT.get(word[1]) in REQUIRED_VALUE
+                    and i < len(options)):
+                out.append(options[i])
+                i += 1
+            continue
+        for at, letter in enumerate(word[1:], start=1):
+            if SHORT.get(letter) in REQUIRED_VALUE:
+                out.append("-" + word[at:])  # -N2 (value attached) or -p (value next)
+                if at + 1 == len(word) and i < len(options):
+                    out.append(options[i])
+                    i += 1
+                break
+            out.append("-" + letter)
+    return out
