@@ -28,6 +28,7 @@ from slurm_spot.cli import cli
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.rendezvous import ELASTIC_MARK, format_endpoint, parse_endpoint, serve
 from slurm_spot.jobs.torchrun_agent import ElasticSettings, elastic_torchrun_args, parse_nnodes
+from tests.elastic_runs import rendezvous_service
 
 
 def test_nnodes_and_endpoint_are_parsed_and_bad_ones_named() -> None:
@@ -389,29 +390,19 @@ def test_agent_falls_back_to_requeue_when_fewer_than_min_nodes_rendezvous(
         tmp_path: Path) -> None:
     """A real torchrun agent alone in a 2:3 rendezvous (the store of slurm-spot rendezvous):
     after --join-timeout it exits with the requeue code, so the batch script requeues the job."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    store = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
-                              "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
-                             text=True)
-    try:
-        assert store.stderr is not None and "listening" in store.stderr.readline()
+    with rendezvous_service(os.environ) as endpoint:
         train = tmp_path / "train.py"
         train.write_text("raise SystemExit('never started')\n")
         code = (
             "import os, sys\n"
             "from slurm_spot.jobs import torchrun_agent as a\n"
             "os.environ.update(a.ELASTIC_ENV)\n"
-            f"s = a.ElasticSettings(2, 3, '127.0.0.1:{port}', join_timeout_s=3)\n"
+            f"s = a.ElasticSettings(2, 3, '{endpoint}', join_timeout_s=3)\n"
             f"args = a.elastic_torchrun_args(os.environ, s, '127.0.0.1', 1, [{str(train)!r}])\n"
             "sys.exit(a.run_torchrun(args, 85, elastic=True))\n")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=180, env={**os.environ,
                                                 "SLURM_JOB_ID": "9"})
-    finally:
-        store.terminate()
-        store.wait(30)
     assert proc.returncode == 85, proc.stderr[-2000:]
     assert "falling back to requeue" in proc.stderr
 

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,17 +13,15 @@ import pytest
 
 from slurm_spot.hostlist import expand
 from tests.cluster import Cluster, base_config, wait_for
+from tests.elastic_runs import (
+    EXAMPLE,
+    check_sample_log,
+    last_step,
+    rendezvous_service,
+    training_events,
+)
 
 pytestmark = pytest.mark.e2e
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_elastic.py"
-
-
-def training_events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
@@ -43,19 +39,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture
 def rendezvous(cluster: Cluster) -> Iterator[str]:
     """``slurm-spot rendezvous`` on a free port of this machine (the local controller)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
-                             "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
-                            text=True, env=cluster.env)
-    try:
-        assert proc.stderr is not None
-        assert "listening" in proc.stderr.readline()
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with rendezvous_service(cluster.env) as endpoint:
+        yield endpoint
 
 
 def _submit(cluster: Cluster, rendezvous: str, out: Path, *train_args: str) -> int:
@@ -70,10 +55,6 @@ def _submit(cluster: Cluster, rendezvous: str, out: Path, *train_args: str) -> i
     return int(json.loads(proc.stdout)["job_id"])
 
 
-def _last_step(log: Path) -> int:
-    return max([e["step"] for e in training_events(log) if e["event"] == "step"], default=0)
-
-
 def test_survivors_continue_when_a_node_is_reclaimed_with_notice(
         cluster: Cluster, rendezvous: str) -> None:
     """3 spot workers; one is reclaimed with notice: its ranks save and leave, the other two
@@ -84,7 +65,7 @@ def test_survivors_continue_when_a_node_is_reclaimed_with_notice(
     job = _submit(cluster, rendezvous, out, "--steps", "120", "--step-sleep", "0.15",
                   "--checkpoint-every", "20", "--log-every", "5", "--sample-log", str(samples))
     log = Path(str(out).replace("%j", str(job)))
-    wait_for(lambda: _last_step(log) >= 15, 240, what="3-node training to reach step 15")
+    wait_for(lambda: last_step(log) >= 15, 240, what="3-node training to reach step 15")
     nodes = expand(cluster.job(job)["NodeList"])
     batch_host = cluster.job(job)["BatchHost"]
     leaving = next(n for n in reversed(nodes) if n != batch_host)
@@ -112,17 +93,8 @@ def test_survivors_continue_when_a_node_is_reclaimed_with_notice(
     released = [e for e in cluster.events() if e["action"] == "released"]
     assert released and released[0]["node"] == leaving and job in released[0]["job_ids"]
     # Every epoch: each sample at most once, across both world sizes; whole epochs complete.
-    per_epoch: dict[int, list[int]] = defaultdict(list)
-    steps_seen: dict[int, set[int]] = defaultdict(set)
-    for line in samples.read_text().splitlines():
-        row = json.loads(line)
-        per_epoch[row["epoch"]].extend(row["samples"])
-        steps_seen[row["step"]].add(row["world"])
-    for epoch, used in per_epoch.items():
-        assert len(used) == len(set(used)), f"epoch {epoch}: a sample used twice"
+    per_epoch = check_sample_log(samples, 120)
     assert len(per_epoch[0]) == 18 * 96  # 1797 samples // 96 global batch = 18 steps
-    assert all(len(w) == 1 for w in steps_seen.values())  # no step run twice
-    assert sorted(steps_seen) == list(range(1, 121))
 
 
 def test_a_node_lost_without_notice_is_detected_without_the_collective_timeout(
@@ -136,7 +108,7 @@ def test_a_node_lost_without_notice_is_detected_without_the_collective_timeout(
     job = _submit(cluster, rendezvous, out, "--steps", "100", "--step-sleep", "0.15",
                   "--checkpoint-every", "10", "--log-every", "5", "--pg-timeout", "600")
     log = Path(str(out).replace("%j", str(job)))
-    wait_for(lambda: _last_step(log) >= 15, 240, what="3-node training to reach step 15")
+    wait_for(lambda: last_step(log) >= 15, 240, what="3-node training to reach step 15")
     fields = cluster.job(job)
     lost = next(n for n in reversed(expand(fields["NodeList"])) if n != fields["BatchHost"])
     killed_at = time.time()

@@ -16,11 +16,9 @@ from slurm_spot.hostlist import expand
 from slurm_spot.slurm.states import parse_oneline
 from tests.cluster import Cluster, base_config, wait_for
 from tests.conftest import _slurm_available
+from tests.elastic_runs import EXAMPLE, training_events
 
 pytestmark = pytest.mark.e2e
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_elastic.py"
-
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
@@ -49,12 +47,6 @@ def _components(cluster: Cluster, job: int) -> list[dict[str, str]]:
     return [parse_oneline(line) for line in out.splitlines() if line.startswith("JobId=")]
 
 
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
-
-
 def test_workers_go_on_around_an_on_demand_coordinator(hybrid: Cluster) -> None:
     """1 on-demand coordinator + 3 spot workers; one worker is reclaimed with notice: its ranks
     save and leave, the watcher shrinks the workers' component, the other two finish. The
@@ -71,7 +63,7 @@ def test_workers_go_on_around_an_on_demand_coordinator(hybrid: Cluster) -> None:
     assert proc.returncode == 0, proc.stderr
     job = int(json.loads(proc.stdout)["job_id"])
     log = Path(str(out).replace("%j", str(job)))
-    wait_for(lambda: any(e["event"] == "step" and e["step"] >= 15 for e in _events(log)), 240,
+    wait_for(lambda: any(e["event"] == "step" and e["step"] >= 15 for e in training_events(log)), 240,
              what="3-worker training to reach step 15")
     leader, workers = _components(hybrid, job)
     assert leader["Partition"] == "coord" and leader["BatchHost"] == "coord-1"
@@ -82,7 +74,7 @@ def test_workers_go_on_around_an_on_demand_coordinator(hybrid: Cluster) -> None:
                    if n != workers["BatchHost"])
     hybrid.spot("local", "preempt", leaving, "--notice", "20", "--conf-dir",
                 str(hybrid.conf_dir))
-    wait_for(lambda: any(e["event"] == "done" for e in _events(log)), 240,
+    wait_for(lambda: any(e["event"] == "done" for e in training_events(log)), 240,
              what="training to finish on the two remaining workers")
     wait_for(lambda: _components(hybrid, job)[0].get("JobState") == "COMPLETED", 60,
              what=f"job {job} to complete")
@@ -92,7 +84,7 @@ def test_workers_go_on_around_an_on_demand_coordinator(hybrid: Cluster) -> None:
     # What the user sees: the store was on the on-demand node, not on the controller.
     assert "slurm-spot: rendezvous on the coordinator coord-1 at 127.0.0.1:" in text
     assert "c10d store listening on 127.0.0.1:" in text
-    events = _events(log)
+    events = training_events(log)
     leave = next(e for e in events if e["event"] == "leave")
     resumed = next(e for e in events if e["event"] == "resume")
     assert resumed["world_size"] == 2 and resumed["step"] == leave["step"]

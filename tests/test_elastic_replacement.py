@@ -26,6 +26,7 @@ from slurm_spot.jobs.elastic_replacement import (
 )
 from slurm_spot.jobs.torchrun_agent import ElasticSettings, elastic_torchrun_args
 from slurm_spot.slurm.states import parse_oneline
+from tests.elastic_runs import rendezvous_service
 
 AGENT = ["/venv/bin/python", "-m", "slurm_spot.jobs.torchrun_agent", "--nproc-per-node=1",
          "--elastic=2:3", "--rendezvous=ctl:29390", "--join-timeout=30", "--",
@@ -323,21 +324,12 @@ def test_no_replacements_needs_elastic(tmp_path: Path) -> None:
 def test_a_replacement_agent_leaves_with_0_when_the_run_is_over(tmp_path: Path) -> None:
     """A real torchrun agent given --rdzv-run-id of a run whose rendezvous is closed (training
     finished before the replacement started) exits 0 at once: its job ends, nothing requeued."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    store = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
-                              "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
-                             text=True)
-    try:
-        assert store.stderr is not None and "listening" in store.stderr.readline()
+    with rendezvous_service(os.environ) as endpoint:
         close = (
             "from torch.distributed.elastic.rendezvous import RendezvousParameters\n"
             "from torch.distributed.elastic.rendezvous.registry import "
             "get_rendezvous_handler\n"
-            f"p = RendezvousParameters('c10d', '127.0.0.1:{port}', '9-0', 2, 3, "
+            f"p = RendezvousParameters('c10d', '{endpoint}', '9-0', 2, 3, "
             "is_host='false')\n"
             "get_rendezvous_handler(p).set_closed()\n")
         closed = subprocess.run([sys.executable, "-c", close], capture_output=True, text=True,
@@ -349,16 +341,13 @@ def test_a_replacement_agent_leaves_with_0_when_the_run_is_over(tmp_path: Path) 
             "import os, sys\n"
             "from slurm_spot.jobs import torchrun_agent as a\n"
             "os.environ.update(a.ELASTIC_ENV)\n"
-            f"s = a.ElasticSettings(2, 3, '127.0.0.1:{port}', join_timeout_s=60, "
+            f"s = a.ElasticSettings(2, 3, '{endpoint}', join_timeout_s=60, "
             "run_id='9-0')\n"
             f"args = a.elastic_torchrun_args(os.environ, s, '127.0.0.1', 1, [{str(train)!r}])\n"
             "sys.exit(a.run_torchrun(args, 85, elastic=True, joining=True))\n")
         start = time.monotonic()
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=180, env={**os.environ, "SLURM_JOB_ID": "77"})
-    finally:
-        store.terminate()
-        store.wait(30)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rendezvous is closed" in proc.stderr
     assert time.monotonic() - start < 60  # not after the join timeout

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,34 +15,21 @@ from slurm_spot.events import read_events
 from slurm_spot.hostlist import expand
 from slurm_spot.slurm.output import local_time
 from tests.cluster import Cluster, wait_for
+from tests.elastic_runs import (
+    EXAMPLE,
+    check_sample_log,
+    last_step,
+    rendezvous_service,
+    training_events,
+)
 
 pytestmark = pytest.mark.e2e
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_elastic.py"
-
-
-def training_events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
-
 
 @pytest.fixture
 def rendezvous(cluster: Cluster) -> Iterator[str]:
     """``slurm-spot rendezvous`` on a free port of this machine (the local controller)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
-                             "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
-                            text=True, env=cluster.env)
-    try:
-        assert proc.stderr is not None
-        assert "listening" in proc.stderr.readline()
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with rendezvous_service(cluster.env) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -91,11 +76,7 @@ def test_a_replacement_joins_after_a_node_is_reclaimed(cluster: Cluster, rendezv
     assert proc.returncode == 0, proc.stderr
     job = int(json.loads(proc.stdout)["job_id"])
     log = Path(str(out).replace("%j", str(job)))
-
-    def last_step() -> int:
-        return max([e["step"] for e in training_events(log) if e["event"] == "step"], default=0)
-
-    wait_for(lambda: last_step() >= 15, 240, what="3-node training to reach step 15")
+    wait_for(lambda: last_step(log) >= 15, 240, what="3-node training to reach step 15")
     fields = cluster.job(job)
     leaving = next(n for n in reversed(expand(fields["NodeList"])) if n != fields["BatchHost"])
     cluster.spot("local", "preempt", leaving, "--notice", "20", "--conf-dir",
@@ -126,17 +107,8 @@ def test_a_replacement_joins_after_a_node_is_reclaimed(cluster: Cluster, rendezv
     rejoined = next(e for e in events if e["event"] == "resume" and e["world_size"] == 3)
     assert rejoined["step"] == regroup["step"] and rejoined["restarts"] == 0
     # Every step ran once, each epoch's samples at most once, across 3 -> 2 -> 3.
-    per_epoch: dict[int, list[int]] = defaultdict(list)
-    steps_seen: dict[int, set[int]] = defaultdict(set)
-    for line in samples.read_text().splitlines():
-        row = json.loads(line)
-        per_epoch[row["epoch"]].extend(row["samples"])
-        steps_seen[row["step"]].add(row["world"])
-    for epoch, used in per_epoch.items():
-        assert len(used) == len(set(used)), f"epoch {epoch}: a sample used twice"
+    per_epoch = check_sample_log(samples, steps)
     assert all(len(per_epoch[e]) == 18 * 96 for e in range(steps // 18))  # whole epochs
-    assert all(len(w) == 1 for w in steps_seen.values())  # no step run twice
-    assert sorted(steps_seen) == list(range(1, steps + 1))
     first_at_3 = next(e for e in events if e["event"] == "step" and e["step"] > regroup["step"])
     started = local_time(state.get("StartTime", ""))
     print(json.dumps({

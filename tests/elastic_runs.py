@@ -1,0 +1,65 @@
+"""What the elastic end-to-end tests share: the example they submit, reading its JSON event
+log and sample log, and a ``slurm-spot rendezvous`` service on this machine."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+#: The elastic training example every elastic e2e test submits.
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_elastic.py"
+
+
+def training_events(path: Path) -> list[dict]:
+    """The example's JSON events in its job log (``[]`` while the log does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def last_step(log: Path) -> int:
+    """The highest step the example logged so far (0: none)."""
+    return max([e["step"] for e in training_events(log) if e["event"] == "step"], default=0)
+
+
+@contextmanager
+def rendezvous_service(env: Mapping[str, str]) -> Iterator[str]:
+    """``slurm-spot rendezvous`` on a free port of 127.0.0.1 (the local controller), started
+    with ``env``; yields its ``HOST:PORT`` once it listens, and stops it afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
+                             "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
+                            text=True, env=dict(env))
+    try:
+        assert proc.stderr is not None
+        assert "listening" in proc.stderr.readline()
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def check_sample_log(samples: Path, steps: int) -> dict[int, list[int]]:
+    """Read the example's ``--sample-log`` and check what holds across any change of world
+    size: within an epoch no sample is used twice, every step 1..``steps`` ran exactly once
+    (with one world size). Returns the samples used per epoch (for the caller's own checks of
+    whole epochs)."""
+    per_epoch: dict[int, list[int]] = defaultdict(list)
+    steps_seen: dict[int, set[int]] = defaultdict(set)
+    for line in samples.read_text().splitlines():
+        row = json.loads(line)
+        per_epoch[row["epoch"]].extend(row["samples"])
+        steps_seen[row["step"]].add(row["world"])
+    for epoch, used in per_epoch.items():
+        assert len(used) == len(set(used)), f"epoch {epoch}: a sample used twice"
+    assert all(len(w) == 1 for w in steps_seen.values())  # no step run twice
+    assert sorted(steps_seen) == list(range(1, steps + 1))
+    return per_epoch
