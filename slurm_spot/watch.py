@@ -49,12 +49,7 @@ from slurm_spot.config import (
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.jobs.elastic_release import (  # noqa: F401 (field_value: watch's old name)
-    RELEASE_REASON,
-    ElasticJobs,
-    field_value,
-    release_node,
-)
+from slurm_spot.jobs.elastic_release import RELEASE_REASON, ElasticJobs, release_node
 from slurm_spot.jobs.requeue import requeue_ended
 from slurm_spot.jobs.signal_choice import JobSignaller
 from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
