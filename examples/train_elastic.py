@@ -14,6 +14,15 @@ What makes it elastic:
   batch is all-reduced (SUM), so every step is the mean-loss gradient over the same samples;
 - **no sample skipped or seen twice within an epoch**: the position saved is the number of
   global batches done in the epoch, which does not depend on the world size;
+- **or a fixed per-rank batch, the learning rate rescaled** (``--batch-policy scale-lr``):
+  every rank takes ``--batch-per-rank`` samples per step, so the global batch is
+  ``--batch-per-rank x world`` and the learning rate follows it by the linear scaling rule
+  (Goyal et al. 2017, "Accurate, Large Minibatch SGD"): ``--lr x world / --reference-world``
+  (``--lr`` is the rate for ``--reference-world`` ranks). Steps take the next samples of the
+  epoch's permutation; the position saved is the number of samples consumed in the epoch
+  (``TrainState.extra["samples_in_epoch"]``), so a run resumed with another world size goes on
+  with the next unseen samples; the last step of an epoch takes what is left (every sample
+  once per epoch). A checkpoint of the default policy resumes under either;
 - **leaving**: on the preemption signal (or SIGTERM) all ranks agree at the next step boundary
   (one all-reduce), save one checkpoint, and exit: the ranks that got the preemption signal
   (their node is going) with the requeue code (85), the others with :data:`REJOIN_EXIT` so
@@ -27,15 +36,16 @@ What makes it elastic:
 
 Rank 0 prints one JSON object per line (every event has ``time``, seconds since the epoch)::
 
-    {"event": "start", "step": 0, "world_size": 3, "restarts": 0, "elastic_round": 0}
+    {"event": "start", "step": 0, "world_size": 3, "restarts": 0, "elastic_round": 0,
+     "batch_policy": "keep-global", "global_batch": 96, "lr": 0.05}
     {"event": "resume", "step": 40, "world_size": 2, "restarts": 0, "elastic_round": 1, ...}
-    {"event": "step", "step": 41, "epoch": 0, "loss": 0.41, "world_size": 2}
+    {"event": "step", "step": 41, "epoch": 0, "loss": 0.41, "world_size": 2, "lr": 0.05}
     {"event": "leave", "step": 40, "leaving_ranks": [2], "checkpoint": "/ck/step_000000040"}
     {"event": "regroup", "step": 70, "world_size": 2, "checkpoint": "/ck/step_000000070"}
     {"event": "done", "step": 300, "loss": 0.09, "world_size": 2}
 
-``--sample-log FILE``: every rank appends ``{"step", "epoch", "rank", "world", "samples"}``
-per step (a test reads it to check each epoch's samples are each used once).
+``--sample-log FILE``: every rank appends ``{"step", "epoch", "rank", "world", "lr",
+"samples"}`` per step (a test reads it to check each epoch's samples are each used once).
 """
 
 from __future__ import annotations
@@ -55,10 +65,19 @@ from torch import nn
 
 from slurm_spot.checkpoint.checkpointer import Checkpointer, TrainState
 from slurm_spot.checkpoint.elastic import (
+    KEEP_GLOBAL,
+    POLICIES,
+    POLICY_KEY,
+    SAMPLES_KEY,
+    SCALE_LR,
+    batches_done,
     epoch_order,
     global_batch_indices,
     micro_batches,
+    next_samples,
     rank_share,
+    samples_done,
+    scaled_lr,
     steps_per_epoch,
 )
 from slurm_spot.checkpoint.preemption import PreemptionHandler
@@ -86,15 +105,35 @@ def _count(low: int, high: int | None = None) -> Any:
     return parse
 
 
+def _positive(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_positive.__name__ = "number > 0"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=_count(0), default=300, help="total optimizer steps")
     p.add_argument("--checkpoint-dir", help="used when $SLURM_SPOT_CHECKPOINT_DIR is unset")
     p.add_argument("--checkpoint-every", type=_count(1), default=20, help="steps between saves")
     p.add_argument("--global-batch", type=_count(1, DIGITS_SAMPLES), default=96,
-                   help=f"samples per optimizer step (1..{DIGITS_SAMPLES}, the data set)")
+                   help=f"samples per optimizer step (1..{DIGITS_SAMPLES}, the data set; "
+                   "keep-global)")
+    p.add_argument("--batch-policy", choices=POLICIES, default=KEEP_GLOBAL,
+                   help="when the world size changes: keep the global batch (gradient "
+                   "accumulation) or keep --batch-per-rank and scale the learning rate")
+    p.add_argument("--batch-per-rank", type=_count(1, DIGITS_SAMPLES), default=32,
+                   help="samples per rank per optimizer step (scale-lr)")
+    p.add_argument("--reference-world", type=_count(1), default=1,
+                   help="world size --lr is meant for (scale-lr: lr = --lr x world / this)")
     p.add_argument("--micro-batch", type=_count(1), default=32, help="samples per forward pass")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=_positive, default=0.05,
+                   help="learning rate (scale-lr: for --reference-world ranks)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step")
     p.add_argument("--log-every", type=_count(1), default=10, help="steps between step events")
@@ -148,24 +187,46 @@ def main(argv: list[str] | None = None) -> None:
     ckpt = Checkpointer(directory, keep=2)
     found = ckpt.restore(state)
     restarts = jobenv.restart_count(os.environ)
+    policy = args.batch_policy
+    scale = policy == SCALE_LR
+    lr = scaled_lr(args.lr, world, args.reference_world) if scale else args.lr
+    for group in optimizer.param_groups:  # restore brought the rate of the world that saved
+        group["lr"] = lr
+    try:  # the epoch position in samples (an old checkpoint: batch_in_epoch global batches)
+        done = samples_done(state.extra, state.batch_in_epoch, args.global_batch)
+        if not scale and state.extra.get(POLICY_KEY) == SCALE_LR:
+            state.batch_in_epoch = batches_done(done, args.global_batch, len(y_all))
+    except ValueError as exc:
+        print(f"train_elastic: {found.path if found else directory}: {exc}", file=sys.stderr)
+        sys.exit(2)
+    sizes = {"batch_policy": policy, "lr": lr, **(
+        {"batch_per_rank": args.batch_per_rank, "global_batch": args.batch_per_rank * world}
+        if scale else {"global_batch": args.global_batch})}
     if found is not None:
         say(event="resume", step=state.step, epoch=state.epoch, world_size=world,
-            restarts=restarts, elastic_round=rounds, checkpoint=str(found.path))
+            restarts=restarts, elastic_round=rounds, checkpoint=str(found.path),
+            samples_in_epoch=done, **sizes)
     else:
         say(event="start", step=state.step, world_size=world, restarts=restarts,
-            elastic_round=rounds)
+            elastic_round=rounds, **sizes)
     log = open(args.sample_log, "a") if args.sample_log else None
     first = True
+    def epoch_left() -> bool:
+        return done < len(y_all) if scale else state.batch_in_epoch < per_epoch
+
     while state.step < args.steps:
         order = epoch_order(len(y_all), state.epoch, args.seed)
-        while state.batch_in_epoch < per_epoch and state.step < args.steps:
-            mine = rank_share(global_batch_indices(order, state.batch_in_epoch,
-                                                   args.global_batch), rank, world)
+        while epoch_left() and state.step < args.steps:
+            if scale:
+                batch = next_samples(order, done, args.batch_per_rank, world)
+            else:
+                batch = global_batch_indices(order, state.batch_in_epoch, args.global_batch)
+            mine = rank_share(batch, rank, world)
             optimizer.zero_grad()
             total = torch.zeros(())
             for part in micro_batches(mine, args.micro_batch):
                 loss = nn.functional.cross_entropy(model(x_all[part]), y_all[part],
-                                                   reduction="sum") / args.global_batch
+                                                   reduction="sum") / len(batch)
                 loss.backward()
                 total += loss.detach()
             for param in model.parameters():
@@ -181,13 +242,16 @@ def main(argv: list[str] | None = None) -> None:
             optimizer.step()
             if log is not None:
                 log.write(json.dumps({"step": state.step + 1, "epoch": state.epoch,
-                                      "rank": rank, "world": world, "samples": mine}) + "\n")
+                                      "rank": rank, "world": world, "lr": lr,
+                                      "samples": mine}) + "\n")
                 log.flush()
             state.step += 1
-            state.batch_in_epoch += 1
+            state.batch_in_epoch += 1  # scale-lr: steps of the epoch (the position is done)
+            done += len(batch)
+            state.extra.update({SAMPLES_KEY: done, POLICY_KEY: policy})
             if first or state.step % args.log_every == 0:
                 say(event="step", step=state.step, epoch=state.epoch,
-                    loss=round(float(total), 6), world_size=world)
+                    loss=round(float(total), 6), world_size=world, lr=lr)
                 first = False
             time.sleep(args.step_sleep)
             stop = handler.should_stop() and state.step < args.steps
@@ -195,9 +259,10 @@ def main(argv: list[str] | None = None) -> None:
                 path = ckpt.save(state)
             if stop:
                 leave(handler, rank, world, state.step, str(path), say)
-        if state.batch_in_epoch >= per_epoch:
+        if not epoch_left():
             state.epoch += 1
-            state.batch_in_epoch = 0
+            state.batch_in_epoch = done = 0
+            state.extra[SAMPLES_KEY] = 0
     say(event="done", step=state.step, loss=evaluate(model, x_all, y_all), world_size=world)
     if distributed:
         dist.barrier()
