@@ -62,6 +62,9 @@ class Action(str, enum.Enum):
     BREAKER = "breaker"
     UNDRAINED = "undrained"
     EXPEDITED = "expedited"
+    # a job requeued by the requeue exit code too often (reconcile.max_fast_requeues within
+    # reconcile.fast_requeue_window_s): left to Slurm's requeue hold; extra.restarts
+    EXPEDITE_WITHHELD = "expedite_withheld"
     WEIGHT_RESTORED = "weight_restored"  # a prewarmed replacement's Weight back to slurm.conf's
     # job hooks (source epilog)
     JOB_END = "job_end"

@@ -516,6 +516,70 @@ def test_many_jobs_requeued_by_exit_are_read_and_expedited_in_one_call_each(
         "jobid=31,32,33,34,35"]
 
 
+def _requeued_again(world: World, job_id: int, after_s: float) -> None:
+    """``after_s`` seconds on, the job ran and exited 85 again: requeued and held anew."""
+    world.now += timedelta(seconds=after_s)
+    job = world.slurm.jobs[job_id]
+    job.state, job.reason, job.restarts = "PENDING", "BeginTime", job.restarts + 1
+    job.submit_time = int(world.now.timestamp())
+    job.eligible_time = job.submit_time + 121
+
+
+def test_a_job_in_a_crash_loop_is_expedited_only_so_often(tmp_path: Path) -> None:
+    """Every run exits 85 at once: the first 3 requeues within 10 minutes (the defaults) are
+    expedited, the 4th is left to Slurm's hold with one event that says why (not one per
+    pass); a job requeued once in the meantime is still expedited; requeues ~2 minutes apart
+    keep the loop held; once the job ran past the window, its next requeue is expedited."""
+    world = World(tmp_path)
+    _requeued_by_exit(world, 41)
+    _requeued_by_exit(world, 42)
+    world.run()
+    for _ in range(2):
+        _requeued_again(world, 41, 20)
+        world.run()
+    assert world.slurm.expedited == [41, 42, 41, 41]
+    _requeued_again(world, 41, 20)  # the 4th requeue within 60 s
+    _requeued_by_exit(world, 43)  # another job's first: not affected
+    world.run()
+    world.now += timedelta(seconds=30)
+    world.run()  # still held: nothing new, no second event
+    assert world.slurm.jobs[41].reason == "BeginTime"
+    assert world.slurm.expedited == [41, 42, 41, 41, 43]
+    (held,) = world.events("expedite_withheld")
+    assert held["job_ids"] == [41] and held["extra"]["restarts"] == 4
+    assert held["reason"].startswith("requeued by exit code 85 4 times within 600 s "
+                                     "(reconcile.max_fast_requeues=3): a crash loop? left to "
+                                     "Slurm's requeue hold, eligible at 2026-03-01T12:03:")
+    _requeued_again(world, 41, 125)  # Slurm released it, it exited 85 again at once
+    world.run()
+    assert world.slurm.jobs[41].reason == "BeginTime"
+    assert len(world.events("expedite_withheld")) == 2
+    _requeued_again(world, 41, 3600)  # it ran for an hour: an ordinary requeue again
+    world.run()
+    assert world.slurm.jobs[41].reason == "None"
+    assert world.slurm.expedited[-1] == 41
+
+
+def test_the_crash_loop_cap_is_a_reconcile_setting_and_survives_a_restart(
+        tmp_path: Path) -> None:
+    """max_fast_requeues 1: the 2nd requeue within the window waits, also for a reconciler
+    started afresh (the count is read back from the events file)."""
+    world = World(tmp_path, max_fast_requeues=1, fast_requeue_window_s=60)
+    _requeued_by_exit(world, 51)
+    world.run()
+    world.reconciler = Reconciler(
+        world.config, world.slurm.client(), providers=lambda config, name: world.provider,
+        clock=lambda: world.now, sleep=lambda s: None, expedite_wait_s=0)
+    _requeued_again(world, 51, 30)
+    world.emit("notice", "watch", "spot-2", 5, job_ids=(51,))  # the safety net holds back too
+    world.run()
+    assert world.slurm.expedited == [51]
+    assert [e["extra"]["requeues"] for e in world.events("expedite_withheld")] == [2]
+    _requeued_again(world, 51, 200)  # the window is 60 s: expedited again
+    world.run()
+    assert world.slurm.expedited == [51, 51]
+
+
 @pytest.mark.parametrize(("hold_s", "exit_code", "partition"), [
     (3600, "85:0", "spot"),  # someone set StartTime an hour ahead on purpose
     (121, "1:0", "spot"),  # a failure requeued by someone else: not ours to hurry

@@ -357,6 +357,13 @@ class ReconcileConfig(_Model):
         "is disabled this long; separate from capacity cooldowns")
     max_resume_failures: int = Field(3, ge=1, le=1000)
     failure_window_s: float = Field(3600, ge=1, le=30 * 86400)
+    max_fast_requeues: int = Field(
+        3, ge=1, le=1000,
+        description="a job that requeued itself with the requeue exit code has Slurm's "
+        "~121 s requeue hold cleared at most this many times within fast_requeue_window_s; "
+        "later requeues (a crash loop: every run exits at once) wait out the hold (event "
+        "expedite_withheld)")
+    fast_requeue_window_s: float = Field(600, ge=1, le=7 * 86400)
     missing_grace_s: float = Field(
         60, ge=0, le=3600,
         description="an up node with no instance at all in successful listings is declared "

@@ -49,7 +49,12 @@ from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.reconcile.history import EventTail, build_history, history_keep_s
 from slurm_spot.reconcile.metrics import ReconcileMetrics
-from slurm_spot.reconcile.requeue_exit import held_by_requeue_exit, requeue_candidates
+from slurm_spot.reconcile.requeue_exit import (
+    cap_fast_requeues,
+    exit_reason,
+    held_by_requeue_exit,
+    requeue_candidates,
+)
 from slurm_spot.reconcile.rules import (
     History,
     NodeDecision,
@@ -237,7 +242,8 @@ class Reconciler:
         failed = self._terminate_all([t for d in acting for t in d.terminate], plan.orphans,
                                      snap, result)
         requeued = self._act_all(acting, failed, snap, result)
-        done = self._expedite_requeue_exits(result, requeued)  # the more precise reason first
+        # the more precise reason first; a job withheld there is not expedited as "safety net"
+        done = self._expedite_requeue_exits(result, requeued, snap)
         self._expedite(requeued, [j for j in plan.expedite if j not in done], result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
@@ -502,12 +508,15 @@ class Reconciler:
                 return
             self.sleep(0.5)
 
-    def _expedite_requeue_exits(self, result: PassResult, skip: Sequence[int]) -> list[int]:
+    def _expedite_requeue_exits(self, result: PassResult, skip: Sequence[int],
+                                snap: Snapshot) -> list[int]:
         """Clear the requeue delay of jobs on our partitions that requeued themselves with the
         requeue exit code (an elastic job below MIN, a job that saved and left), however long
         after an interruption: one ``squeue``, then ``scontrol show job`` for the few
         candidates, or one for all jobs when there are many; ``skip``: the jobs this pass
-        requeued itself (expedited as such). Returns the jobs expedited."""
+        requeued itself (expedited as such). A job requeued that way too often is left to
+        Slurm's hold (:func:`cap_fast_requeues`, event ``expedite_withheld``). Returns the jobs
+        expedited and those withheld (neither is expedited again this pass)."""
         ours = [p.name for p in self.config.partitions]
         try:
             candidates = [j for j in requeue_candidates(self.slurm.jobs(), ours) if j not in skip]
@@ -519,8 +528,24 @@ class Reconciler:
             result.errors.append(str(exc))
             return []
         code = self.config.preemption.requeue_exit_code
-        return self._expedite_jobs(held_by_requeue_exit(records, code), result,
-                                   f"requeued by exit code {code}")
+        settings = self.config.reconcile
+        expedite, withheld = cap_fast_requeues(
+            held_by_requeue_exit(records, code), records, snap.events, snap.now, code,
+            settings.max_fast_requeues, settings.fast_requeue_window_s)
+        for w in withheld:
+            if not w.new:
+                continue
+            until = "" if w.eligible_time is None else ", eligible at " + datetime.fromtimestamp(
+                w.eligible_time, timezone.utc).isoformat(timespec="seconds")
+            self._emit(result, Action.EXPEDITE_WITHHELD, job_ids=(w.job_id,),
+                       reason=f"requeued by exit code {code} {w.requeues} times within "
+                       f"{settings.fast_requeue_window_s:g} s (reconcile.max_fast_requeues="
+                       f"{settings.max_fast_requeues}): a crash loop? left to Slurm's requeue "
+                       f"hold{until}",
+                       extra={"restarts": w.restarts, "requeues": w.requeues,
+                              "window_s": settings.fast_requeue_window_s})
+        return self._expedite_jobs(expedite, result, exit_reason(code)) + [
+            w.job_id for w in withheld]
 
     def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> list[int]:
         if not job_ids:

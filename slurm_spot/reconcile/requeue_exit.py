@@ -15,12 +15,24 @@ rendezvous of MIN nodes. The reconciler's pass does, with :func:`held_by_requeue
 clears the hold of every such job on one of slurm-spot's partitions, at any time after the
 interruption. A hold much longer than the requeue delay was set by someone on purpose
 (``scontrol update StartTime=...`` after the requeue) and is left alone.
+
+A job that exits with the code at once, run after run (a wrong ``--rendezvous`` port makes
+every run fall back), would then restart about once per pass. :func:`cap_fast_requeues` caps
+that: a job already requeued by the code ``reconcile.max_fast_requeues`` times within
+``reconcile.fast_requeue_window_s`` seconds (the ``expedited`` and ``expedite_withheld``
+events of the reconciler's event history, so the count survives a restart of the reconciler)
+is left to Slurm's own hold, with one ``expedite_withheld`` event per requeue saying why.
+Requeues every ~121 s keep such a job in the window; once it runs longer than the window the
+count falls and its requeues are expedited again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from slurm_spot.events import Action
 from slurm_spot.slurm.client import Job, JobRecord
 
 #: A requeue hold up to this long (seconds, EligibleTime - SubmitTime) is Slurm's requeue
@@ -52,3 +64,90 @@ def held_by_requeue_exit(records: Sequence[JobRecord], requeue_exit_code: int,
         if r.eligible_time - r.submit_time <= max_hold_s:
             found.append(r.job_id)
     return found
+
+
+def exit_reason(requeue_exit_code: int) -> str:
+    """The ``reason`` of the ``expedited`` event for a job requeued by ``requeue_exit_code``
+    (``"requeued by exit code 85"``); :func:`cap_fast_requeues` counts these events."""
+    return f"requeued by exit code {requeue_exit_code}"
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """A job held by the requeue delay that is not expedited: it requeued itself too often.
+
+    Attributes:
+        job_id: the job.
+        restarts: its ``Restarts`` (scontrol): which requeue this is.
+        requeues: requeues by the exit code within the window, this one included.
+        eligible_time: when Slurm's hold ends (Unix seconds), None if not shown.
+        new: no ``expedite_withheld`` event names this job and requeue yet (emit one).
+    """
+
+    job_id: int
+    restarts: int
+    requeues: int
+    eligible_time: float | None
+    new: bool
+
+
+def _when(event: Mapping[str, object]) -> datetime | None:
+    try:
+        when = datetime.fromisoformat(str(event.get("time")))
+    except ValueError:
+        return None
+    return when if when.tzinfo else None
+
+
+def cap_fast_requeues(held: Sequence[int], records: Sequence[JobRecord],
+                      events: Sequence[Mapping[str, object]], now: datetime,
+                      requeue_exit_code: int, limit: int, window_s: float,
+                      ) -> tuple[list[int], list[Withheld]]:
+    """Split ``held`` (:func:`held_by_requeue_exit`) into the jobs to expedite and those left
+    to Slurm's requeue hold. Pure.
+
+    Args:
+        held: job ids held after a requeue by exit code.
+        records: their ``scontrol show job`` records (``Restarts``, ``EligibleTime``).
+        events: the event history (dicts as in the events file; ``time`` ISO 8601 with zone).
+        now: aware UTC time of this pass.
+        requeue_exit_code: the code (``preemption.requeue_exit_code``).
+        limit: at most this many requeues by the code are expedited per window (>= 1).
+        window_s: the window, seconds back from ``now``.
+
+    Returns:
+        (jobs to expedite, :class:`Withheld` for each job already requeued by the code
+        ``limit`` times within the window: ``expedited`` events with reason
+        :func:`exit_reason` and ``expedite_withheld`` events, source ``reconcile``).
+    """
+    since = now - timedelta(seconds=window_s)
+    reason = exit_reason(requeue_exit_code)
+    counts: dict[int, int] = {}
+    said: set[tuple[int, int]] = set()
+    for event in events:
+        action = event.get("action")
+        if event.get("source") != "reconcile" or action not in (
+                Action.EXPEDITED, Action.EXPEDITE_WITHHELD):
+            continue
+        if action == Action.EXPEDITED and event.get("reason") != reason:
+            continue
+        when = _when(event)
+        jobs = event.get("job_ids")
+        if when is None or when <= since or not isinstance(jobs, list):
+            continue
+        extra = event.get("extra")
+        for job in jobs:
+            counts[job] = counts.get(job, 0) + 1
+            if action == Action.EXPEDITE_WITHHELD and isinstance(extra, dict):
+                said.add((job, extra.get("restarts")))  # type: ignore[arg-type]
+    record_of = {r.job_id: r for r in records}
+    expedite, withheld = [], []
+    for job in held:
+        record = record_of.get(job)
+        if counts.get(job, 0) < limit or record is None:
+            expedite.append(job)
+            continue
+        new = (job, record.restarts) not in said
+        withheld.append(Withheld(job, record.restarts, counts[job] + (1 if new else 0),
+                                 record.eligible_time, new))
+    return expedite, withheld
