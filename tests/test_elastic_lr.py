@@ -176,3 +176,15 @@ def test_example_refuses_keep_global_in_the_middle_of_a_global_batch(tmp_path: P
     assert "64 samples into its epoch, not a whole number of global batches of 96" in err
     rc, events, err = _run(0, tmp_path / "ck", "--steps", "4", "--global-batch", "32")
     assert rc == 0 and events[0]["event"] == "resume", err[-3000:]  # 64 = 2 x 32: fine
+
+
+@pytest.mark.parametrize("words", [["--batch-per-rank", "0"], ["--batch-per-rank", "1798"],
+                                   ["--reference-world", "0"], ["--lr", "0"], ["--lr", "nan"],
+                                   ["--batch-policy", "scale"]])
+def test_example_refuses_bad_scale_lr_options_with_a_usage_error(tmp_path: Path,
+                                                                 words: list[str]) -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--checkpoint-dir", str(tmp_path),
+                           *words], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"argument {words[0]}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
