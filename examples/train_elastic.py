@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
             elastic_round=rounds, **sizes)
     log = open(args.sample_log, "a") if args.sample_log else None
     first = True
+
     def epoch_left() -> bool:
         return done < len(y_all) if scale else state.batch_in_epoch < per_epoch
 
