@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
+
+import pytest
 
 from slurm_spot.jobs.warm_worker import BASE_PRELOAD, preload_modules, script_imports
 from tests.elastic_runs import rendezvous_service
@@ -41,17 +44,48 @@ def test_preload_list_is_the_scripts_top_level_absolute_imports(tmp_path: Path) 
     (tmp_path / "helpers.py").write_text("thing = 1\n")
     (tmp_path / "localpkg").mkdir()
     assert script_imports(script) == ["os", "json.decoder", "torch.distributed",
-                                      "sklearn.datasets", "typing"]
+                                      "sklearn.datasets", "sklearn.datasets.load_digits",
+                                      "typing", "typing.TYPE_CHECKING"]
     modules = preload_modules(script)
     assert modules[:len(BASE_PRELOAD)] == list(BASE_PRELOAD)
     assert modules.count("torch.distributed") == 1 and "sklearn.datasets" in modules
 
 
-def test_preload_list_of_an_unreadable_script_is_torch_only(tmp_path: Path) -> None:
+def test_preload_list_of_an_unreadable_script_is_torch_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     script = tmp_path / "broken.py"
     script.write_text("import torch\ndef (:\n")
     assert script_imports(script) == [] and script_imports(tmp_path / "missing.py") == []
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # as python -c
     assert preload_modules(script) == list(BASE_PRELOAD)
+
+
+def test_preload_list_has_the_agents_imports_not_the_agent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker re-runs the agent's ``__main__`` module (``python -m
+    slurm_spot.jobs.torchrun_agent``) as ``__mp_main__``: its imports are preloaded, the
+    module itself is not (runpy would warn in every worker)."""
+    import slurm_spot.jobs.torchrun_agent as agent
+
+    main = types.ModuleType("__main__")
+    main.__file__ = agent.__file__
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    script = tmp_path / "train.py"
+    script.write_text("import sklearn.datasets\n")
+    modules = preload_modules(script)
+    assert "slurm_spot.slurm.client" in modules and "slurm_spot.jobs.jobenv" in modules
+    assert "slurm_spot.jobs.torchrun_agent" not in modules
+    assert modules[-1] == "sklearn.datasets"
+
+
+def test_preload_skips_names_that_are_no_modules_silently(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``from json import dumps`` gives ``json.dumps``, which is no module: skipped without a
+    word."""
+    from slurm_spot.jobs.warm_worker import preload
+
+    assert preload(["json", "json.dumps"]) == ["json.dumps"]
+    assert capsys.readouterr().err == ""
 
 
 #: A module that reads the worker's rank at import time (as some libraries read RANK or

@@ -47,10 +47,8 @@ import traceback
 from pathlib import Path
 
 #: Imported in the fork server whatever the script imports: what every training worker under
-#: torchrun needs, and the modules a fork-server child imports before running the script
-#: (multiprocessing's preparation imports the agent's ``__main__`` module as ``__mp_main__``).
-BASE_PRELOAD = ("torch", "torch.distributed", "slurm_spot.jobs.warm_worker",
-                "slurm_spot.jobs.torchrun_agent")
+#: torchrun needs, and the worker's entrypoint module.
+BASE_PRELOAD = ("torch", "torch.distributed", "slurm_spot.jobs.warm_worker")
 
 #: Environment variable through which the agent tells :mod:`slurm_spot.jobs.warm_preload` what
 #: to import (comma-separated module names); the fork server removes it once read.
@@ -79,9 +77,10 @@ def exit_with_parent(parent: int) -> None:
 
 def script_imports(script: str | Path) -> list[str]:
     """The absolute modules ``script`` imports at module level, in order, without duplicates:
-    ``import a.b`` -> ``a.b``, ``from a.b import c`` -> ``a.b`` (``c`` may be a name, not a
-    module). Statements inside functions, classes, ``if``/``try`` blocks are not looked at
-    (they may be conditional: ``if TYPE_CHECKING:``, an optional dependency); relative imports
+    ``import a.b`` -> ``a.b``, ``from a.b import c`` -> ``a.b`` and ``a.b.c`` (``c`` may be
+    a submodule, or a name: :func:`preload` skips a module that does not exist). Statements
+    inside functions, classes, ``if``/``try`` blocks are not looked at (they may be
+    conditional: ``if TYPE_CHECKING:``, an optional dependency); relative imports
     (``from . import x``) and modules that live next to the script (``<dir>/<name>.py`` or a
     package ``<dir>/<name>/``, which the worker finds through ``sys.path[0]`` only) are left
     out, as is ``__future__``.
@@ -100,6 +99,7 @@ def script_imports(script: str | Path) -> list[str]:
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*"]
     folder = path.absolute().parent
     found: list[str] = []
     for name in names:
@@ -112,23 +112,36 @@ def script_imports(script: str | Path) -> list[str]:
 
 
 def preload_modules(script: str | Path) -> list[str]:
-    """What the fork server imports for ``script``: :data:`BASE_PRELOAD`, then
-    :func:`script_imports`, without duplicates."""
+    """What the fork server imports for ``script``: :data:`BASE_PRELOAD`, the imports of this
+    process's ``__main__`` module (the agent's: a fork-server child runs it again as
+    ``__mp_main__`` before the script, multiprocessing/spawn.py ``prepare``; preloading the
+    module itself would make ``runpy`` warn in every worker), then :func:`script_imports`,
+    without duplicates."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     modules = list(BASE_PRELOAD)
-    return modules + [m for m in script_imports(script) if m not in modules]
+    for name in [*(script_imports(main_file) if main_file else []), *script_imports(script)]:
+        if name not in modules:
+            modules.append(name)
+    return modules
 
 
 def preload(modules: list[str]) -> list[str]:
     """Import ``modules`` in this process (the fork server); a module whose import fails is
     skipped with a line on stderr (the worker imports it itself and fails as it would have),
     whatever the exception: Python's fork server skips only ``ImportError`` and dies of any
-    other. Returns the modules that failed."""
+    other. A module that does not exist (``from a import name`` gives ``a.name``) is skipped
+    silently. Returns the modules that failed, the missing ones too."""
     import importlib
 
     failed = []
     for name in modules:
         try:
             importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            failed.append(name)
+            if exc.name != name:
+                print(f"slurm-spot: preloading {name} failed ({type(exc).__name__}: {exc}); the "
+                      "workers import it themselves", file=sys.stderr, flush=True)
         except BaseException as exc:  # a module may raise anything, even SystemExit
             failed.append(name)
             print(f"slurm-spot: preloading {name} failed ({type(exc).__name__}: {exc}); the "
