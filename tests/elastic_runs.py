@@ -63,3 +63,21 @@ def check_sample_log(samples: Path, steps: int) -> dict[int, list[int]]:
     assert all(len(w) == 1 for w in steps_seen.values())  # no step run twice
     assert sorted(steps_seen) == list(range(1, steps + 1))
     return per_epoch
+
+
+def job_processes(job: int) -> list[int]:
+    """Process ids on this machine (where the local cluster's nodes run) whose environment says
+    they belong to Slurm job ``job`` (``SLURM_JOB_ID``): agents, fork servers, workers."""
+    mark = f"SLURM_JOB_ID={job}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if mark in environ.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found

@@ -182,6 +182,30 @@ def test_elastic_dry_run_one_step_per_node_no_kill(tmp_path: Path) -> None:
     assert '--nodelist="${node}"' in script and " &\n" in script
     assert "--elastic=2:3 --rendezvous=10.1.2.3:29390" in script
     assert "--join-timeout=20" in script and f"{train} --lr 1" in script
+    assert "--no-preload" not in script  # workers start warm by default
+    check = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True,
+                           timeout=30)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["controller", "coordinator"])
+def test_no_preload_reaches_every_agent_and_replacement(tmp_path: Path, hybrid: bool) -> None:
+    """``--no-preload`` goes into the agents' command (which the replacement companions copy),
+    in the plain elastic and the hetjob batch script."""
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    where = (["--coordinator-partition", "ondemand"] if hybrid
+             else ["--rendezvous", "10.1.2.3:29390"])
+    config = _config(tmp_path)
+    no_slurm = tmp_path / "no-slurm"  # no scontrol: the partition is not looked up
+    no_slurm.mkdir()
+    config.write_text(config.read_text() + f"slurm_bin_dir: {no_slurm}\n")
+    result = CliRunner().invoke(cli, [
+        "--config", str(config), "sbatch", "--torchrun", "--elastic", "2:3",
+        *where, "--no-preload", "--dry-run", "--json", "-p", "spot", str(train)])
+    assert result.exit_code == 0, result.output
+    script = json.loads(result.output)["script"]
+    assert "--join-timeout=60 --no-preload -- \\\n" in script, script
     check = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True,
                            timeout=30)
     assert check.returncode == 0, check.stderr
@@ -191,6 +215,7 @@ def test_elastic_dry_run_one_step_per_node_no_kill(tmp_path: Path) -> None:
     (["--elastic", "2:3"], "--elastic needs --torchrun"),
     (["--torchrun", "--elastic", "3:2"], "MIN <= MAX"),
     (["--torchrun", "--rendezvous", "h:1"], "--rendezvous is for elastic jobs"),
+    (["--torchrun", "--no-preload"], "--no-preload is for elastic jobs"),
     (["--torchrun", "--elastic", "2:3", "--rendezvous", "h:0"], "1..65535"),
     (["--torchrun", "--elastic", "2:3", "--join-timeout", "0"], "--join-timeout"),
     (["--torchrun", "--elastic", "2:3", "--rendezvous", "h;touch${IFS}/tmp/x:5"],

@@ -16,6 +16,7 @@ from tests.cluster import Cluster, base_config, wait_for
 from tests.elastic_runs import (
     EXAMPLE,
     check_sample_log,
+    job_processes,
     last_step,
     rendezvous_service,
     training_events,
@@ -95,6 +96,10 @@ def test_survivors_continue_when_a_node_is_reclaimed_with_notice(
     # Every epoch: each sample at most once, across both world sizes; whole epochs complete.
     per_epoch = check_sample_log(samples, 120)
     assert len(per_epoch[0]) == 18 * 96  # 1797 samples // 96 global batch = 18 steps
+    # Workers were forked warm, and nothing of the job (agent, fork server, worker) outlives
+    # it on any node.
+    assert "warm worker start: fork server" in log.read_text()
+    wait_for(lambda: not job_processes(job), 60, what=f"job {job}'s processes to end")
 
 
 def test_a_node_lost_without_notice_is_detected_without_the_collective_timeout(

@@ -231,7 +231,8 @@ def test_an_abbreviation_sbatch_resolves_keeps_requeue_and_signal(tmp_path: Path
     (["-P", "spot"], "-P (in '-P'): not an option of sbatch"),
     (["--parsable=yes"], "--parsable takes no value"),
     (["--nproc-per-node", "0"], "--nproc-per-node=0: expected a positive integer"),
-    (["--no-"], "--no- is ambiguous: it abbreviates --no-kill, --no-replacements, --no-requeue"),
+    (["--no-"], "--no- is ambiguous: it abbreviates --no-kill, --no-preload, "
+                "--no-replacements, --no-requeue"),
     (["--no-re"], "--no-re is ambiguous: it abbreviates --no-replacements, --no-requeue"),
     (["--no-req"], "--no-requeue (or SBATCH_NO_REQUEUE): jobs on spot nodes must be"),
 ])

@@ -32,36 +32,52 @@ def test_leave_runs_atexit_flushes_and_keeps_the_exit_code(code: int) -> None:
 
 
 WORKER = """
-import signal, sys, time
+import os, signal, sys, time
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-print("worker ready", flush=True)
+print("worker ready", os.getpid(), flush=True)
 if sys.argv[1] == "requeue":  # saved its checkpoint: leaves with the requeue code
     time.sleep(0.5)
     sys.exit(85)
 if sys.argv[1] in ("rejoin", "crash"):  # stops for a new rendezvous round / crashes
     time.sleep(0.5)
     sys.exit(86 if sys.argv[1] == "rejoin" else 3)
+if sys.argv[1] == "os_exit_85":  # as examples/train_elastic.py leaves: no teardown
+    print("left without teardown", end="")
+    os._exit(85)
+if sys.argv[1] == "os_exit_0":
+    os._exit(0)
+if sys.argv[1] == "sys_exit":  # sys.exit() without a code: success
+    sys.exit()
+if sys.argv[1] == "raise":
+    raise RuntimeError("the worker's own error")
 deadline = time.time() + 120
 while not stop and time.time() < deadline:
     time.sleep(0.05)
 """
 
+#: ``warm``: the elastic agent's warm start (slurm_spot.jobs.warm_worker), ignoring in the fork
+#: server the signals the agent's main() gives it (SIGHUP, SIGUSR2, SIGTERM).
 AGENT = """
-import sys
-from slurm_spot.jobs.torchrun_agent import leave, run_torchrun
-leave(run_torchrun(["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
+import signal, sys
+from slurm_spot.jobs.torchrun_agent import _leave_on_signal, leave, run_torchrun
+if sys.argv[3] == "elastic":  # as main() does in elastic mode: the signal means "leave"
+    signal.signal(signal.SIGUSR2, _leave_on_signal)
+warm = [1, int(signal.SIGUSR2), 15] if sys.argv[4] == "warm" else None
+leave(run_torchrun(["--nnodes=1", "--nproc-per-node=" + sys.argv[5], "--rdzv-backend=c10d",
                     "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", sys.argv[1],
-                    sys.argv[2]], 85, elastic=sys.argv[3] == "elastic"))
+                    sys.argv[2]], 85, elastic=sys.argv[3] == "elastic", warm_signals=warm))
 """
 
 
-def _agent(tmp_path: Path, mode: str, elastic: bool = False) -> subprocess.Popen[str]:
+def _agent(tmp_path: Path, mode: str, elastic: bool = False, warm: bool = False,
+           nproc: int = 1) -> subprocess.Popen[str]:
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
     return subprocess.Popen([sys.executable, "-c", AGENT, str(worker), mode,
-                             "elastic" if elastic else "plain"], env=env,
+                             "elastic" if elastic else "plain", "warm" if warm else "cold",
+                             str(nproc)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -75,16 +91,19 @@ def _wait_ready(agent: subprocess.Popen[str]) -> list[str]:
     raise AssertionError("".join(lines))
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["subprocess", "warm"])
 @pytest.mark.parametrize(("mode", "code", "said"), [
     ("requeue", 85, "workers stopped for a requeue (exit 85)"),
     ("term", 143, "torchrun agent stopped by SIGTERM"),
 ])
-def test_agent_exit_status(tmp_path: Path, mode: str, code: int, said: str) -> None:
+def test_agent_exit_status(tmp_path: Path, mode: str, code: int, said: str,
+                           warm: bool) -> None:
     """A worker that leaves with the requeue code: the agent passes the code on (for the
     batch script and RequeueExit). SIGTERM to the agent (what Slurm sends when the job
     requeued itself or is cancelled): torchrun stops the worker and the agent reports the
-    signal (128 + 15). Neither prints a traceback."""
-    agent = _agent(tmp_path, mode)
+    signal (128 + 15). Neither prints a traceback. The same with the elastic agent's warm
+    worker start."""
+    agent = _agent(tmp_path, mode, elastic=warm, warm=warm)
     try:
         lines = _wait_ready(agent)
         if mode == "term":
@@ -97,18 +116,114 @@ def test_agent_exit_status(tmp_path: Path, mode: str, code: int, said: str) -> N
     assert said in output and "Traceback" not in output, output
 
 
-@pytest.mark.parametrize(("mode", "elastic", "code"), [
-    ("rejoin", True, 85), ("crash", True, 1), ("rejoin", False, 1)])
+@pytest.mark.parametrize(("mode", "elastic", "code", "warm"), [
+    ("rejoin", True, 85, False), ("crash", True, 1, False), ("rejoin", False, 1, False),
+    ("rejoin", True, 85, True), ("crash", True, 1, True)])
 def test_elastic_agent_with_its_restart_budget_spent(tmp_path: Path, mode: str, elastic: bool,
-                                                     code: int) -> None:
+                                                     code: int, warm: bool) -> None:
     """An elastic agent whose workers last stopped for a new rendezvous round (exit 86) when
     torchrun's --max-restarts were spent (0 here) falls back to requeue (85): interruptions
     never end an elastic job FAILED. A crash stays a failure (1), and outside elastic mode
-    86 means nothing to the agent."""
-    agent = _agent(tmp_path, mode, elastic)
+    86 means nothing to the agent. The same with the warm worker start."""
+    agent = _agent(tmp_path, mode, elastic, warm)
     try:
         rest, _ = agent.communicate(timeout=120)
     finally:
         agent.kill()
     assert agent.returncode == code, rest
     assert ("restart budget (--max-restarts) is spent on interruptions" in rest) == (code == 85)
+
+
+@pytest.mark.parametrize(("mode", "code", "said"), [
+    ("os_exit_85", 85, "left without teardown"),  # examples/train_elastic.py's way out
+    ("os_exit_0", 0, ""),  # no return value reaches the agent: still a success, no hang
+    ("sys_exit", 0, ""),  # sys.exit(): SystemExit(None) is success, as for python SCRIPT
+    ("raise", 1, "RuntimeError: the worker's own error"),  # and its traceback is shown
+])
+def test_warm_workers_exit_codes_are_a_new_interpreters(tmp_path: Path, mode: str, code: int,
+                                                        said: str) -> None:
+    """Warm workers (forks of the fork server) end as ``python -u SCRIPT`` would: the exit
+    code of os._exit or sys.exit reaches the agent, text written before os._exit is not lost,
+    an exception's traceback is printed. Two workers per node."""
+    agent = _agent(tmp_path, mode, elastic=True, warm=True, nproc=2)
+    try:
+        out, _ = agent.communicate(timeout=180)
+    finally:
+        agent.kill()
+    assert agent.returncode == code, out
+    assert out.count("worker ready") == 2 and "warm worker start: fork server" in out, out
+    assert said in out
+    assert ("Traceback" in out) == (mode == "raise"), out
+
+
+def _descendants(pid: int) -> set[int]:
+    """Process ids of every descendant of ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (not a zombie waiting for its parent)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _all_ended(pids: set[int], within_s: float) -> set[int]:
+    """The ``pids`` still running after ``within_s`` seconds."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return {p for p in pids if _alive(p)}
+
+
+@pytest.mark.parametrize("how", ["step-signal", "agent-killed"])
+def test_no_warm_worker_or_fork_server_outlives_the_agent(tmp_path: Path, how: str) -> None:
+    """``step-signal``: the preemption signal (SIGUSR2) to every process of the agent's tree,
+    as ``scancel -s`` a job step sends it (slurm_spot.slurm.actions.signal_step): the fork
+    server ignores it and outlives its workers; the agent stops them and exits 128 + 12, and
+    then nothing it started runs. ``agent-killed`` (SIGKILL, where Slurm's KillWait ends):
+    the fork server sees the agent gone and exits, its workers get SIGINT (their parent-death
+    signal) and end too."""
+    agent = _agent(tmp_path, "wait", elastic=True, warm=True, nproc=2)
+    try:
+        assert agent.stdout is not None
+        ready = 0
+        lines = []
+        for line in agent.stdout:
+            lines.append(line)
+            ready += "worker ready" in line
+            if ready == 2:
+                break
+        tree = _descendants(agent.pid)
+        workers = {int(line.split()[2]) for line in lines if line.startswith("worker ready")}
+        assert workers < tree and len(tree) >= 3, (tree, workers)  # + server (+ tracker)
+        if how == "step-signal":
+            for pid in {agent.pid, *tree}:
+                os.kill(pid, signal.SIGUSR2)
+            rest, _ = agent.communicate(timeout=120)
+            assert agent.returncode == 128 + signal.SIGUSR2, "".join(lines) + rest
+        else:
+            agent.kill()
+            agent.wait(timeout=30)
+        assert _all_ended(tree, 30) == set(), "".join(lines)
+    finally:
+        agent.kill()

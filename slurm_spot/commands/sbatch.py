@@ -41,14 +41,17 @@ def _torchrun_fields(config: SpotConfig, script: str, args: list[str], nproc_per
 
 def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
                    python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
-                   endpoint: str, join_timeout_s: int, replacements: bool = True) -> str:
+                   endpoint: str, join_timeout_s: int, replacements: bool = True,
+                   preload: bool = True) -> str:
     """The batch script of an elastic torchrun job: one job step (one agent) per node,
     ``--no-kill``, ``--nodes=MIN-MAX`` (pure). An agent told to leave exits 128 + the
     preemption signal (``preemption.signal``, slurm_spot.jobs.torchrun_agent); when every
     agent did, the script exits with the requeue code, as below MIN nodes. With
     ``replacements``, lost nodes are replaced by one-node companion jobs that join the
     rendezvous (slurm_spot.jobs.elastic_replacement; their ``--signal`` is
-    ``preemption.signal@preemption.lead_s``, as the job's).
+    ``preemption.signal@preemption.lead_s``, as the job's). ``preload`` False: the agents
+    get ``--no-preload`` (workers start as ``python -u SCRIPT``, not warm:
+    :mod:`slurm_spot.jobs.warm_worker`).
 
     Raises:
         BadInputError: ``endpoint`` or ``python`` is not one line.
@@ -64,13 +67,15 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
         join_timeout_s=join_timeout_s, signal_name=preempt.name,
         signalled_exit_code=128 + preempt.number, replacements=replacements,
         companion_signal=shlex.quote(f"{preempt.name}@{config.preemption.lead_s}"),
+        preload=preload,
     )
 
 
 def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
                   python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
                   coordinator_partition: str, partition: str | None, worker_nodes: str | None,
-                  join_timeout_s: int, worker_options: Sequence[str] = ()) -> str:
+                  join_timeout_s: int, worker_options: Sequence[str] = (),
+                  preload: bool = True) -> str:
     """The batch script of an elastic torchrun job with an on-demand coordinator (pure): a
     heterogeneous job (sbatch(1), ``#SBATCH hetjob``; Slurm 17.11+) whose component 0 is one
     node of ``coordinator_partition``, which runs the script and hosts the rendezvous store
@@ -79,8 +84,8 @@ def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_no
     component 1 is the workers on ``partition`` (None: the default partition),
     ``worker_nodes`` of them (None: ``MIN-MAX``), ``--no-kill``, one job step (one agent)
     per node (``srun --het-group=1 --nodelist=<node>``), each with ``worker_options`` (sbatch
-    options, shell-quoted: what a worker node needs). The agents' wait loop and exit codes
-    are :func:`elastic_script`'s.
+    options, shell-quoted: what a worker node needs). The agents' wait loop, exit codes and
+    ``preload`` are :func:`elastic_script`'s.
 
     Raises:
         BadInputError: a partition or ``python`` is not one line.
@@ -98,7 +103,7 @@ def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_no
         signal_name=preempt.name, signalled_exit_code=128 + preempt.number,
         coordinator_partition=coordinator_partition, partition=partition,
         worker_nodes=worker_nodes or f"{nodes[0]}-{nodes[1]}", port_base=HETJOB_PORT_BASE,
-        worker_options=list(worker_options),
+        worker_options=list(worker_options), preload=preload,
     )
 
 
@@ -245,7 +250,8 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             raise BadInputError("--elastic needs --torchrun (it starts elastic torchrun agents)")
         elastic = parse_nnodes(str(ours["elastic"]))
         _check_nodes_within(line.options, elastic)
-    for name in ("rendezvous", "join-timeout", "coordinator-partition", "no-replacements"):
+    for name in ("rendezvous", "join-timeout", "coordinator-partition", "no-replacements",
+                 "no-preload"):
         if name in ours and elastic is None:
             raise BadInputError(f"--{name} is for elastic jobs: add --torchrun --elastic MIN:MAX")
     if "rendezvous" in ours and "coordinator-partition" in ours:
@@ -266,7 +272,8 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             "python": python, "job_env": job_env,
             "elastic": elastic, "rendezvous": rendezvous, "join_timeout": int(join),
             "coordinator": ours.get("coordinator-partition"),
-            "replacements": not ours.get("no-replacements")}
+            "replacements": not ours.get("no-replacements"),
+            "preload": not ours.get("no-preload")}
 
 
 class _WordsAsTyped(click.Command):
@@ -312,6 +319,11 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --no-replacements    with --elastic: do not replace lost nodes (by default one-node
                          companion jobs, <name>+replacement, join until the job is back
                          at the node count it started with, at most MAX).
+    --no-preload         with --elastic: start each worker as a new 'python -u SCRIPT'
+                         (slow: torch and the script's imports every restart) instead of
+                         forking it from a server that imported them before the worker's
+                         environment (RANK, CUDA_VISIBLE_DEVICES) was set; for scripts
+                         whose imports read that environment.
     --dry-run            print the final batch script and sbatch command line only.
     --json               print the job id (or, with --dry-run, script and argv) as JSON.
     --checkpoint-root s3://BUCKET/PREFIX   this job's checkpoints in S3 (not the config's root).
@@ -346,7 +358,7 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
             text = elastic_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
                                   str(ours["python"]), env, ours["elastic"],  # type: ignore[arg-type]
                                   endpoint, int(ours["join_timeout"]),  # type: ignore[call-overload]
-                                  bool(ours["replacements"]))
+                                  bool(ours["replacements"]), bool(ours["preload"]))
         else:
             text = torchrun_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
                                    str(ours["python"]), env)
@@ -438,7 +450,7 @@ def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_arg
                          str(ours["python"]), env, ours["elastic"], coordinator,  # type: ignore[arg-type]
                          partition, nodes[-1] if nodes else None,
                          int(ours["join_timeout"]),  # type: ignore[call-overload]
-                         worker_options)
+                         worker_options, bool(ours["preload"]))
     return text, options
 
 

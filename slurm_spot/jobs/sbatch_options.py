@@ -64,7 +64,8 @@ SBATCH_LONG = REQUIRED_VALUE | OPTIONAL_VALUE | NO_VALUE
 OURS = {"torchrun": False, "dry-run": False, "json": False, "nproc-per-node": True,
         "python": True, "checkpoint-root": True, "s3-endpoint-url": True,
         "s3-addressing-style": True, "elastic": True, "rendezvous": True,
-        "join-timeout": True, "coordinator-partition": True, "no-replacements": False}
+        "join-timeout": True, "coordinator-partition": True, "no-replacements": False,
+        "no-preload": False}
 
 
 def resolve_long(name: str, ours: bool = True) -> str:

@@ -38,6 +38,13 @@ Elastic mode (``--elastic MIN:MAX --rendezvous HOST:PORT``, as ``slurm-spot sbat
   rendezvous until the running agents see a node waiting, restart their workers (SIGTERM:
   they save at the step boundary) and form the next round with it (torch/distributed/elastic/
   agent/server/api.py, ``_invoke_run``: ``num_nodes_waiting() > 0``);
+- workers start warm (:func:`launch_warm`, :mod:`slurm_spot.jobs.warm_worker`): forks of a
+  fork server that imported torch and the script's top-level imports while the first
+  rendezvous formed, so a restart after a re-rendezvous starts no interpreter and imports
+  nothing; ``--no-preload`` keeps torchrun's ``python -u SCRIPT`` per worker (slower restarts,
+  for scripts whose imports must see the worker's environment: RANK, CUDA_VISIBLE_DEVICES).
+  The fork server ignores the preemption signal, SIGTERM and SIGHUP (Slurm signals every
+  process of the step, and it must outlive its workers); it is killed with the agent;
 - exit code: 0 when training finished; the requeue code when the rendezvous could not be
   formed again (fewer than MIN nodes within ``join_timeout``, or the store is gone): the
   batch script then requeues the job (checkpoint-and-requeue fallback); 128 + the signal when
@@ -176,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-dir", default=None,
                         help="the workers' SLURM_SPOT_CHECKPOINT_DIR (a replacement's workers "
                              "use the elastic job's checkpoints, not their own job's)")
+    parser.add_argument("--no-preload", action="store_true",
+                        help="with --elastic: start each worker as a new 'python -u SCRIPT' "
+                             "(torchrun's own way) instead of as a fork of a server that "
+                             "preloaded torch and the script's imports (see the module "
+                             "docstring)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -201,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
         os.environ.update(ELASTIC_ENV)
         signal.signal(spec.number, _leave_on_signal)
+        warm = None if args.no_preload else sorted(
+            {spec.number, int(signal.SIGTERM), int(signal.SIGHUP)})
         return run_torchrun(targs, jobenv.requeue_exit_code(env), elastic=True,
-                            joining=args.rdzv_run_id is not None)
+                            joining=args.rdzv_run_id is not None, warm_signals=warm)
     signal.signal(spec.number, signal.SIG_IGN)
     port = args.port or rendezvous_port(env)
     targs = torchrun_args(env, node_addr(client, head), node_addr(client, me),
@@ -262,7 +276,7 @@ def _leave_rendezvous() -> None:
 
 
 def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
-                 joining: bool = False) -> int:
+                 joining: bool = False, warm_signals: list[int] | None = None) -> int:
     """Run torchrun (``torch.distributed.run``) with ``targs`` in this process; returns the
     agent's exit status: 0, ``requeue_code`` when a worker exited with it (or, ``elastic``,
     when the rendezvous could not be formed again), 128 + the signal when a death signal
@@ -270,7 +284,12 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
     :data:`~slurm_spot.jobs.jobenv.REJOIN_EXIT_CODE` (the world changed) when torchrun's
     ``--max-restarts`` were spent also give the requeue code. ``joining`` (a replacement's agent): a
     rendezvous already closed means the run is over, exit 0 (nothing to requeue: the
-    replacement's job is not the elastic job)."""
+    replacement's job is not the elastic job).
+
+    ``warm_signals`` (not None): start the workers warm (:func:`launch_warm`, forks of a fork
+    server that preloaded torch and the script's imports) instead of as ``python -u SCRIPT``;
+    the listed signals (signal numbers) are ignored in the fork server. Exit codes are the
+    same either way."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
@@ -279,7 +298,10 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
     if elastic:
         _capture_rendezvous_handler()
     try:
-        torchrun_main(targs)
+        if warm_signals is not None:
+            launch_warm(targs, warm_signals)
+        else:
+            torchrun_main(targs)
     except RendezvousError as exc:
         if joining and isinstance(exc, RendezvousClosedError):
             print("slurm-spot: the run's rendezvous is closed (training is over); leaving",
@@ -317,6 +339,85 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
             return requeue_code
         return 1
     return 0
+
+
+def launch_warm(targs: list[str], ignore_signals: list[int]) -> None:
+    """torchrun with ``targs`` (the same arguments, parsed by ``torch.distributed.run``'s own
+    ``parse_args``/``config_from_args``), but its workers started warm
+    (:mod:`slurm_spot.jobs.warm_worker`): the fork server is started now, preloading torch
+    and the training script's top-level imports while the agent joins the first rendezvous,
+    and each worker, in that round and every later one, is a fork of it that runs the script
+    with :func:`~slurm_spot.jobs.warm_worker.run_script` (start method ``forkserver``,
+    torch's ``MultiprocessContext``). ``ignore_signals`` (signal numbers): ignored in the
+    fork server, which Slurm signals with the rest of the step; the workers get their
+    default action back.
+
+    Raises what ``torch.distributed.run.main`` raises (``ChildFailedError``,
+    ``SignalException``, ``RendezvousError``).
+    """
+    import torch.distributed.run as torchrun
+    from torch.distributed.launcher.api import elastic_launch
+
+    from slurm_spot.jobs import warm_worker
+
+    args = torchrun.parse_args(targs)
+    if args.master_port is None:
+        args.master_port = 29500  # as torch.distributed.run.run (unused by c10d)
+    config, _, _ = torchrun.config_from_args(args)
+    config.start_method = "forkserver"
+    _use_warm_context()
+    script = args.training_script
+    modules = warm_worker.preload_modules(script)
+    pid = warm_worker.start_fork_server(modules, ignore_signals)
+    print(f"slurm-spot: warm worker start: fork server {pid} preloads {','.join(modules)}",
+          file=sys.stderr, flush=True)
+    elastic_launch(config, warm_worker.run_script)(
+        ",".join(str(n) for n in ignore_signals), script, *args.training_script_args)
+
+
+def _use_warm_context() -> None:
+    """Make torch's launcher start function entrypoints in :class:`_WarmContext` (torch/
+    distributed/elastic/multiprocessing/__init__.py ``start_processes`` looks the class up in
+    its module), and log a worker's failure without a traceback of torch's own, as for a
+    subprocess worker. Uses torch's module layout; if it differs, workers still start warm,
+    only a worker that ends with ``os._exit(0)`` is then not seen to have finished."""
+    import logging
+
+    import torch.distributed.elastic.multiprocessing as tmp
+    import torch.distributed.elastic.multiprocessing.api as tmp_api
+
+    base = getattr(tmp, "MultiprocessContext", None)
+    if base is None or getattr(base, "_slurm_spot_warm", False):
+        return
+
+    class _WarmContext(base):  # type: ignore[valid-type,misc]
+        """``MultiprocessContext`` that also takes a worker that exited 0 without returning
+        (``os._exit(0)``: no return value reaches the agent) as finished; torch's own waits
+        for a return value from every worker and would poll forever."""
+
+        _slurm_spot_warm = True
+
+        def _poll(self):  # type: ignore[no-untyped-def]
+            result = super()._poll()
+            if result is None and self._pc is not None:
+                exited = [rank for rank, proc in enumerate(self._pc.processes)
+                          if rank not in self._return_values and proc.exitcode == 0]
+                if exited:
+                    for rank in exited:
+                        self._return_values[rank] = None
+                    result = super()._poll()
+            return result
+
+    class _NoTraceback(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if str(record.msg).startswith("failed (exitcode"):
+                record.exc_info, record.exc_text = None, None
+            return True
+
+    tmp.MultiprocessContext = _WarmContext  # type: ignore[misc]
+    logger = getattr(tmp_api, "logger", None)
+    if isinstance(logger, logging.Logger):
+        logger.addFilter(_NoTraceback())
 
 
 def leave(code: int) -> NoReturn:

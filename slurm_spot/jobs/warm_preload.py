@@ -1,0 +1,21 @@
+"""Imported by the fork server of an elastic torchrun agent, and only there
+(:func:`slurm_spot.jobs.warm_worker.start_fork_server` makes it the server's preload):
+
+- ties the server's life to the agent's: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (prctl(2),
+  Linux), so that an agent killed outright (SIGKILL, the OOM killer) takes the server with it,
+  and the workers, whose parent-death signal is SIGINT (torch/multiprocessing/spawn.py
+  ``_wrap``), with the server; otherwise workers hold the server's "alive" pipe open and both
+  would run on. If the agent (``$SLURM_SPOT_WARM_AGENT``) is already gone, the server exits;
+- imports the modules named in ``$SLURM_SPOT_WARM_PRELOAD`` (comma-separated), skipping any that
+  fails whatever it raises (:func:`~slurm_spot.jobs.warm_worker.preload`);
+- removes both variables, so that the workers forked from the server do not see them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from slurm_spot.jobs.warm_worker import AGENT_ENV, PRELOAD_ENV, exit_with_parent, preload
+
+exit_with_parent(int(os.environ.pop(AGENT_ENV, "0") or 0))
+preload([m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m])
