@@ -90,8 +90,8 @@ def test_interruptions_match_the_next_shrink_after_each_reclaim() -> None:
 
 def test_joins_carry_the_replacement_that_started_before_them() -> None:
     """The job output as it comes: a companion's first line before the round it joined; the
-    first companion joined in the round after the notice (world 3 -> 3), the second grew
-    the world 2 -> 3."""
+    first companion joined in the round after the notice (world 3 -> 3); the second started
+    before the survivors' round after a loss (3 -> 2) and grew the world 2 -> 3 after it."""
     text = "\n".join([
         json.dumps(step(1, 3, 1.0)), json.dumps(step(2, 3, 2.0)),
         "slurm-spot: replacement job 7 requested (2 agents running, ...)",
@@ -99,9 +99,9 @@ def test_joins_carry_the_replacement_that_started_before_them() -> None:
         json.dumps({"event": "leave", "step": 2, "leaving_ranks": [1], "time": 2.5}),
         json.dumps({"event": "resume", "step": 2, "world_size": 3, "time": 20.0}),
         json.dumps(step(3, 3, 21.0)),
+        "slurm-spot: replacement 9 on spot-5 joins job 3",
         json.dumps({"event": "resume", "step": 2, "world_size": 2, "time": 30.0}),
-        json.dumps(step(3, 2, 31.0)),
-        "W1201 22:15:53 torch noise", "slurm-spot: replacement 9 on spot-5 joins job 3",
+        json.dumps(step(3, 2, 31.0)), "W1201 22:15:53 torch noise",
         json.dumps({"event": "regroup", "step": 3, "world_size": 2, "time": 40.0}),
         json.dumps({"event": "resume", "step": 3, "world_size": 3, "time": 45.0}),
         json.dumps(step(4, 3, 46.0)), "{not json"])

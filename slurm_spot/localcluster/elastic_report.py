@@ -52,8 +52,8 @@ class Round:
     resume_time: float
     first_step_time: float | None
     saved_on_leave: bool = False
-    #: the companion job that started since the previous round (``{"job_id", "node"}``,
-    #: from :func:`output_events`), None if none did
+    #: the companion job that started before this round and after the previous one that did
+    #: not shrink (``{"job_id", "node"}``, from :func:`output_events`), None if none did
     replacement: dict | None = None
 
     @property
@@ -119,14 +119,18 @@ def rounds(events: Sequence[dict]) -> list[Round]:
         elif kind == "replacement":
             replacement = {"job_id": event.get("job_id"), "node": event.get("node")}
         elif kind == "resume" and last_step is not None:
+            # A replacement that started belongs to the next round that did not shrink (the
+            # survivors' round after a loss can come after the companion's first line).
+            grows = int(event["world_size"]) >= int(last_step["world_size"])
+            joined, replacement = (replacement, None) if grows else (None, replacement)
             first = next((e for e in events[i + 1:] if e.get("event") == "step"), None)
             found.append(Round(
                 world_before=int(last_step["world_size"]), world_after=int(event["world_size"]),
                 last_step=int(last_step["step"]), last_step_time=float(last_step["time"]),
                 resumed_from=int(event["step"]), resume_time=float(event["time"]),
                 first_step_time=None if first is None else float(first["time"]),
-                saved_on_leave=saved, replacement=replacement))
-            saved, replacement = False, None
+                saved_on_leave=saved, replacement=joined))
+            saved = False
     return found
 
 
