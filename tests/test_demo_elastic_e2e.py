@@ -30,7 +30,6 @@ def effective_rows(lines: list[str]) -> dict[int, list[dict]]:
     return kept
 
 
-@pytest.mark.timeout(900)
 def test_elastic_demo_goes_on_through_two_reclaims_without_a_requeue(tmp_path: Path) -> None:
     """1 on-demand coordinator + 3 spot workers: a worker reclaimed with notice, another
     without; the survivors go on, replacements join, the job completes without a requeue,
@@ -75,5 +74,4 @@ def test_elastic_demo_goes_on_through_two_reclaims_without_a_requeue(tmp_path: P
     last = max(per_epoch)
     assert all(len(per_epoch[e]) == 18 * 96 for e in per_epoch if e != last)
     assert result["samples"]["ok"] is True
-    print(json.dumps({k: result[k] for k in ("wall_s", "world_sizes", "interruptions",
-                                              "joins", "final_loss", "reference_loss")}))
+    print(json.dumps(result))

@@ -223,8 +223,18 @@ class ElasticDemo(Demo):
 
     def _wait_listening(self, coordinator: dict[str, object], log: TrainingLog) -> None:
         path = Path(str(coordinator["log"]))
-        self.wait("the rendezvous store to listen on the on-demand node",
-                  lambda: path.exists() and "listening" in path.read_text(), log)
+
+        def listening() -> bool:
+            if path.exists() and "listening" in path.read_text():
+                return True
+            state = self.job_fields(int(str(coordinator["job_id"]))).get("JobState", "")
+            if state not in ("", "PENDING", "CONFIGURING", "RUNNING"):
+                text = path.read_text()[-500:] if path.exists() else ""
+                raise SlurmSpotError(f"the rendezvous job {coordinator['job_id']} ended "
+                                     f"({state}) before it listened: {text.strip()}")
+            return False
+
+        self.wait("the rendezvous store to listen on the on-demand node", listening, log)
         self.say(f"rendezvous store listening on {coordinator['rendezvous']} "
                  f"({coordinator['node']}, on-demand)")
 
