@@ -156,7 +156,7 @@ def result(**overrides: object) -> dict:
         "loss_within_tolerance": True,
         "samples": {"steps": 10, "epochs": 1, "whole_epochs": 0, "rerun_steps": 2, "ok": True,
                     "problems": []},
-        "coordinator": {"node": "ondemand-1", "job_id": 1, "rendezvous": "127.0.0.1:4000"},
+        "coordinator": {"node": "coord-1", "job_id": 1, "rendezvous": "127.0.0.1:4000"},
     }
     base.update(overrides)
     return base
@@ -166,7 +166,7 @@ def test_summary_lines_say_what_happened() -> None:
     lines = summary_lines(result())
     assert lines[0] == ("job 3: COMPLETED after 200.0 s, 10 steps, 0 restart(s) (never "
                         "requeued: yes)")
-    assert "ondemand-1 (on-demand, job 1) hosts the rendezvous at 127.0.0.1:4000" in lines[1]
+    assert "coord-1 (on-demand, job 1) hosts the rendezvous at 127.0.0.1:4000" in lines[1]
     assert lines[2] == "  world sizes: 3 -> 2 -> 3 -> 2 -> 3"
     assert lines[3].startswith("  notice    spot-3: world 3 -> 2 at step 4, resumed from step 4 "
                                "(0 recomputed), training paused 4.5 s")
@@ -191,10 +191,11 @@ def test_verdict_fails_a_requeue_an_unfinished_job_and_a_loss_off_the_reference(
     (["--checkpoint-root", "s3://bucket/p"], "--checkpoint-root"),
     (["--s3-endpoint-url", "http://localhost:9000"], "--s3-endpoint-url"),
     (["--s3-addressing-style", "path"], "--s3-addressing-style"),
-    (["--steps", "200"], "--steps 200"),
+    (["--steps", "300"], "--steps 300"),
+    (["--workdir", "/tmp/" + "w" * 80], "--workdir /tmp/www"),
 ])
 def test_elastic_refuses_options_that_do_not_go_with_it(args: list[str], named: str) -> None:
     """Exit 2 naming the option, before any cluster is started."""
-    out = CliRunner().invoke(cli, ["demo", "--elastic", *args, "--workdir", "/nonexistent/x"])
+    out = CliRunner().invoke(cli, ["demo", "--elastic", "--workdir", "/nonexistent/x", *args])
     assert out.exit_code == 2, out.output
     assert named in out.output

@@ -57,7 +57,7 @@ def test_elastic_demo_goes_on_through_two_reclaims_without_a_requeue(tmp_path: P
     assert abs(result["final_loss"] - result["reference_loss"]) <= result["loss_tolerance"]
     assert result["tolerance_reason"]
     coordinator = result["coordinator"]
-    assert coordinator["partition"] == "ondemand" and coordinator["node"] == "ondemand-1"
+    assert coordinator["partition"] == "ondemand" and coordinator["node"] == "coord-1"
     assert "hetjob" in coordinator["description"]
     assert result["left_running"] == []
     # The sample log, read here: each step once, by every rank of its world; no sample twice

@@ -124,11 +124,16 @@ def _elastic_demo(ctx: click.Context, workdir: Path | None, steps: int | None,
     """``demo --elastic`` (slurm_spot.localcluster.elastic_demo).
 
     Raises:
-        BadInputError: an option of the plain demo only, or --steps under 300.
+        BadInputError: an option of the plain demo only, --steps under 400, a --workdir too
+            long for the local nodes' sockets.
     """
     from click.core import ParameterSource
 
-    from slurm_spot.localcluster.elastic_demo import ElasticDemo, ElasticDemoSettings
+    from slurm_spot.localcluster.elastic_demo import (
+        ElasticDemo,
+        ElasticDemoSettings,
+        check_workdir,
+    )
     from slurm_spot.localcluster.elastic_report import summary_lines as elastic_lines
     from slurm_spot.localcluster.elastic_report import verdict
 
@@ -145,6 +150,7 @@ def _elastic_demo(ctx: click.Context, workdir: Path | None, steps: int | None,
                                    prewarm=prewarm)
     if workdir is not None:
         settings.workdir = workdir
+    check_workdir(settings.workdir)
     if steps is not None:
         settings.steps = steps
     if notice_s is not None:

@@ -83,14 +83,41 @@ class ElasticDemoSettings(DemoSettings):
 def elastic_demo_config(workdir: Path, boot_delay_s: float = 2.0, prewarm: bool = True) -> dict:
     """The demo's spot.yaml (:func:`~slurm_spot.localcluster.demo.demo_config`) with 5 spot
     nodes (3 workers, room for the replacements while the reclaimed nodes power down) and
-    one on-demand node in partition ``ondemand``."""
+    one on-demand node, ``coord-1`` (node set ``coord``, a short name: see
+    :func:`check_workdir`), in partition ``ondemand``."""
     config = demo_config(workdir, boot_delay_s, prewarm)
     config["node_sets"] = [
         {"name": "spot", "provider": "local", "count": 5, "cpus": 1},
-        {"name": "ondemand", "provider": "local", "count": 1, "cpus": 1, "market": "on-demand"}]
+        {"name": "coord", "provider": "local", "count": 1, "cpus": 1, "market": "on-demand"}]
     config["partitions"] = [{"name": "spot", "node_sets": ["spot"], "default": True},
-                            {"name": "ondemand", "node_sets": ["ondemand"]}]
+                            {"name": "ondemand", "node_sets": ["coord"]}]
     return config
+
+
+#: The longest node name of :func:`elastic_demo_config` and the longest step socket name a
+#: job of the demo gets there (``<node>_<job id>.<step id>``; batch step 4294967291).
+_LONGEST_SOCKET = "coord-1/coord-1_99999.4294967291"
+
+#: sun_path of a Unix socket holds 108 bytes with its terminating NUL (unix(7)).
+_SUN_PATH_MAX = 107
+
+
+def check_workdir(workdir: Path) -> None:
+    """slurmstepd makes a Unix socket per job step in the node's spool directory
+    (``<workdir>/state/slurmd/<node>/<node>_<job>.<step>``); a longer path than unix(7)
+    allows makes every job on that node fail to start (slurmd 22.05: "Unix socket path ...
+    is too long", then the job is requeued for ever).
+
+    Raises:
+        BadInputError: ``workdir`` is too long for that (names --workdir and the limit).
+    """
+    from slurm_spot.errors import BadInputError
+
+    longest = len(str(workdir.absolute() / "state" / "slurmd" / _LONGEST_SOCKET))
+    if longest > _SUN_PATH_MAX:
+        allowed = len(str(workdir.absolute())) - (longest - _SUN_PATH_MAX)
+        raise BadInputError(f"--workdir {workdir}: too long for the local nodes' step sockets "
+                            f"(at most {allowed} characters here; unix(7) sun_path)")
 
 
 def free_port() -> int:
@@ -227,11 +254,15 @@ class ElasticDemo(Demo):
         def listening() -> bool:
             if path.exists() and "listening" in path.read_text():
                 return True
-            state = self.job_fields(int(str(coordinator["job_id"]))).get("JobState", "")
-            if state not in ("", "PENDING", "CONFIGURING", "RUNNING"):
-                text = path.read_text()[-500:] if path.exists() else ""
-                raise SlurmSpotError(f"the rendezvous job {coordinator['job_id']} ended "
-                                     f"({state}) before it listened: {text.strip()}")
+            fields = self.job_fields(int(str(coordinator["job_id"])))
+            state = fields.get("JobState", "")
+            if state not in ("", "PENDING", "CONFIGURING", "RUNNING") \
+                    or fields.get("Restarts", "0") != "0":
+                text = path.read_text()[-500:] if path.exists() else "no output"
+                raise SlurmSpotError(
+                    f"the rendezvous job {coordinator['job_id']} ended or was requeued "
+                    f"({state}, restarts {fields.get('Restarts')}) before it listened: "
+                    f"{text.strip()}; see {self.s.workdir / 'log'}")
             return False
 
         self.wait("the rendezvous store to listen on the on-demand node", listening, log)
