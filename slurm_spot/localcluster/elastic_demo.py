@@ -95,8 +95,9 @@ def elastic_demo_config(workdir: Path, boot_delay_s: float = 2.0, prewarm: bool 
 
 
 #: The longest node name of :func:`elastic_demo_config` and the longest step socket name a
-#: job of the demo gets there (``<node>_<job id>.<step id>``; batch step 4294967291).
-_LONGEST_SOCKET = "coord-1/coord-1_99999.4294967291"
+#: job of the demo gets there (``<node>_<job id>.<step id>``; batch step 4294967291; the
+#: demo's cluster starts with a clean state, so its jobs are numbered from 1).
+_LONGEST_SOCKET = "coord-1/coord-1_999.4294967291"
 
 #: sun_path of a Unix socket holds 108 bytes with its terminating NUL (unix(7)).
 _SUN_PATH_MAX = 107
