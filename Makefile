@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: all setup system-deps venv lint typecheck unit e2e test demo bench bench-smoke clean slurm-roots test-slurm
+.PHONY: all setup system-deps venv lint typecheck unit e2e test demo demo-elastic bench bench-smoke clean slurm-roots test-slurm
 
 all: test
 
@@ -73,6 +73,11 @@ bench-smoke: setup
 # A real local Slurm, spot nodes, a torchrun job that is interrupted twice and finishes.
 demo: setup
 	$(VENV)/bin/slurm-spot demo
+
+# Elastic training: 1 on-demand coordinator + 3 spot workers, one reclaimed with notice and one
+# without; the survivors go on, replacements join, the job is never requeued.
+demo-elastic: setup
+	$(VENV)/bin/slurm-spot demo --elastic
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

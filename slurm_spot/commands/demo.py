@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -14,34 +15,58 @@ from slurm_spot.localcluster.demo import Demo, DemoSettings, example_script, sum
 
 
 @click.command("demo")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("/tmp/slurm-spot-demo"), show_default=True,
-              help="Where the demo cluster's config, state, logs and checkpoints go.")
-@click.option("--steps", type=click.IntRange(min=160), default=240, show_default=True,
-              help="Training steps (0.25 s each): the notice comes at step 50, the kill "
-                   "at least 45 steps before the end; fewer would end before the kill.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the demo cluster's config, state, logs and checkpoints go "
+                   "[default: /tmp/slurm-spot-demo; --elastic: /tmp/slurm-spot-demo-elastic].")
+@click.option("--elastic", is_flag=True,
+              help="The elastic demo instead: 1 on-demand coordinator (the rendezvous) + 3 "
+                   "spot workers; one reclaimed with notice, one without; the survivors go on, "
+                   "replacements join, the job is never requeued.")
+@click.option("--steps", type=click.IntRange(min=160), default=None,
+              help="Training steps [default: 240 (0.25 s each: the notice comes at step 50, "
+                   "the kill at least 45 steps before the end; fewer would end before the "
+                   "kill); --elastic: 500 (0.15 s each; at least 400, so that the second "
+                   "replacement joins before the end)].")
 @click.option("--keep-cluster", is_flag=True, help="Leave the local cluster running.")
 @click.option("--boot-delay", "boot_delay_s", type=click.FloatRange(1, 3600), default=2.0,
               show_default=True,
               help="Simulated boot of a local node, seconds (a cloud GPU node: 60-180).")
-@click.option("--notice", "notice_s", type=click.FloatRange(10, 3600), default=30.0,
-              show_default=True, help="Seconds of notice before the first interruption.")
-@click.option("--prewarm/--no-prewarm", default=True, show_default=True,
-              help="preemption.prewarm: boot the replacement during the notice.")
+@click.option("--notice", "notice_s", type=click.FloatRange(10, 3600), default=None,
+              help="Seconds of notice before the first interruption [default: 30; "
+                   "--elastic: 20].")
+@click.option("--prewarm/--no-prewarm", default=True,
+              help="preemption.prewarm: boot the replacement during the notice [default: on; "
+                   "--elastic: off, so that the survivors train with the smaller world before "
+                   "the replacement, which then needs a power-up, joins].")
 @click.option("--checkpoint-root", default=None, metavar="s3://BUCKET/PREFIX",
               help="Keep the job's checkpoints in S3 (credentials: boto3's standard chain).")
 @click.option("--s3-endpoint-url", default=None, help="S3 endpoint (MinIO, moto, ...).")
 @click.option("--s3-addressing-style", type=click.Choice(["auto", "path", "virtual"]),
               default="auto", show_default=True)
 @json_option
-def demo_command(workdir: Path, steps: int, keep_cluster: bool, boot_delay_s: float,
-                 notice_s: float, prewarm: bool, checkpoint_root: str | None,
-                 s3_endpoint_url: str | None, s3_addressing_style: str, as_json: bool) -> None:
+@click.pass_context
+def demo_command(ctx: click.Context, elastic: bool, workdir: Path | None, steps: int | None,
+                 keep_cluster: bool, boot_delay_s: float, notice_s: float | None, prewarm: bool,
+                 checkpoint_root: str | None, s3_endpoint_url: str | None,
+                 s3_addressing_style: str, as_json: bool) -> None:
     """Run a 2-node torchrun job on local spot nodes, preempt it twice, watch it finish.
 
     The result (--json) has, per interruption, the recovery broken down into its parts
     (notice -> signal -> job exit -> requeue -> allocation -> job start -> first step) and
-    whether a replacement was prewarmed."""
+    whether a replacement was prewarmed.
+
+    --elastic: an elastic job (--elastic 2:3) on 3 spot workers around an on-demand
+    coordinator that hosts the rendezvous; one worker is reclaimed with notice, one without;
+    the result has the world sizes, each interruption's and each replacement's pause, and the
+    final loss against an uninterrupted reference (exit 1 if the job was requeued, did not
+    complete, or the loss is off by more than the stated tolerance)."""
+    if elastic:
+        _elastic_demo(ctx, workdir, steps, keep_cluster, boot_delay_s, notice_s, prewarm,
+                      as_json)
+        return
+    workdir = workdir or Path("/tmp/slurm-spot-demo")
+    steps = 240 if steps is None else steps
+    notice_s = 30.0 if notice_s is None else notice_s
     script = example_script()
     if not script.exists():
         raise BadInputError(f"the demo's training script is missing: {script} (reinstall "
@@ -61,6 +86,21 @@ def demo_command(workdir: Path, steps: int, keep_cluster: bool, boot_delay_s: fl
 
     # The demo's lines go to stdout (stderr with --json); at a terminal a spinner with the
     # latest step and the elapsed time stays below them.
+    result = _run_with_progress(lambda progress: Demo(settings, progress).run(), as_json)
+    if as_json:
+        print_json(result)
+    else:
+        click.echo("")
+        for line in summary_lines(result):
+            click.echo(line)
+    if result["state"] != "COMPLETED" or not result["exact_resume"]:
+        raise SystemExit(1)
+
+
+def _run_with_progress(run: Callable[[Callable[[str], None]], dict[str, object]],
+                       as_json: bool) -> dict[str, object]:
+    """Run a demo: its lines go to stdout (stderr with --json); at a terminal a spinner with
+    the latest step and the elapsed time stays below them."""
     with waiting("demo: starting", err=as_json,
                  echo=lambda text: click.echo(text, err=as_json)) as shown:
 
@@ -70,14 +110,61 @@ def demo_command(workdir: Path, steps: int, keep_cluster: bool, boot_delay_s: fl
                 shown.step(f"demo: {line.strip()[:100]}")
             (sys.stderr if as_json else sys.stdout).flush()
 
-        result = Demo(settings, progress).run()
+        return run(progress)
+
+
+#: Options of the plain demo that the elastic one refuses (its checkpoints stay local: the
+#: reclaimed ranks save on the shared local disk the survivors read).
+_NOT_ELASTIC = ("checkpoint_root", "s3_endpoint_url", "s3_addressing_style")
+
+
+def _elastic_demo(ctx: click.Context, workdir: Path | None, steps: int | None,
+                  keep_cluster: bool, boot_delay_s: float, notice_s: float | None,
+                  prewarm: bool, as_json: bool) -> None:
+    """``demo --elastic`` (slurm_spot.localcluster.elastic_demo).
+
+    Raises:
+        BadInputError: an option of the plain demo only, --steps under 400, a --workdir too
+            long for the local nodes' sockets.
+    """
+    from click.core import ParameterSource
+
+    from slurm_spot.localcluster.elastic_demo import (
+        ElasticDemo,
+        ElasticDemoSettings,
+        check_workdir,
+    )
+    from slurm_spot.localcluster.elastic_report import summary_lines as elastic_lines
+    from slurm_spot.localcluster.elastic_report import verdict
+
+    for name in _NOT_ELASTIC:
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            raise BadInputError(f"--{name.replace('_', '-')} does not go with --elastic: the "
+                                "elastic demo keeps its checkpoints on the local cluster's disk")
+    if steps is not None and steps < 400:
+        raise BadInputError(f"--steps {steps} with --elastic: at least 400 (the second "
+                            "replacement must join before training ends)")
+    if ctx.get_parameter_source("prewarm") in (ParameterSource.DEFAULT, None):
+        prewarm = False
+    settings = ElasticDemoSettings(keep_cluster=keep_cluster, boot_delay_s=boot_delay_s,
+                                   prewarm=prewarm)
+    if workdir is not None:
+        settings.workdir = workdir
+    check_workdir(settings.workdir)
+    if steps is not None:
+        settings.steps = steps
+    if notice_s is not None:
+        settings.notice_s = notice_s
+    result = _run_with_progress(lambda progress: ElasticDemo(settings, progress).run(), as_json)
     if as_json:
         print_json(result)
     else:
         click.echo("")
-        for line in summary_lines(result):
+        for line in elastic_lines(result):
             click.echo(line)
-    if result["state"] != "COMPLETED" or not result["exact_resume"]:
+    problems = verdict(result)
+    if problems:
+        click.echo(f"demo --elastic failed: {'; '.join(problems)}", err=True)
         raise SystemExit(1)
 
 
