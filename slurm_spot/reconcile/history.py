@@ -139,7 +139,7 @@ class EventTail:
 
     def _add(self, found: Iterable[dict[str, object]]) -> None:
         for event in found:
-            when = _when(event)
+            when = event_time(event)
             if when is not None:
                 self._events.append((when, event))
 
@@ -156,7 +156,9 @@ def history_keep_s(settings: Settings) -> float:
                INTERRUPTION_MEMORY_S, 7200.0)
 
 
-def _when(event: Mapping[str, object]) -> datetime | None:
+def event_time(event: Mapping[str, object]) -> datetime | None:
+    """An event's ``time`` (ISO 8601, as :mod:`slurm_spot.events` writes it) as an aware
+    datetime; None when it is missing, malformed or has no time zone."""
     try:
         when = datetime.fromisoformat(str(event.get("time")))
     except ValueError:
@@ -262,7 +264,7 @@ def build_history(
     """
     facts = _Facts(node_set_of, now, settings)
     for event in events:
-        when = _when(event)
+        when = event_time(event)
         if when is not None:
             facts.add(event, when)
     return facts.history()

@@ -158,7 +158,9 @@ class Reconciler:
         self.settings = settings_of(config)
         self.node_set_of = {n: ns.name for ns in config.node_sets for n in ns.node_names}
         self._failures_seen_after = clock()
-        self._tail = EventTail(config.log_dir, history_keep_s(self.settings))
+        # The fast-requeue cap counts expedites over its own window, which may be longer.
+        self._tail = EventTail(config.log_dir, max(history_keep_s(self.settings),
+                                                   config.reconcile.fast_requeue_window_s))
         # node -> first pass that found it up with no instance listed (see missing_since)
         self._missing_since: dict[str, datetime] = {}
         self._notes: list[tuple[int, str]] = []

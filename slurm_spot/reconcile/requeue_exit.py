@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from slurm_spot.events import Action
+from slurm_spot.reconcile.history import event_time
 from slurm_spot.slurm.client import Job, JobRecord
 
 #: A requeue hold up to this long (seconds, EligibleTime - SubmitTime) is Slurm's requeue
@@ -91,13 +92,6 @@ class Withheld:
     new: bool
 
 
-def _when(event: Mapping[str, object]) -> datetime | None:
-    try:
-        when = datetime.fromisoformat(str(event.get("time")))
-    except ValueError:
-        return None
-    return when if when.tzinfo else None
-
 
 def cap_fast_requeues(held: Sequence[int], records: Sequence[JobRecord],
                       events: Sequence[Mapping[str, object]], now: datetime,
@@ -131,7 +125,7 @@ def cap_fast_requeues(held: Sequence[int], records: Sequence[JobRecord],
             continue
         if action == Action.EXPEDITED and event.get("reason") != reason:
             continue
-        when = _when(event)
+        when = event_time(event)
         jobs = event.get("job_ids")
         if when is None or when <= since or not isinstance(jobs, list):
             continue
