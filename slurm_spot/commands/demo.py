@@ -87,14 +87,20 @@ def demo_command(ctx: click.Context, elastic: bool, workdir: Path | None, steps:
     # The demo's lines go to stdout (stderr with --json); at a terminal a spinner with the
     # latest step and the elapsed time stays below them.
     result = _run_with_progress(lambda progress: Demo(settings, progress).run(), as_json)
-    if as_json:
-        print_json(result)
-    else:
-        click.echo("")
-        for line in summary_lines(result):
-            click.echo(line)
+    _show(result, summary_lines, as_json)
     if result["state"] != "COMPLETED" or not result["exact_resume"]:
         raise SystemExit(1)
+
+
+def _show(result: dict[str, object], lines: Callable[[dict[str, object]], list[str]],
+          as_json: bool) -> None:
+    """Print a demo's result: its JSON with ``--json``, else a blank line and ``lines(result)``."""
+    if as_json:
+        print_json(result)
+        return
+    click.echo("")
+    for line in lines(result):
+        click.echo(line)
 
 
 def _run_with_progress(run: Callable[[Callable[[str], None]], dict[str, object]],
@@ -156,12 +162,7 @@ def _elastic_demo(ctx: click.Context, workdir: Path | None, steps: int | None,
     if notice_s is not None:
         settings.notice_s = notice_s
     result = _run_with_progress(lambda progress: ElasticDemo(settings, progress).run(), as_json)
-    if as_json:
-        print_json(result)
-    else:
-        click.echo("")
-        for line in elastic_lines(result):
-            click.echo(line)
+    _show(result, elastic_lines, as_json)
     problems = verdict(result)
     if problems:
         click.echo(f"demo --elastic failed: {'; '.join(problems)}", err=True)
