@@ -236,3 +236,61 @@ def test_ranks_agree_on_the_stop_step_and_only_rank0_requeues(tmp_path: Path) ->
     assert r0["argv"] == [["squeue", "--json", "--jobs", "777"], ["scontrol", "requeue", "777"]]
     assert r1["argv"] == []
     assert torch.distributed.is_available()
+
+
+def _rank_signalled_once_its_flag_is_sent(rank: int, port: int, out_dir: str) -> None:
+    """Rank 1 gets SIGUSR2 right after the all-reduce of its 3rd step boundary (the flag it
+    sent there was 0): the moment of the elastic demo's hang. ``signal.raise_signal`` runs the
+    handler before it returns, so the moment is exact, not a matter of timing."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    handler = PreemptionHandler(env={}).install()
+    real_all_reduce = dist.all_reduce
+    boundaries: list[int] = []
+
+    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        work = real_all_reduce(tensor, *args, **kwargs)
+        boundaries.append(1)
+        if rank == 1 and len(boundaries) == 3:
+            signal.raise_signal(signal.SIGUSR2)
+        return work
+
+    dist.all_reduce = all_reduce  # should_stop's collective, in this process only
+    answers: list[bool | str] = []
+    try:
+        while len(answers) < 6 and True not in answers:
+            answers.append(handler.should_stop())
+    except RuntimeError as exc:  # the peer stopped at another boundary and went away
+        answers.append(f"{type(exc).__name__}: {str(exc)[:80]}")
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
+        {"answers": answers, "signal": handler.received_signal}))
+
+
+def test_a_signal_during_the_all_reduce_counts_at_the_next_boundary_on_every_rank(
+        tmp_path: Path) -> None:
+    """The signal reaches rank 1 after its flag went into a boundary's all-reduce: that
+    boundary's answer is the agreed "go on" on both ranks, and both stop at the next one
+    (examples/train_elastic.py: both save that step and leave). Before, rank 1 alone
+    answered "stop" from its own flag and saved while rank 0 went on to the next step's
+    collectives, each waiting for the other (the elastic demo's hang after a notice)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_signalled_once_its_flag_is_sent,
+                         args=(r, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["answers"] == r1["answers"] == [False, False, False, True], (r0, r1)
+    assert r0["signal"] is None and r1["signal"] == USR2

@@ -195,7 +195,14 @@ class PreemptionHandler:
     def should_stop(self) -> bool:
         """True if any rank got the signal: an all-reduce (MAX) of the flag when
         torch.distributed is initialised, else this process's flag. Collective: call it on
-        every rank at the same step boundaries. Once True, the flag stays set."""
+        every rank at the same step boundaries. Once True, the flag stays set.
+
+        With torch.distributed the answer is the all-reduced value only, the same on every
+        rank: a signal that arrives after this rank's flag went into the all-reduce (while it
+        waits in it, or before the result is read) sets the flag for the next boundary, never
+        this one's answer; otherwise that rank alone would stop and save while the others go
+        on to the next step, and each would wait for the other's collective until a timeout.
+        """
         dist = _initialised_dist()
         if dist is None:
             return self._flag
@@ -205,9 +212,10 @@ class PreemptionHandler:
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         flag = torch.tensor([1 if self._flag else 0], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        if int(flag.item()):
+        agreed = bool(int(flag.item()))
+        if agreed:
             self._flag = True
-        return self._flag
+        return agreed
 
     # -- exit ---------------------------------------------------------------------------------
     def notice_left_s(self, default_lead_s: float = 60.0) -> float:
