@@ -44,6 +44,7 @@ import signal
 import sys
 import threading
 import traceback
+import zipfile
 from pathlib import Path
 
 #: Imported in the fork server whatever the script imports: what every training worker under
@@ -100,7 +101,7 @@ def script_imports(script: str | Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
             names += [f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*"]
-    folder = path.absolute().parent
+    folder = Path(script_folder(path))
     found: list[str] = []
     for name in names:
         top = name.split(".")[0]
@@ -161,7 +162,8 @@ def run_script(reset_signals: str, script: str, *args: str) -> None:
     Exit: returns when the script ends normally or with ``sys.exit()``/``sys.exit(0)``/
     ``sys.exit(None)`` (torch's launcher reads that as success); ``sys.exit(N)`` and
     exceptions propagate (torch reports the worker failed with that exit code, 1 for an
-    exception, as the subprocess start does; the traceback is printed on stderr first);
+    exception, as the subprocess start does; the traceback is printed on stderr first); an
+    uncaught ``KeyboardInterrupt`` ends the worker by SIGINT, as the interpreter does;
     ``os._exit`` ends the process at once as always (the agent's warm context,
     :func:`slurm_spot.jobs.torchrun_agent.launch_warm`, takes an exit 0 without a return
     value as success).
@@ -170,16 +172,23 @@ def run_script(reset_signals: str, script: str, *args: str) -> None:
         signal.signal(int(number), signal.SIG_DFL)
     _unbuffered()
     sys.argv = [script, *args]
-    folder = str(Path(script).absolute().parent)
+    folder = script_folder(script)
     if sys.path:
         sys.path[0] = folder
     else:
         sys.path.append(folder)
+    interrupted = False
     try:
-        runpy.run_path(script, run_name="__main__")
+        _run_main(script)
     except SystemExit as exc:
         if exc.code is not None and exc.code != 0:
             raise
+    except KeyboardInterrupt:
+        # torch's worker wrapper (torch/multiprocessing/spawn.py ``_wrap``) swallows it and
+        # the worker would exit 0: the job would look finished. Python ends a script that
+        # raised it by SIGINT (exit -2 as torch reports it), as below.
+        traceback.print_exc()
+        interrupted = True
     except BaseException:
         # As the interpreter would: torch's process wrapper only writes it to an error file.
         traceback.print_exc()
@@ -188,6 +197,41 @@ def run_script(reset_signals: str, script: str, *args: str) -> None:
         _join_threads()
         atexit._run_exitfuncs()
         _flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def _run_main(script: str) -> None:
+    """Run ``script`` as the ``__main__`` module, as ``python SCRIPT`` does: ``__file__`` and
+    tracebacks name its absolute path (Python 3.9+), ``sys.argv[0]`` stays as typed
+    (``runpy.run_path`` would set it to the path it is given), and the module stays
+    ``sys.modules["__main__"]`` after the script returns (threads and ``atexit`` handlers
+    that pickle the script's classes still find them). A folder or zip file with a
+    ``__main__.py`` runs through ``runpy.run_path``, as the interpreter runs it.
+
+    Raises what the script raises; OSError when it cannot be read, SyntaxError."""
+    import importlib.machinery
+    import types
+
+    path = os.path.abspath(script)
+    if not os.path.isfile(path) or zipfile.is_zipfile(path):
+        runpy.run_path(script, run_name="__main__")
+        return
+    with io.open_code(path) as file:
+        code = compile(file.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def script_folder(script: str | Path) -> str:
+    """``sys.path[0]`` of ``python SCRIPT``: the folder of the script's real path (symlinks
+    resolved, as CPython does: a script linked from elsewhere imports the modules next to its
+    target, Python docs, "sys.path" initialization)."""
+    return os.path.dirname(os.path.realpath(script))
 
 
 def _unbuffered() -> None:
