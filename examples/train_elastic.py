@@ -194,7 +194,11 @@ def main(argv: list[str] | None = None) -> None:
         group["lr"] = lr
     try:  # the epoch position in samples (an old checkpoint: batch_in_epoch global batches)
         done = samples_done(state.extra, state.batch_in_epoch, args.global_batch)
-        if not scale and state.extra.get(POLICY_KEY) == SCALE_LR:
+        if not scale and (SAMPLES_KEY in state.extra
+                          or state.extra.get(POLICY_KEY) == SCALE_LR):
+            # In global batches of *this* run's --global-batch: the checkpoint's
+            # batch_in_epoch counts those of the run that wrote it (scale-lr steps, or
+            # another --global-batch), and resuming at it would use samples twice.
             state.batch_in_epoch = batches_done(done, args.global_batch, len(y_all))
     except ValueError as exc:
         print(f"train_elastic: {found.path if found else directory}: {exc}", file=sys.stderr)

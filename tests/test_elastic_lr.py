@@ -188,3 +188,20 @@ def test_example_refuses_bad_scale_lr_options_with_a_usage_error(tmp_path: Path,
     assert proc.returncode == 2, proc.stderr
     assert f"argument {words[0]}" in proc.stderr and "Traceback" not in proc.stderr
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_example_keep_global_resumed_with_another_global_batch_uses_each_sample_once(
+        tmp_path: Path) -> None:
+    """keep-global with --global-batch 96 for 2 steps (192 samples), resumed with
+    --global-batch 32: the resumed run goes on at sample 192 (global batch 6 of 32), not at
+    its global batch 2 (samples 64..95, already used)."""
+    ck, log = tmp_path / "ck", tmp_path / "samples.jsonl"
+    rc, _, err = _run(0, ck, "--steps", "2", "--checkpoint-every", "2", "--sample-log", str(log))
+    assert rc == 0, err[-3000:]
+    rc, events, err = _run(0, ck, "--steps", "4", "--global-batch", "32",
+                           "--sample-log", str(log))
+    assert rc == 0, err[-3000:]
+    assert events[0]["event"] == "resume" and events[0]["samples_in_epoch"] == 192
+    check_sample_log(log, 4)
+    rows = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert [r["samples"] for r in rows if r["step"] == 3] == [epoch_order(SAMPLES, 0, 0)[192:224]]
