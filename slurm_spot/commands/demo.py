@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -18,7 +19,7 @@ class _Seconds(click.FloatRange):
     """``click.FloatRange`` that also refuses NaN (every comparison with NaN is false, so
     FloatRange lets ``nan`` through: the demo would run with a NaN notice or boot delay)."""
 
-    def convert(self, value: object, param: click.Parameter | None,
+    def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> float:
         number = super().convert(value, param, ctx)
         if number != number:
