@@ -196,3 +196,28 @@ def test_keyboard_interrupt_in_the_script_fails_the_worker(tmp_path: Path, how: 
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert "started" in proc.stdout and "KeyboardInterrupt" in proc.stderr
     assert "exitcode: -2" in proc.stderr, proc.stderr[-3000:]
+
+
+#: What training scripts do under ``if __name__ == "__main__":``: choose the start method,
+#: use a pool of processes running a function of the script.
+START_METHOD = """
+import multiprocessing as mp
+def square(x):
+    return x * x
+if __name__ == "__main__":
+    print("chosen before:", mp.get_start_method(allow_none=True), flush=True)
+    mp.set_start_method("spawn")
+    with mp.Pool(2) as pool:
+        print("pool:", pool.map(square, [1, 2, 3]), type(__builtins__).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["cold", "warm"])
+def test_script_may_choose_its_multiprocessing_start_method(tmp_path: Path, how: str) -> None:
+    """A new interpreter has no start method chosen, so the script's own
+    ``set_start_method("spawn")`` works; a warm worker (a fork server's child, which inherits
+    the server's) must not fail with "context has already been set"."""
+    (tmp_path / "train.py").write_text(START_METHOD)
+    proc = _run(tmp_path, how, "train.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "chosen before: None" in proc.stdout and "pool: [1, 4, 9] module" in proc.stdout

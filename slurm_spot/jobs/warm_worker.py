@@ -17,10 +17,12 @@ which imports torch, torch.distributed and the script's own top-level imports
 imports, for the first round and every restart.
 
 The worker's side, :func:`run_script`, makes the fork look like ``python -u SCRIPT ARGS``:
-``sys.argv``, ``sys.path[0]`` (the script's folder), unbuffered stdout/stderr, default
-dispositions of the signals the fork server ignores, ``sys.exit()``/``sys.exit(0)`` ending the
-worker successfully, non-daemon threads joined and ``atexit`` handlers run when the script
-returns (a fork-server child ends with ``os._exit``, which would skip them).
+``sys.argv``, ``sys.path[0]`` (the folder of the script's real path), an absolute
+``__file__``, unbuffered stdout/stderr, default dispositions of the signals the fork server
+ignores, no ``multiprocessing`` start method chosen yet, ``sys.exit()``/``sys.exit(0)`` ending
+the worker successfully, an uncaught ``KeyboardInterrupt`` ending it by SIGINT, non-daemon
+threads joined and ``atexit`` handlers run when the script returns (a fork-server child ends
+with ``os._exit``, which would skip them).
 
 What differs from ``python -u SCRIPT`` (why ``--no-preload`` exists):
 
@@ -37,7 +39,9 @@ from __future__ import annotations
 
 import ast
 import atexit
+import builtins
 import io
+import multiprocessing
 import os
 import runpy
 import signal
@@ -170,6 +174,10 @@ def run_script(reset_signals: str, script: str, *args: str) -> None:
     """
     for number in filter(None, reset_signals.split(",")):
         signal.signal(int(number), signal.SIG_DFL)
+    # No start method chosen yet, as in a new interpreter: the fork server's child inherits
+    # its parent's, and a script's own multiprocessing.set_start_method("spawn") (a common
+    # line in training scripts) would raise "context has already been set".
+    multiprocessing.set_start_method(None, force=True)  # type: ignore[arg-type]
     _unbuffered()
     sys.argv = [script, *args]
     folder = script_folder(script)
@@ -222,6 +230,7 @@ def _run_main(script: str) -> None:
         code = compile(file.read(), path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __builtins__=builtins,
                          __loader__=importlib.machinery.SourceFileLoader("__main__", path))
     sys.modules["__main__"] = main
     exec(code, main.__dict__)
