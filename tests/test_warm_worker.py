@@ -161,10 +161,15 @@ print("script:", mymodel.VALUE, __file__, sys.argv, flush=True)
 """
 
 
-def _run(tmp_path: Path, how: str, *command: str) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, how: str, *command: str,
+         pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``run_torchrun`` started from ``tmp_path`` (its working directory, and first on its
+    ``sys.path`` as the agent's under ``python -m``)."""
     runner = tmp_path / "run_agent.py"
     runner.write_text(RUN)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), os.environ.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, str(runner), how, *command], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240, check=False)
 
@@ -221,3 +226,21 @@ def test_script_may_choose_its_multiprocessing_start_method(tmp_path: Path, how:
     proc = _run(tmp_path, how, "train.py")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "chosen before: None" in proc.stdout and "pool: [1, 4, 9] module" in proc.stdout
+
+
+@pytest.mark.parametrize("how", ["cold", "warm"])
+def test_agents_working_directory_does_not_shadow_the_scripts_imports(
+        tmp_path: Path, how: str) -> None:
+    """``shadowme`` is installed (on PYTHONPATH) and also a file in the agent's working
+    directory: ``python proj/train.py`` imports the installed one (the working directory is
+    not on its path), and so must the fork server that preloads the script's imports."""
+    (tmp_path / "shadowme.py").write_text("VALUE = 'the working directory copy'\n")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "shadowme.py").write_text("VALUE = 'installed'\n")
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text(
+        "import shadowme\nprint('shadowme:', shadowme.VALUE, flush=True)\n")
+    proc = _run(tmp_path, how, "proj/train.py", pythonpath=tmp_path / "lib")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "shadowme: installed" in proc.stdout, proc.stdout
+    assert ("preloads" in proc.stderr and "shadowme" in proc.stderr) == (how == "warm")

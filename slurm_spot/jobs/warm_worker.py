@@ -63,6 +63,12 @@ PRELOAD_ENV = "SLURM_SPOT_WARM_PRELOAD"
 #: :func:`exit_with_parent`).
 AGENT_ENV = "SLURM_SPOT_WARM_AGENT"
 
+#: Environment variable with the folder the fork server puts first on ``sys.path`` before it
+#: preloads (the script's, :func:`script_folder`): the workers' ``sys.path[0]``, not the
+#: agent's (its working directory under ``python -m``), whose modules would shadow installed
+#: ones of the same name for the preloaded imports only.
+PATH0_ENV = "SLURM_SPOT_WARM_PATH0"
+
 
 def exit_with_parent(parent: int) -> None:
     """Have the kernel SIGKILL this process when its parent ends (``prctl(PR_SET_PDEATHSIG,
@@ -275,11 +281,13 @@ def _flush() -> None:
             pass
 
 
-def start_fork_server(modules: list[str], ignore: list[int]) -> int:
+def start_fork_server(modules: list[str], ignore: list[int], folder: str | None = None) -> int:
     """Start Python's multiprocessing fork server now (``multiprocessing.forkserver.
     ensure_running``), preloading ``modules`` through :mod:`slurm_spot.jobs.warm_preload`, with
     the signals ``ignore`` ignored in it (``SIG_IGN`` is kept across ``exec``; the handlers of
-    this process are restored at once). Its imports then overlap the first rendezvous. The
+    this process are restored at once), and ``folder`` (the script's, where given) first on
+    its ``sys.path`` while it imports, as the workers will have it. Its imports then overlap
+    the first rendezvous. The
     server is killed when this process ends (:func:`exit_with_parent`). Must be called from
     the thread that outlives the workers (the kernel's parent-death signal follows the thread
     that started the server): the main thread. Returns the server's process id.
@@ -292,9 +300,11 @@ def start_fork_server(modules: list[str], ignore: list[int]) -> int:
 
     multiprocessing.set_forkserver_preload(["slurm_spot.jobs.warm_preload"])
     saved = {number: signal.signal(number, signal.SIG_IGN) for number in ignore}
-    before = {name: os.environ.get(name) for name in (PRELOAD_ENV, AGENT_ENV)}
+    before = {name: os.environ.get(name) for name in (PRELOAD_ENV, AGENT_ENV, PATH0_ENV)}
     os.environ[PRELOAD_ENV] = ",".join(modules)
     os.environ[AGENT_ENV] = str(os.getpid())
+    if folder is not None:
+        os.environ[PATH0_ENV] = folder
     try:
         forkserver.ensure_running()
     finally:
