@@ -180,7 +180,9 @@ def test_example_refuses_keep_global_in_the_middle_of_a_global_batch(tmp_path: P
 
 @pytest.mark.parametrize("words", [["--batch-per-rank", "0"], ["--batch-per-rank", "1798"],
                                    ["--reference-world", "0"], ["--lr", "0"], ["--lr", "nan"],
-                                   ["--batch-policy", "scale"]])
+                                   ["--batch-policy", "scale"], ["--step-sleep", "-1"],
+                                   ["--step-sleep", "nan"], ["--pg-timeout", "0"],
+                                   ["--pg-timeout", "nan"]])
 def test_example_refuses_bad_scale_lr_options_with_a_usage_error(tmp_path: Path,
                                                                  words: list[str]) -> None:
     proc = subprocess.run([sys.executable, str(EXAMPLE), "--checkpoint-dir", str(tmp_path),
