@@ -91,6 +91,18 @@ def test_scale_lr_position_back_to_keep_global_only_on_a_global_batch_boundary()
         batches_done(100, 96, SAMPLES)
 
 
+def test_keep_global_position_past_the_last_full_global_batch_is_the_epochs_end() -> None:
+    """No full global batch is left after the position (keep-global drops such a tail): the
+    epoch is over, whether the position is a whole number of batches or not. A keep-global
+    checkpoint written at the end of an epoch (18 x 96 = 1728 samples) resumed with
+    --global-batch 100 (17 per epoch), or scale-lr stopped 1750 samples in."""
+    assert batches_done(1728, 100, SAMPLES) == 17
+    assert batches_done(1750, 96, SAMPLES) == 18
+    assert batches_done(1700, 100, SAMPLES) == 17
+    with pytest.raises(ValueError, match="not a whole number of global batches of 100"):
+        batches_done(1650, 100, SAMPLES)
+
+
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM", "TORCHELASTIC")) and k not in (
