@@ -116,6 +116,17 @@ def _positive(text: str) -> float:
 _positive.__name__ = "number > 0"
 
 
+def _non_negative(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_non_negative.__name__ = "number >= 0"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=_count(0), default=300, help="total optimizer steps")
@@ -135,9 +146,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=_positive, default=0.05,
                    help="learning rate (scale-lr: for --reference-world ranks)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step")
+    p.add_argument("--step-sleep", type=_non_negative, default=0.0, help="seconds to sleep per step")
     p.add_argument("--log-every", type=_count(1), default=10, help="steps between step events")
-    p.add_argument("--pg-timeout", type=float, default=30.0,
+    p.add_argument("--pg-timeout", type=_positive, default=30.0,
                    help="seconds a collective may wait for a vanished peer")
     p.add_argument("--sample-log", help="append every rank's samples per step to this file")
     return p.parse_args(argv)
@@ -194,7 +205,11 @@ def main(argv: list[str] | None = None) -> None:
         group["lr"] = lr
     try:  # the epoch position in samples (an old checkpoint: batch_in_epoch global batches)
         done = samples_done(state.extra, state.batch_in_epoch, args.global_batch)
-        if not scale and state.extra.get(POLICY_KEY) == SCALE_LR:
+        if not scale and (SAMPLES_KEY in state.extra
+                          or state.extra.get(POLICY_KEY) == SCALE_LR):
+            # In global batches of *this* run's --global-batch: the checkpoint's
+            # batch_in_epoch counts those of the run that wrote it (scale-lr steps, or
+            # another --global-batch), and resuming at it would use samples twice.
             state.batch_in_epoch = batches_done(done, args.global_batch, len(y_all))
     except ValueError as exc:
         print(f"train_elastic: {found.path if found else directory}: {exc}", file=sys.stderr)

@@ -199,3 +199,23 @@ def test_elastic_refuses_options_that_do_not_go_with_it(args: list[str], named: 
     out = CliRunner().invoke(cli, ["demo", "--elastic", "--workdir", "/nonexistent/x", *args])
     assert out.exit_code == 2, out.output
     assert named in out.output
+
+
+@pytest.mark.parametrize("elastic", [[], ["--elastic"]], ids=["plain", "elastic"])
+@pytest.mark.parametrize("args, named", [(["--notice", "nan"], "--notice"),
+                                         (["--boot-delay", "NaN"], "--boot-delay")])
+def test_demo_refuses_nan_seconds(monkeypatch: pytest.MonkeyPatch, elastic: list[str],
+                                  args: list[str], named: str) -> None:
+    """click's FloatRange lets NaN through (no comparison with it is true): exit 2 naming the
+    option. Should the check ever pass, the demo fails here instead of starting a cluster."""
+    import slurm_spot.localcluster.demo as demo
+    import slurm_spot.localcluster.elastic_demo as elastic_demo
+
+    def refuse(self: object) -> None:
+        raise AssertionError(f"the demo would start with {args}")
+
+    monkeypatch.setattr(demo.Demo, "run", refuse)
+    monkeypatch.setattr(elastic_demo.ElasticDemo, "run", refuse)
+    out = CliRunner().invoke(cli, ["demo", *elastic, *args])
+    assert out.exit_code == 2, out.output
+    assert f"Invalid value for '{named}'" in out.output and "not a number" in out.output

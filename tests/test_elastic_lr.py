@@ -91,6 +91,18 @@ def test_scale_lr_position_back_to_keep_global_only_on_a_global_batch_boundary()
         batches_done(100, 96, SAMPLES)
 
 
+def test_keep_global_position_past_the_last_full_global_batch_is_the_epochs_end() -> None:
+    """No full global batch is left after the position (keep-global drops such a tail): the
+    epoch is over, whether the position is a whole number of batches or not. A keep-global
+    checkpoint written at the end of an epoch (18 x 96 = 1728 samples) resumed with
+    --global-batch 100 (17 per epoch), or scale-lr stopped 1750 samples in."""
+    assert batches_done(1728, 100, SAMPLES) == 17
+    assert batches_done(1750, 96, SAMPLES) == 18
+    assert batches_done(1700, 100, SAMPLES) == 17
+    with pytest.raises(ValueError, match="not a whole number of global batches of 100"):
+        batches_done(1650, 100, SAMPLES)
+
+
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM", "TORCHELASTIC")) and k not in (
@@ -180,7 +192,9 @@ def test_example_refuses_keep_global_in_the_middle_of_a_global_batch(tmp_path: P
 
 @pytest.mark.parametrize("words", [["--batch-per-rank", "0"], ["--batch-per-rank", "1798"],
                                    ["--reference-world", "0"], ["--lr", "0"], ["--lr", "nan"],
-                                   ["--batch-policy", "scale"]])
+                                   ["--batch-policy", "scale"], ["--step-sleep", "-1"],
+                                   ["--step-sleep", "nan"], ["--pg-timeout", "0"],
+                                   ["--pg-timeout", "nan"]])
 def test_example_refuses_bad_scale_lr_options_with_a_usage_error(tmp_path: Path,
                                                                  words: list[str]) -> None:
     proc = subprocess.run([sys.executable, str(EXAMPLE), "--checkpoint-dir", str(tmp_path),
@@ -188,3 +202,20 @@ def test_example_refuses_bad_scale_lr_options_with_a_usage_error(tmp_path: Path,
     assert proc.returncode == 2, proc.stderr
     assert f"argument {words[0]}" in proc.stderr and "Traceback" not in proc.stderr
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_example_keep_global_resumed_with_another_global_batch_uses_each_sample_once(
+        tmp_path: Path) -> None:
+    """keep-global with --global-batch 96 for 2 steps (192 samples), resumed with
+    --global-batch 32: the resumed run goes on at sample 192 (global batch 6 of 32), not at
+    its global batch 2 (samples 64..95, already used)."""
+    ck, log = tmp_path / "ck", tmp_path / "samples.jsonl"
+    rc, _, err = _run(0, ck, "--steps", "2", "--checkpoint-every", "2", "--sample-log", str(log))
+    assert rc == 0, err[-3000:]
+    rc, events, err = _run(0, ck, "--steps", "4", "--global-batch", "32",
+                           "--sample-log", str(log))
+    assert rc == 0, err[-3000:]
+    assert events[0]["event"] == "resume" and events[0]["samples_in_epoch"] == 192
+    check_sample_log(log, 4)
+    rows = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert [r["samples"] for r in rows if r["step"] == 3] == [epoch_order(SAMPLES, 0, 0)[192:224]]

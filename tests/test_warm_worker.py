@@ -140,3 +140,107 @@ def test_warm_start_and_no_preload_through_the_agents_command_line(tmp_path: Pat
     assert cold.returncode == 0, cold.stderr[-3000:]
     assert "fork server" not in cold.stderr and "preloading" not in cold.stderr
     assert "rank seen at import: 0" in cold.stdout
+
+
+#: ``run_torchrun`` with one worker; argv: warm|cold, the script, its arguments.
+RUN = """
+import signal, sys
+from slurm_spot.jobs.torchrun_agent import leave, run_torchrun
+if __name__ == "__main__":
+    warm = [int(signal.SIGUSR2), 15] if sys.argv[1] == "warm" else None
+    leave(run_torchrun(["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                        "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", *sys.argv[2:]],
+                       85, elastic=True, warm_signals=warm))
+"""
+
+#: A script kept in ``proj/`` next to the module it imports, started through a symlink in
+#: ``bin/`` and by a relative path; it prints what ``python SCRIPT`` would give it.
+LINKED = """
+import sys, mymodel
+print("script:", mymodel.VALUE, __file__, sys.argv, flush=True)
+"""
+
+
+def _run(tmp_path: Path, how: str, *command: str,
+         pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``run_torchrun`` started from ``tmp_path`` (its working directory, and first on its
+    ``sys.path`` as the agent's under ``python -m``)."""
+    runner = tmp_path / "run_agent.py"
+    runner.write_text(RUN)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, str(runner), how, *command], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
+
+
+@pytest.mark.parametrize("how", ["cold", "warm"])
+def test_symlinked_script_imports_next_to_its_target_as_python_does(
+        tmp_path: Path, how: str) -> None:
+    """``python bin/train.py`` where bin/train.py links to proj/train.py: sys.path[0] is
+    proj/ (CPython resolves the link), so ``import mymodel`` finds proj/mymodel.py; __file__
+    is the absolute path as typed, sys.argv[0] the path as typed. Warm workers match the
+    subprocess start."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text(LINKED)
+    (tmp_path / "proj" / "mymodel.py").write_text("VALUE = 'model next to the target'\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "train.py").symlink_to("../proj/train.py")
+    proc = _run(tmp_path, how, "bin/train.py", "a b", "--", "é")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (f"script: model next to the target {tmp_path}/bin/train.py "
+            "['bin/train.py', 'a b', '--', 'é']") in proc.stdout
+
+
+@pytest.mark.parametrize("how", ["cold", "warm"])
+def test_keyboard_interrupt_in_the_script_fails_the_worker(tmp_path: Path, how: str) -> None:
+    """A script that ends by an uncaught KeyboardInterrupt: the interpreter prints it and dies
+    of SIGINT (torch: exitcode -2), so the agent reports a failed worker (1), never success."""
+    (tmp_path / "train.py").write_text("print('started', flush=True)\nraise KeyboardInterrupt\n")
+    proc = _run(tmp_path, how, "train.py")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert "started" in proc.stdout and "KeyboardInterrupt" in proc.stderr
+    assert "exitcode: -2" in proc.stderr, proc.stderr[-3000:]
+
+
+#: What training scripts do under ``if __name__ == "__main__":``: choose the start method,
+#: use a pool of processes running a function of the script.
+START_METHOD = """
+import multiprocessing as mp
+def square(x):
+    return x * x
+if __name__ == "__main__":
+    print("chosen before:", mp.get_start_method(allow_none=True), flush=True)
+    mp.set_start_method("spawn")
+    with mp.Pool(2) as pool:
+        print("pool:", pool.map(square, [1, 2, 3]), type(__builtins__).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["cold", "warm"])
+def test_script_may_choose_its_multiprocessing_start_method(tmp_path: Path, how: str) -> None:
+    """A new interpreter has no start method chosen, so the script's own
+    ``set_start_method("spawn")`` works; a warm worker (a fork server's child, which inherits
+    the server's) must not fail with "context has already been set"."""
+    (tmp_path / "train.py").write_text(START_METHOD)
+    proc = _run(tmp_path, how, "train.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "chosen before: None" in proc.stdout and "pool: [1, 4, 9] module" in proc.stdout
+
+
+@pytest.mark.parametrize("how", ["cold", "warm"])
+def test_agents_working_directory_does_not_shadow_the_scripts_imports(
+        tmp_path: Path, how: str) -> None:
+    """``shadowme`` is installed (on PYTHONPATH) and also a file in the agent's working
+    directory: ``python proj/train.py`` imports the installed one (the working directory is
+    not on its path), and so must the fork server that preloads the script's imports."""
+    (tmp_path / "shadowme.py").write_text("VALUE = 'the working directory copy'\n")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "shadowme.py").write_text("VALUE = 'installed'\n")
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text(
+        "import shadowme\nprint('shadowme:', shadowme.VALUE, flush=True)\n")
+    proc = _run(tmp_path, how, "proj/train.py", pythonpath=tmp_path / "lib")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "shadowme: installed" in proc.stdout, proc.stdout
+    assert ("preloads" in proc.stderr and "shadowme" in proc.stderr) == (how == "warm")

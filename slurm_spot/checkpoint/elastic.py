@@ -148,8 +148,10 @@ def samples_done(extra: Mapping[str, Any], batch_in_epoch: int, global_batch: in
 
 def batches_done(samples: int, global_batch: int, epoch_samples: int) -> int:
     """The keep-global position (global batches done) of a position in samples, for a run
-    that goes back from scale-lr to keep-global. ``epoch_samples``: the data set's size; a
-    position at its end (the epoch is over) is the epoch's last global batch done.
+    that goes back from scale-lr to keep-global, or resumes with another ``--global-batch``.
+    ``epoch_samples``: the data set's size; a position after which no full global batch is
+    left (keep-global drops such a tail, as ``drop_last=True``) is the epoch's last global
+    batch done: the epoch is over.
 
     Raises:
         ValueError: ``samples`` is not a whole number of global batches (global batch ``k``
@@ -157,7 +159,7 @@ def batches_done(samples: int, global_batch: int, epoch_samples: int) -> int:
             samples twice); finish the epoch with scale-lr, or choose a --global-batch that
             divides it.
     """
-    if samples >= epoch_samples:
+    if samples + global_batch > epoch_samples:
         return epoch_samples // global_batch
     if samples % global_batch:
         raise ValueError(f"the checkpoint is {samples} samples into its epoch, not a whole "

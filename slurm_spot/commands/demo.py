@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -12,6 +13,18 @@ from slurm_spot.commands.common import json_option, print_json
 from slurm_spot.commands.progress import waiting
 from slurm_spot.errors import BadInputError
 from slurm_spot.localcluster.demo import Demo, DemoSettings, example_script, summary_lines
+
+
+class _Seconds(click.FloatRange):
+    """``click.FloatRange`` that also refuses NaN (every comparison with NaN is false, so
+    FloatRange lets ``nan`` through: the demo would run with a NaN notice or boot delay)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        number = super().convert(value, param, ctx)
+        if number != number:
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return float(number)
 
 
 @click.command("demo")
@@ -28,10 +41,10 @@ from slurm_spot.localcluster.demo import Demo, DemoSettings, example_script, sum
                    "kill); --elastic: 500 (0.15 s each; at least 400, so that the second "
                    "replacement joins before the end)].")
 @click.option("--keep-cluster", is_flag=True, help="Leave the local cluster running.")
-@click.option("--boot-delay", "boot_delay_s", type=click.FloatRange(1, 3600), default=2.0,
+@click.option("--boot-delay", "boot_delay_s", type=_Seconds(1, 3600), default=2.0,
               show_default=True,
               help="Simulated boot of a local node, seconds (a cloud GPU node: 60-180).")
-@click.option("--notice", "notice_s", type=click.FloatRange(10, 3600), default=None,
+@click.option("--notice", "notice_s", type=_Seconds(10, 3600), default=None,
               help="Seconds of notice before the first interruption [default: 30; "
                    "--elastic: 20].")
 @click.option("--prewarm/--no-prewarm", default=True,

@@ -385,6 +385,15 @@ class ReconcileConfig(_Model):
     def _ip_address(cls, value: str) -> str:
         return check_listen_address(value)
 
+    @field_validator("max_fast_requeues", "fast_requeue_window_s", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: object) -> object:
+        """YAML reads ``yes``/``true``/``on`` as a boolean, which pydantic takes as 1: the
+        crash-loop cap would silently become one expedited requeue, or a 1 s window."""
+        if isinstance(value, bool):
+            raise ValueError("a number, not true/false (YAML reads yes/no/on/off as booleans)")
+        return value
+
 
 class CostConfig(_Model):
     """Prices for ``slurm-spot plan``, ``cost`` and ``simulate`` (USD).

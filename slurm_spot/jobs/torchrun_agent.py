@@ -368,7 +368,8 @@ def launch_warm(targs: list[str], ignore_signals: list[int]) -> None:
     _use_warm_context()
     script = args.training_script
     modules = warm_worker.preload_modules(script)
-    pid = warm_worker.start_fork_server(modules, ignore_signals)
+    pid = warm_worker.start_fork_server(modules, ignore_signals,
+                                        warm_worker.script_folder(script))
     print(f"slurm-spot: warm worker start: fork server {pid} preloads {','.join(modules)}",
           file=sys.stderr, flush=True)
     elastic_launch(config, warm_worker.run_script)(

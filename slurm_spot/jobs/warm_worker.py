@@ -17,10 +17,12 @@ which imports torch, torch.distributed and the script's own top-level imports
 imports, for the first round and every restart.
 
 The worker's side, :func:`run_script`, makes the fork look like ``python -u SCRIPT ARGS``:
-``sys.argv``, ``sys.path[0]`` (the script's folder), unbuffered stdout/stderr, default
-dispositions of the signals the fork server ignores, ``sys.exit()``/``sys.exit(0)`` ending the
-worker successfully, non-daemon threads joined and ``atexit`` handlers run when the script
-returns (a fork-server child ends with ``os._exit``, which would skip them).
+``sys.argv``, ``sys.path[0]`` (the folder of the script's real path), an absolute
+``__file__``, unbuffered stdout/stderr, default dispositions of the signals the fork server
+ignores, no ``multiprocessing`` start method chosen yet, ``sys.exit()``/``sys.exit(0)`` ending
+the worker successfully, an uncaught ``KeyboardInterrupt`` ending it by SIGINT, non-daemon
+threads joined and ``atexit`` handlers run when the script returns (a fork-server child ends
+with ``os._exit``, which would skip them).
 
 What differs from ``python -u SCRIPT`` (why ``--no-preload`` exists):
 
@@ -37,13 +39,16 @@ from __future__ import annotations
 
 import ast
 import atexit
+import builtins
 import io
+import multiprocessing
 import os
 import runpy
 import signal
 import sys
 import threading
 import traceback
+import zipfile
 from pathlib import Path
 
 #: Imported in the fork server whatever the script imports: what every training worker under
@@ -57,6 +62,12 @@ PRELOAD_ENV = "SLURM_SPOT_WARM_PRELOAD"
 #: Environment variable with the agent's process id, for the fork server (see
 #: :func:`exit_with_parent`).
 AGENT_ENV = "SLURM_SPOT_WARM_AGENT"
+
+#: Environment variable with the folder the fork server puts first on ``sys.path`` before it
+#: preloads (the script's, :func:`script_folder`): the workers' ``sys.path[0]``, not the
+#: agent's (its working directory under ``python -m``), whose modules would shadow installed
+#: ones of the same name for the preloaded imports only.
+PATH0_ENV = "SLURM_SPOT_WARM_PATH0"
 
 
 def exit_with_parent(parent: int) -> None:
@@ -100,7 +111,7 @@ def script_imports(script: str | Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
             names += [f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*"]
-    folder = path.absolute().parent
+    folder = Path(script_folder(path))
     found: list[str] = []
     for name in names:
         top = name.split(".")[0]
@@ -161,25 +172,37 @@ def run_script(reset_signals: str, script: str, *args: str) -> None:
     Exit: returns when the script ends normally or with ``sys.exit()``/``sys.exit(0)``/
     ``sys.exit(None)`` (torch's launcher reads that as success); ``sys.exit(N)`` and
     exceptions propagate (torch reports the worker failed with that exit code, 1 for an
-    exception, as the subprocess start does; the traceback is printed on stderr first);
+    exception, as the subprocess start does; the traceback is printed on stderr first); an
+    uncaught ``KeyboardInterrupt`` ends the worker by SIGINT, as the interpreter does;
     ``os._exit`` ends the process at once as always (the agent's warm context,
     :func:`slurm_spot.jobs.torchrun_agent.launch_warm`, takes an exit 0 without a return
     value as success).
     """
     for number in filter(None, reset_signals.split(",")):
         signal.signal(int(number), signal.SIG_DFL)
+    # No start method chosen yet, as in a new interpreter: the fork server's child inherits
+    # its parent's, and a script's own multiprocessing.set_start_method("spawn") (a common
+    # line in training scripts) would raise "context has already been set".
+    multiprocessing.set_start_method(None, force=True)  # type: ignore[arg-type]
     _unbuffered()
     sys.argv = [script, *args]
-    folder = str(Path(script).absolute().parent)
+    folder = script_folder(script)
     if sys.path:
         sys.path[0] = folder
     else:
         sys.path.append(folder)
+    interrupted = False
     try:
-        runpy.run_path(script, run_name="__main__")
+        _run_main(script)
     except SystemExit as exc:
         if exc.code is not None and exc.code != 0:
             raise
+    except KeyboardInterrupt:
+        # torch's worker wrapper (torch/multiprocessing/spawn.py ``_wrap``) swallows it and
+        # the worker would exit 0: the job would look finished. Python ends a script that
+        # raised it by SIGINT (exit -2 as torch reports it), as below.
+        traceback.print_exc()
+        interrupted = True
     except BaseException:
         # As the interpreter would: torch's process wrapper only writes it to an error file.
         traceback.print_exc()
@@ -188,6 +211,42 @@ def run_script(reset_signals: str, script: str, *args: str) -> None:
         _join_threads()
         atexit._run_exitfuncs()
         _flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def _run_main(script: str) -> None:
+    """Run ``script`` as the ``__main__`` module, as ``python SCRIPT`` does: ``__file__`` and
+    tracebacks name its absolute path (Python 3.9+), ``sys.argv[0]`` stays as typed
+    (``runpy.run_path`` would set it to the path it is given), and the module stays
+    ``sys.modules["__main__"]`` after the script returns (threads and ``atexit`` handlers
+    that pickle the script's classes still find them). A folder or zip file with a
+    ``__main__.py`` runs through ``runpy.run_path``, as the interpreter runs it.
+
+    Raises what the script raises; OSError when it cannot be read, SyntaxError."""
+    import importlib.machinery
+    import types
+
+    path = os.path.abspath(script)
+    if not os.path.isfile(path) or zipfile.is_zipfile(path):
+        runpy.run_path(script, run_name="__main__")
+        return
+    with io.open_code(path) as file:
+        code = compile(file.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def script_folder(script: str | Path) -> str:
+    """``sys.path[0]`` of ``python SCRIPT``: the folder of the script's real path (symlinks
+    resolved, as CPython does: a script linked from elsewhere imports the modules next to its
+    target, Python docs, "sys.path" initialization)."""
+    return os.path.dirname(os.path.realpath(script))
 
 
 def _unbuffered() -> None:
@@ -222,11 +281,13 @@ def _flush() -> None:
             pass
 
 
-def start_fork_server(modules: list[str], ignore: list[int]) -> int:
+def start_fork_server(modules: list[str], ignore: list[int], folder: str | None = None) -> int:
     """Start Python's multiprocessing fork server now (``multiprocessing.forkserver.
     ensure_running``), preloading ``modules`` through :mod:`slurm_spot.jobs.warm_preload`, with
     the signals ``ignore`` ignored in it (``SIG_IGN`` is kept across ``exec``; the handlers of
-    this process are restored at once). Its imports then overlap the first rendezvous. The
+    this process are restored at once), and ``folder`` (the script's, where given) first on
+    its ``sys.path`` while it imports, as the workers will have it. Its imports then overlap
+    the first rendezvous. The
     server is killed when this process ends (:func:`exit_with_parent`). Must be called from
     the thread that outlives the workers (the kernel's parent-death signal follows the thread
     that started the server): the main thread. Returns the server's process id.
@@ -239,9 +300,11 @@ def start_fork_server(modules: list[str], ignore: list[int]) -> int:
 
     multiprocessing.set_forkserver_preload(["slurm_spot.jobs.warm_preload"])
     saved = {number: signal.signal(number, signal.SIG_IGN) for number in ignore}
-    before = {name: os.environ.get(name) for name in (PRELOAD_ENV, AGENT_ENV)}
+    before = {name: os.environ.get(name) for name in (PRELOAD_ENV, AGENT_ENV, PATH0_ENV)}
     os.environ[PRELOAD_ENV] = ",".join(modules)
     os.environ[AGENT_ENV] = str(os.getpid())
+    if folder is not None:
+        os.environ[PATH0_ENV] = folder
     try:
         forkserver.ensure_running()
     finally:
