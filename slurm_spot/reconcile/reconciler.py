@@ -54,6 +54,7 @@ from slurm_spot.reconcile.requeue_exit import (
     exit_reason,
     held_by_requeue_exit,
     requeue_candidates,
+    withheld_reason,
 )
 from slurm_spot.reconcile.rules import (
     History,
@@ -537,13 +538,9 @@ class Reconciler:
         for w in withheld:
             if not w.new:
                 continue
-            until = "" if w.eligible_time is None else ", eligible at " + datetime.fromtimestamp(
-                w.eligible_time, timezone.utc).isoformat(timespec="seconds")
             self._emit(result, Action.EXPEDITE_WITHHELD, job_ids=(w.job_id,),
-                       reason=f"requeued by exit code {code} {w.requeues} times within "
-                       f"{settings.fast_requeue_window_s:g} s (reconcile.max_fast_requeues="
-                       f"{settings.max_fast_requeues}): a crash loop? left to Slurm's requeue "
-                       f"hold{until}",
+                       reason=withheld_reason(w, code, settings.max_fast_requeues,
+                                              settings.fast_requeue_window_s),
                        extra={"restarts": w.restarts, "requeues": w.requeues,
                               "window_s": settings.fast_requeue_window_s})
         return self._expedite_jobs(expedite, result, exit_reason(code)) + [

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from slurm_spot.events import Action
 from slurm_spot.reconcile.history import event_time
@@ -145,3 +145,15 @@ def cap_fast_requeues(held: Sequence[int], records: Sequence[JobRecord],
         withheld.append(Withheld(job, record.restarts, counts[job] + (1 if new else 0),
                                  record.eligible_time, new))
     return expedite, withheld
+
+
+def withheld_reason(withheld: Withheld, requeue_exit_code: int, max_fast_requeues: int,
+                    window_s: float) -> str:
+    """The ``reason`` of the ``expedite_withheld`` event for ``withheld``: how often the job
+    requeued itself within ``window_s`` (seconds), the limit, and when Slurm's hold ends
+    (UTC, when known)."""
+    until = "" if withheld.eligible_time is None else ", eligible at " + datetime.fromtimestamp(
+        withheld.eligible_time, timezone.utc).isoformat(timespec="seconds")
+    return (f"requeued by exit code {requeue_exit_code} {withheld.requeues} times within "
+            f"{window_s:g} s (reconcile.max_fast_requeues={max_fast_requeues}): a crash "
+            f"loop? left to Slurm's requeue hold{until}")
