@@ -41,6 +41,7 @@ from pathlib import Path
 import yaml
 
 from slurm_spot.errors import SlurmSpotError
+from slurm_spot.jobs.torchrun_agent import node_addr
 from slurm_spot.localcluster import elastic_report as report
 from slurm_spot.localcluster.demo import Demo, DemoSettings, TrainingLog, demo_config
 from slurm_spot.resources import example
@@ -244,7 +245,7 @@ class ElasticDemo(Demo):
                        for e in read_events(self.s.workdir / "log"))
 
         self.wait("the on-demand node to be launched", launched, TrainingLog(out))
-        addr = self._node_addr(nodes[0])
+        addr = node_addr(SlurmClient(), nodes[0])
         return {"job_id": job, "node": nodes[0], "addr": addr, "partition": "ondemand",
                 "rendezvous": f"{addr}:{port}", "description": COORDINATOR_DESCRIPTION,
                 "log": str(out).replace("%j", str(job))}
@@ -269,12 +270,6 @@ class ElasticDemo(Demo):
         self.wait("the rendezvous store to listen on the on-demand node", listening, log)
         self.say(f"rendezvous store listening on {coordinator['rendezvous']} "
                  f"({coordinator['node']}, on-demand)")
-
-    def _node_addr(self, node: str) -> str:
-        from slurm_spot.slurm.states import parse_oneline
-
-        shown = SlurmClient().run("scontrol", "-o", "show", "node", node, check=False)
-        return parse_oneline(shown.stdout.strip()).get("NodeAddr") or node
 
     def _submit_elastic(self, rendezvous: str) -> tuple[int, TrainingLog]:
         out = self.s.workdir / "train-%j.out"
