@@ -1,7 +1,9 @@
 """A real local Slurm cluster for end-to-end tests (munge + slurmctld + local instances).
 
-Only one slurmctld can listen on this machine, so a cluster holds an exclusive file lock for
-its whole life: concurrent test runs wait for each other instead of colliding.
+Only one slurmctld can listen on one network, so a cluster holds an exclusive file lock for
+its whole life: concurrent test runs on the host's network wait for each other instead of
+colliding. A test worker in a private network namespace (tests/netns.py, ``make test``'s
+parallel workers) has a lock and a registry of its own: its clusters run beside the others'.
 """
 
 from __future__ import annotations
@@ -18,11 +20,34 @@ from typing import IO
 
 import yaml
 
+from tests.netns import NETNS_ENV
+
 LOCK_PATH = Path("/tmp/slurm-spot-test-cluster.lock")
+"""The lock of the host's network (ansible/tests/check-slurmctld.sh and the benchmarks take it
+too)."""
 # One file per test cluster started on this machine, naming its config, until it is stopped:
 # a run that crashed leaves its file, and the next run stops exactly that cluster's processes
 # (from the pids its state dir records), never other slurmctld/slurmd processes of the host.
 REGISTRY_DIR = Path("/tmp/slurm-spot-test-clusters")
+
+
+def _network_name() -> str | None:
+    name = os.environ.get(NETNS_ENV, "")
+    return name if name.replace("-", "").replace("_", "").isalnum() else None
+
+
+def lock_path() -> Path:
+    """The test-cluster lock of this process's network: :data:`LOCK_PATH` on the host's,
+    ``/tmp/slurm-spot-test-cluster.<name>.lock`` in a private namespace named ``<name>``."""
+    name = _network_name()
+    return LOCK_PATH.with_name(f"slurm-spot-test-cluster.{name}.lock") if name else LOCK_PATH
+
+
+def registry_dir() -> Path:
+    """Where this network's clusters are registered (:data:`REGISTRY_DIR`, or a folder of it
+    per private namespace): :func:`_stop_strays` stops only the strays of its own network."""
+    name = _network_name()
+    return REGISTRY_DIR / f"netns-{name}" if name else REGISTRY_DIR
 
 LOCK_HELD_ENV = "SLURM_SPOT_LOCK_HELD_BY"
 """Set to the pid of a process that holds the lock for a whole run (the version matrix holds it
@@ -93,8 +118,9 @@ class Cluster:
         self._lock = acquire_cluster_lock()
         _stop_strays()
         self.conf_dir.mkdir(parents=True, exist_ok=True)
-        REGISTRY_DIR.mkdir(exist_ok=True)
-        self._entry = REGISTRY_DIR / f"{os.getpid()}-{time.time_ns()}"
+        registry = registry_dir()
+        registry.mkdir(parents=True, exist_ok=True)
+        self._entry = registry / f"{os.getpid()}-{time.time_ns()}"
         self._entry.write_text(str(self.conf_dir))
         source = self.root / "spot-source.yaml"
         source.write_text(yaml.safe_dump(self.config_data))
@@ -151,7 +177,7 @@ class Cluster:
 
 
 def acquire_cluster_lock(timeout: float | None = None) -> IO[str]:
-    """Take the machine-wide test-cluster lock (an exclusive ``flock`` on :data:`LOCK_PATH`);
+    """Take this network's test-cluster lock (an exclusive ``flock`` on :func:`lock_path`);
     release it by closing the returned file.
 
     Waits up to ``timeout`` seconds (another test run may be using the cluster), then fails
@@ -165,7 +191,8 @@ def acquire_cluster_lock(timeout: float | None = None) -> IO[str]:
     if holder.isdigit() and Path(f"/proc/{holder}").exists():
         # A caller (the version matrix, flock(1)) holds the lock for this whole run.
         return open(os.devnull, "a")
-    lock = open(LOCK_PATH, "a")  # returned to the caller; Python fds are not inherited
+    path = lock_path()
+    lock = open(path, "a")  # returned to the caller; Python fds are not inherited
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -175,8 +202,8 @@ def acquire_cluster_lock(timeout: float | None = None) -> IO[str]:
             if time.monotonic() > deadline:
                 lock.close()
                 raise AssertionError(
-                    f"{LOCK_PATH} is still locked after {timeout:g} s; held open by: "
-                    f"{', '.join(_holders(LOCK_PATH)) or 'unknown processes'}") from None
+                    f"{path} is still locked after {timeout:g} s; held open by: "
+                    f"{', '.join(_holders(path)) or 'unknown processes'}") from None
             time.sleep(0.5)
 
 
@@ -211,11 +238,12 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
 
 def _stop_strays() -> None:
     """Stop what earlier test clusters left running (a crashed run holds the ports): for each
-    entry of :data:`REGISTRY_DIR`, ``slurm-spot local down`` of that cluster, which stops only
+    entry of :func:`registry_dir`, ``slurm-spot local down`` of that cluster, which stops only
     the pids its state dir recorded. Processes the tests did not start are never touched."""
-    if not REGISTRY_DIR.is_dir():
+    registry = registry_dir()
+    if not registry.is_dir():
         return
-    for entry in sorted(REGISTRY_DIR.iterdir()):
+    for entry in sorted(e for e in registry.iterdir() if e.is_file()):
         conf_dir = Path(entry.read_text().strip())
         spot_yaml = conf_dir / "spot.yaml"
         if spot_yaml.exists():
