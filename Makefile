@@ -6,6 +6,11 @@ PIP := $(PY) -m pip
 # torch is pinned: 2.13.0 is the CPU wheel; an unpinned torch can pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 PYTEST_ARGS ?=
+# The suite runs on pytest-xdist workers, each in a private network namespace with its own local
+# cluster (tests/parallel.py, tests/netns.py): end-to-end tests mostly wait on Slurm, so more
+# workers than CPUs pay (BENCHMARKS.md, "make test"). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 4
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 .PHONY: all setup system-deps venv lint typecheck unit e2e test demo demo-elastic bench bench-smoke clean slurm-roots test-slurm
 
@@ -39,14 +44,14 @@ typecheck: setup
 	$(VENV)/bin/mypy
 
 unit: setup
-	$(PY) -m pytest -m "not e2e" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not e2e" -q $(PARALLEL) $(PYTEST_ARGS)
 
 e2e: setup
-	$(PY) -m pytest -m e2e -q $(PYTEST_ARGS)
+	$(PY) -m pytest -m e2e -q $(PARALLEL) $(PYTEST_ARGS)
 
 # The whole suite: lint, types, unit and end-to-end tests (a real local Slurm).
 test: setup lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(PARALLEL) $(PYTEST_ARGS)
 
 # The version matrix's Debian roots with Debian's Slurm 22.05/24.11/26.05 (tests/slurmroots.py):
 # built once from the Debian mirror of this machine's apt sources, cached in

@@ -34,6 +34,7 @@ so in everything it starts); unset on the host's network."""
 CLONE_NEWNET = 0x40000000  # <sched.h>
 _SIOCGIFFLAGS = 0x8913  # <linux/sockios.h>
 _SIOCSIFFLAGS = 0x8914
+_SIOCSIFADDR = 0x8916
 _IFF_UP = 0x1  # <net/if.h>
 
 _host_fd: int | None = None
@@ -50,13 +51,24 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns(CLONE_NEWNET): {os.strerror(err)}")
 
 
+def _set_up(sock: socket.socket, name: bytes) -> None:
+    request = struct.pack("16sH", name, 0)
+    flags = struct.unpack("16sH", fcntl.ioctl(sock, _SIOCGIFFLAGS, request)[:18])[1]
+    fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH", name, flags | _IFF_UP))
+
+
 def _loopback_up() -> None:
-    """Bring ``lo`` up in the current network namespace (a new one has it down): the
-    ``SIOCSIFFLAGS`` ioctl of netdevice(7), so no ``ip`` program is needed."""
+    """Bring ``lo`` up in the current network namespace (a new one has it down), with a second
+    loopback address, 127.0.0.2 (alias ``lo:1``): glibc's ``getaddrinfo`` with ``AI_ADDRCONFIG``
+    counts 127.0.0.1 as no address at all, and Slurm 22.05's slurmctld, resolving its listening
+    address that way, exits with "getaddrinfo() failed: Name or service not known" where
+    127.0.0.1 is the only one. The ioctls of netdevice(7), so no ``ip`` program is needed."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("16sH", b"lo", 0)
-        flags = struct.unpack("16sH", fcntl.ioctl(sock, _SIOCGIFFLAGS, request)[:18])[1]
-        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | _IFF_UP))
+        _set_up(sock, b"lo")
+        address = struct.pack("HH4s8s", socket.AF_INET, 0, socket.inet_aton("127.0.0.2"),
+                              bytes(8))
+        fcntl.ioctl(sock, _SIOCSIFADDR, struct.pack("16s", b"lo:1") + address)
+        _set_up(sock, b"lo:1")
 
 
 def enter_private_network(name: str) -> None:

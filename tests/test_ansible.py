@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.netns import host_network
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "ansible" / "tests" / "run.sh"
 RUN_MARK = "=== ansible-playbook tests/test.yml: run "
@@ -69,8 +71,11 @@ def _require(env: dict[str, str]) -> None:
 def test_role_converges_is_idempotent_and_lints() -> None:
     env = _environment()
     _require(env)
-    proc = subprocess.run(["bash", str(RUN)], capture_output=True, text=True, env=env,
-                          timeout=1700, check=False)
+    # On the host's network: pip reaches the package index for the role's virtualenv, and
+    # check-slurmctld.sh takes the host network's test-cluster lock for its slurmctld.
+    with host_network():
+        proc = subprocess.run(["bash", str(RUN)], capture_output=True, text=True, env=env,
+                              timeout=1700, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"ansible/tests/run.sh failed:\n{output[-12000:]}"
     check, _, rest = output.partition(CHECK_MARK)[2].partition(RUN_MARK)

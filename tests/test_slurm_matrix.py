@@ -19,6 +19,7 @@ import pytest
 
 from tests import slurmroots
 from tests.cluster import LOCK_HELD_ENV, acquire_cluster_lock
+from tests.netns import host_network
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -65,7 +66,8 @@ def test_smoke_and_demo_on_other_slurm(series: str, machine_lock: None) -> None:
     if host == series:
         pytest.skip(f"Slurm {series} is the host's own: the rest of the suite tests it")
     try:
-        slurmroots.build(suite)
+        with host_network():  # debootstrap reaches the Debian mirror
+            slurmroots.build(suite)
     except (RuntimeError, OSError) as exc:
         pytest.fail(f"Slurm {series} ({suite.name}): building the root failed: {exc}")
     result = slurmroots.run_pytest(suite, ["-m", "e2e", *SMOKE])
