@@ -274,10 +274,12 @@ def test_job_named_with_invalid_utf8_is_still_requeued_and_shown(rc: Cluster) ->
     killed, and status/events print without a traceback, the name's byte shown as \\xff.
     Passes are run here with 'reconcile --once' (the daemon, if still up, is stopped: this
     is the module's last test)."""
-    try:
-        os.kill(_reconciler_pid(rc), signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # an earlier test stopped it
+    daemon = _reconciler_pid(rc)
+    try:  # only that pid while it is still our reconciler (an earlier test may have killed it)
+        if b"reconcile" in Path(f"/proc/{daemon}/cmdline").read_bytes():
+            os.kill(daemon, signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
     out = subprocess.run([b"sbatch", b"--parsable", b"-p", b"spot", b"-N", b"1", b"--requeue",
                           b"-J", b"bad\xff\xfename", b"-o", b"/dev/null",
                           b"--wrap", b"srun sleep 600"],
