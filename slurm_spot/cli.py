@@ -16,6 +16,7 @@ import click
 from slurm_spot.commands import LazyGroup
 from slurm_spot.commands.common import AppContext, check_config_path
 from slurm_spot.errors import BadInputError, SlurmSpotError
+from slurm_spot.rawtext import use_escaped_output
 
 
 class _Group(LazyGroup):
@@ -54,6 +55,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
     """Spot GPU instances as a Slurm cloud partition, with jobs that survive interruptions."""
+    use_escaped_output()  # a user's invalid UTF-8 byte in a job name prints as \xff
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ctx.obj = AppContext(config_path)

@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
+from slurm_spot.rawtext import escaped_all
+
 EVENTS_FILE = "events.jsonl"
 log = logging.getLogger(__name__)
 
@@ -93,11 +95,14 @@ class Event:
     extra: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> str:
+        """The event as one line of JSON, valid UTF-8 whatever it holds: text read from
+        Slurm with an undecodable byte (a node reason, a process name) is written escaped
+        (``bad\\xff``, :func:`slurm_spot.rawtext.escaped`)."""
         data = asdict(self)
         data["job_ids"] = list(self.job_ids)
         if not data["extra"]:
             data.pop("extra")
-        return json.dumps(data, sort_keys=True)
+        return json.dumps(escaped_all(data), sort_keys=True)
 
 
 def with_job_refs(fields: dict[str, object], refs: dict[str, str]) -> dict[str, object]:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from slurm_spot.errors import BadInputError, SlurmSpotError
+from slurm_spot.rawtext import use_escaped_output
 
 if TYPE_CHECKING:
     from slurm_spot.config import SpotConfig
@@ -50,6 +51,7 @@ def main(name: str, argv: list[str] | None = None) -> int:
         return _full_cli(name, args)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    use_escaped_output()  # a job's invalid UTF-8 byte is logged as \xff, never a traceback
     # pydantic looks up plugins through every installed distribution's entry points on its
     # first model (~20 ms); a hook uses none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")

@@ -108,8 +108,10 @@ class Cluster:
         return proc
 
     def slurm(self, tool: str, *args: str, check: bool = True, timeout: float = 60) -> str:
-        proc = subprocess.run([tool, *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        """Run Slurm tool ``tool``; its output as text, a user's bytes that are not UTF-8
+        kept as surrogates (as slurm-spot reads them: slurm_spot.rawtext)."""
+        proc = subprocess.run([tool, *args], env=self.env, capture_output=True,
+                              encoding="utf-8", errors="surrogateescape", timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"{tool} {args} -> {proc.returncode}\n{proc.stderr}")
         return proc.stdout

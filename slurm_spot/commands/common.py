@@ -14,6 +14,7 @@ import click
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.errors import BadInputError
 from slurm_spot.events import EVENTS_FILE
+from slurm_spot.rawtext import escaped_all
 from slurm_spot.slurm.client import SlurmClient
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -133,5 +134,6 @@ def json_option(func: F) -> F:
 
 
 def print_json(data: object) -> None:
-    """Print ``data`` as indented JSON."""
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+    """Print ``data`` as indented JSON, valid UTF-8 whatever text it holds (an undecodable
+    byte of a job name or reason as ``\\xff``: :func:`slurm_spot.rawtext.escaped_all`)."""
+    click.echo(json.dumps(escaped_all(data), indent=2, sort_keys=True, default=str))

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import click
 
+from slurm_spot.rawtext import escaped
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -101,7 +103,9 @@ def plain_lines(rows: Sequence[Mapping[str, str]], fields: Sequence[Field],
 def print_table(rows: Sequence[Mapping[str, str]], fields: Sequence[Field],
                 header: bool = True) -> None:
     """Print ``rows`` (field name -> text): a rich table on a terminal, plain columns
-    (:func:`plain_lines`) when stdout is a pipe or a file."""
+    (:func:`plain_lines`) when stdout is a pipe or a file. Text holding an undecodable byte
+    (a job name, a node reason) is shown escaped (``bad\\xff``) and aligned as shown."""
+    rows = [{name: escaped(str(text)) for name, text in r.items()} for r in rows]
     if not is_terminal():
         for line in plain_lines(rows, fields, header):
             click.echo(line)

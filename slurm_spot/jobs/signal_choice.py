@@ -55,6 +55,7 @@ from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.events import Action
 from slurm_spot.jobs.jobenv import JobEnvError, SignalSpec, parse_signal
 from slurm_spot.jobs.sbatch import option_values, read_directives
+from slurm_spot.rawtext import decode
 from slurm_spot.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
@@ -215,7 +216,9 @@ def read_processes(job_id: int, node: str, listed: Iterable[tuple[int, str]] | N
     found = []
     for pid, step in pairs:
         try:
-            found.append(parse_status((proc_root / str(pid) / "status").read_text(), pid, step))
+            # Name: is the process's name, which its user sets (any bytes but NUL).
+            text = decode((proc_root / str(pid) / "status").read_bytes())
+            found.append(parse_status(text, pid, step))
         except (OSError, ValueError):
             continue
     return found
@@ -235,7 +238,7 @@ def _scan_environ(job_id: int, node: str, proc_root: Path) -> list[tuple[int, st
         env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
         if (env.get(b"SLURM_JOB_ID") == str(job_id).encode()
                 and env.get(b"SLURMD_NODENAME", node.encode()) == node.encode()):
-            found.append((int(entry), env.get(b"SLURM_STEP_ID", b"batch").decode()))
+            found.append((int(entry), decode(env.get(b"SLURM_STEP_ID", b"batch"))))
     return found
 
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 from slurm_spot.errors import HostlistError
 from slurm_spot.hostlist import expand
+from slurm_spot.rawtext import DECODE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ def read_resume_file(env: Mapping[str, str] = os.environ) -> dict[int, tuple[str
     if not path:
         return None
     try:
-        with open(path, encoding="utf-8") as fh:
+        # Jobs' fields (extra, features) hold whatever bytes their users gave: kept, not an error.
+        with open(path, encoding="utf-8", errors=DECODE_ERRORS) as fh:
             return parse_resume_file(fh.read(1 << 24))
     except (OSError, ValueError) as exc:
         log.warning("SLURM_RESUME_FILE %s unreadable: %s; no all-or-nothing per job", path, exc)

@@ -54,6 +54,10 @@ class FakeJob:
     no_kill: bool = False  # sbatch --no-kill: a DOWN node is removed from it, not requeued
     eligible_time: int = 0  # Unix seconds (0: unknown); after a requeue, submit_time + 121
     partition: str = "spot"
+    # sbatch -J / scontrol update comment=: any bytes but NUL, kept as Slurm prints them (a
+    # str with surrogates for bytes that are not UTF-8, see FakeSlurm.through_process)
+    name: str = "wrap"
+    comment: str = ""
 
 
 class FakeSlurm:
@@ -74,11 +78,32 @@ class FakeSlurm:
         self.expedited: list[int] = []
         self.on_show: Callable[[int], None] | None = None
         self.show_calls = 0
+        self.signals: list[list[str]] = []  # scancel's arguments, in order
         self.calls: list[list[str]] = []  # every argv run, in order (what an admin's ps sees)
         # Like Slurm 22.05: sinfo --json lists nodes, scontrol has no --json. False: neither
         # (the text fallback); "warn": sinfo prints a warning line before its JSON.
         self.json_nodes: bool | str = True
         self.refuse_show: str = ""  # scontrol show node fails with this (slurmctld away)
+
+    def through_process(self, out_dir: Path) -> Callable[[list[str], float], CommandResult]:
+        """A runner that answers as this fake does, but whose output reaches the client as
+        a real command's does: its bytes (text with surrogates from ``name="bad\\udcff"``
+        written as the byte ``\\xff``, as Slurm prints a user's bytes) are printed by a
+        process that the production runner (``run_command``) runs and reads."""
+        from slurm_spot.slurm.runner import run_command
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+        def run(argv: list[str], timeout_s: float) -> CommandResult:
+            answer = self(argv, timeout_s)
+            out, err = out_dir / "stdout", out_dir / "stderr"
+            out.write_bytes(answer.stdout.encode("utf-8", "surrogateescape"))
+            err.write_bytes(answer.stderr.encode("utf-8", "surrogateescape"))
+            printed = run_command(["/bin/sh", "-c", 'cat "$1"; cat "$2" >&2; exit "$3"', "sh",
+                                   str(out), str(err), str(answer.returncode)], timeout_s)
+            return CommandResult(argv, printed.returncode, printed.stdout, printed.stderr)
+
+        return run
 
     # -- setup ----------------------------------------------------------------------------
     def add_node(self, name: str, state: str = "IDLE+CLOUD+POWERED_DOWN", **kw: str) -> FakeNode:
@@ -131,7 +156,7 @@ class FakeSlurm:
                 if self._at_least(23, 11) else {})}
             for n in self.nodes.values()]}
         warning = "sinfo: warning: plugin said something\n" if self.json_nodes == "warn" else ""
-        return warning + json.dumps(data, indent=2)
+        return warning + json.dumps(data, indent=2, ensure_ascii=False)  # bytes as they are
 
     def _scontrol(self, args: list[str]) -> str:
         if args and args[0] == "--json":
@@ -189,8 +214,8 @@ class FakeSlurm:
     def _show_job(self, j: FakeJob) -> str:
         nodes = compress(j.nodes) if j.nodes else "(null)"
         batch_host = j.batch_host or (j.nodes[0] if j.nodes else "")
-        return (f"JobId={j.job_id} JobName=wrap JobState={j.state} Reason={j.reason} "
-                f"AdminComment={j.admin_comment or '(null)'} "
+        return (f"JobId={j.job_id} JobName={j.name} JobState={j.state} Reason={j.reason} "
+                f"AdminComment={j.admin_comment or '(null)'} Comment={j.comment or '(null)'} "
                 f"Requeue={int(j.requeue)} Restarts={j.restarts} BatchFlag=1 "
                 f"ExitCode={j.exit_code} EndTime={j.end_time} NodeList={nodes} "
                 f"SubmitTime={_local(j.submit_time)} EligibleTime={_local(j.eligible_time)}"
@@ -309,6 +334,11 @@ class FakeSlurm:
             self.expedited.append(job_id)
         return ""
 
+    def _scancel(self, args: list[str]) -> str:
+        """``scancel -s SIG <job>[.<step>]``: recorded in :attr:`signals`."""
+        self.signals.append(list(args))
+        return ""
+
     def _squeue(self, args: list[str]) -> str:
         if "--json" in args:
             wanted = None
@@ -318,9 +348,10 @@ class FakeSlurm:
             return json.dumps({"jobs": [
                 {"job_id": j.job_id, "job_state": j.state, "state_reason": j.reason,
                  "nodes": compress(j.nodes) if j.nodes else "", "restart_cnt": j.restarts,
-                 "partition": j.partition, "name": "wrap", "submit_time": j.submit_time,
-                 "start_time": j.start_time}
-                for j in jobs if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED")]})
+                 "partition": j.partition, "name": j.name, "comment": j.comment,
+                 "submit_time": j.submit_time, "start_time": j.start_time}
+                for j in jobs if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED")]},
+                ensure_ascii=False)  # a user's bytes as they are, as Slurm prints them
         # squeue -o "%A %F %K %N": unique id, array id (the id itself), task (N/A), nodes.
         return "".join(f"{j.job_id} {j.job_id} N/A {compress(j.nodes)}\n"
                        for j in self.jobs.values()
