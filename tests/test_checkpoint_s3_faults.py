@@ -306,3 +306,26 @@ def test_a_failed_async_save_still_raises_to_whoever_waits_on_it(endpoint: str,
     manifest = json.loads(client(endpoint).get_object(
         Bucket=bucket, Key=f"{PREFIX}step_000000002/manifest.json")["Body"].read())
     assert manifest["step"] == 2
+
+
+def test_an_uploading_save_refreshes_its_marker_at_most_every_interval() -> None:
+    """The transfer callback re-puts the marker once ``every_s`` passed, not per chunk."""
+    from slurm_spot.checkpoint.s3inflight import Heartbeat
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.puts: list[str] = []
+
+        def put_object(self, **kwargs: Any) -> None:
+            self.puts.append(kwargs["Key"])
+
+    now = [1000.0]
+    recorder = Recorder()
+    beat = Heartbeat(recorder, "b", "p/_inflight/step_000000001.ab", 300.0, lambda: now[0])
+    for _ in range(50):  # many chunks within the interval: no refresh
+        beat(8192)
+    assert recorder.puts == []
+    now[0] += 301.0
+    beat(8192)
+    beat(8192)
+    assert recorder.puts == ["p/_inflight/step_000000001.ab"]
