@@ -96,6 +96,15 @@ def _store(endpoint: str, bucket: str, tmp_path: Path, **kw: Any) -> S3Store:
                    staging_dir=str(tmp_path / "staging"), **kw)
 
 
+def _two_attempts_client(endpoint: str) -> Any:
+    """An S3 client that tries each call twice (botocore's standard retry mode), so that
+    back-off on injected errors that never stop stays short."""
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"},  # type: ignore[typeddict-item]
+                      retries={"total_max_attempts": 2, "mode": "standard"}))
+
+
 def _restored_step(endpoint: str, bucket: str, tmp_path: Path) -> int | None:
     fresh = _state(0)
     found = Checkpointer(_store(endpoint, bucket, tmp_path)).restore(fresh)
@@ -133,12 +142,7 @@ def test_a_manifest_whose_fate_is_unknown_keeps_its_data(endpoint: str, tmp_path
     """The manifest PUT was stored, answered 500, and S3 cannot be read back either: the save
     fails as "outcome unknown" and deletes nothing, so the stored manifest stays loadable."""
     bucket = new_bucket(endpoint)
-    # two attempts a call, so that botocore's back-off on the 503s stays short
-    s3 = boto3.session.Session().client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        config=Config(s3={"addressing_style": "path"},  # type: ignore[typeddict-item]
-                      retries={"total_max_attempts": 2, "mode": "standard"}))
-    store = _store(endpoint, bucket, tmp_path, client=s3)
+    store = _store(endpoint, bucket, tmp_path, client=_two_attempts_client(endpoint))
     ckpt = Checkpointer(store, keep=2)
     ckpt.save(_state(1))
     faults = Faults(store)
@@ -147,10 +151,33 @@ def test_a_manifest_whose_fate_is_unknown_keeps_its_data(endpoint: str, tmp_path
     for method in ("GET", "HEAD"):
         faults.on(method, "step_000000002/manifest.json",
                   lambda request: _error(request, 503, "ServiceUnavailable"), after=put)
-    with pytest.raises(CheckpointError, match="unknown"):
+    with pytest.raises(CheckpointError, match="failed, commit outcome unknown") as failed:
         ckpt.save(_state(2))
+    assert "nothing committed" not in str(failed.value)
     assert _data_keys(endpoint, bucket, 2)
     assert _restored_step(endpoint, bucket, tmp_path) == 2
+    # a retry of the step finds it committed and loadable: reported saved, not rewritten
+    assert str(Checkpointer(_store(endpoint, bucket, tmp_path)).save(_state(2))).endswith(
+        "step_000000002")
+
+
+def test_a_manifest_put_that_never_reached_s3_commits_nothing(endpoint: str,
+                                                               tmp_path: Path) -> None:
+    """The connection drops before S3 stored the manifest: read back, nothing is there, so the
+    save fails as "nothing committed" and its upload is deleted."""
+    bucket = new_bucket(endpoint)
+    store = _store(endpoint, bucket, tmp_path, client=_two_attempts_client(endpoint))
+    ckpt = Checkpointer(store, keep=2)
+    ckpt.save(_state(1))
+
+    def dropped(request: Any) -> Any:
+        raise ConnectionClosedError(endpoint_url=request.url)
+
+    Faults(store).on("PUT", "step_000000002/manifest.json", dropped)
+    with pytest.raises(CheckpointError, match="failed, nothing committed"):
+        ckpt.save(_state(2))
+    assert not [k for k in keys(endpoint, bucket) if "step_000000002/" in k]
+    assert _restored_step(endpoint, bucket, tmp_path) == 1
 
 
 def _dangling(endpoint: str, bucket: str, step: int) -> None:
