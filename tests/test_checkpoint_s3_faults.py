@@ -356,3 +356,19 @@ def test_an_uploading_save_refreshes_its_marker_at_most_every_interval() -> None
     beat(8192)
     beat(8192)
     assert recorder.puts == ["p/_inflight/step_000000001.ab"]
+
+
+def test_the_final_save_after_a_failed_async_save_reports_that_failure_once(
+        endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """On a preemption the in-flight save had failed: the final save still commits and the
+    old failure is in the log once (its writer's line), not again from the final save."""
+    bucket = new_bucket(endpoint)
+    store = _store(endpoint, bucket, tmp_path)
+    Faults(store).on("PUT", "state.pt", lambda request: _error(request, 403, "AccessDenied"),
+                     times=1)
+    ckpt = Checkpointer(store, keep=2)
+    with caplog.at_level(logging.ERROR):
+        ckpt.save_async(_state(1))
+        final = ckpt.save_final(_state(2), within_s=60)
+    assert str(final).endswith("step_000000002")
+    assert len([r for r in caplog.records if "step 1" in r.getMessage()]) == 1

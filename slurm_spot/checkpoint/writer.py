@@ -24,7 +24,7 @@ from slurm_spot.checkpoint.snapshot import PendingCopies
 if TYPE_CHECKING:
     from slurm_spot.checkpoint.checkpointer import Checkpointer
 
-log = logging.getLogger("slurm_spot.checkpoint.checkpointer")
+log = logging.getLogger(__name__)
 
 
 class SaveHandle:
