@@ -79,6 +79,7 @@ from slurm_spot.checkpoint.files import (
     find_latest_valid,
     validate,
 )
+from slurm_spot.checkpoint.s3 import CommitOutcomeUnknown
 from slurm_spot.checkpoint.snapshot import PendingCopies, Snapshotter, step_tensors, wait_for
 from slurm_spot.checkpoint.store import CheckpointStore, open_store
 from slurm_spot.checkpoint.trainstate import (
@@ -283,8 +284,10 @@ class Checkpointer:
 
         Raises:
             CheckpointError: as :meth:`save` for what fails before the hand-off (unrestorable
-                state, a previous save that failed or hung); later failures surface from
-                :meth:`SaveHandle.wait`, :meth:`wait` or the next save.
+                state, a previous save still running after ``writer_timeout_s``). A failure
+                of the save itself is logged once at ERROR by its writer and raised by
+                :meth:`SaveHandle.wait` / :meth:`wait` to code that waits on it; the next
+                save does not raise it again and writes its own checkpoint.
         """
         return self._start(state, sharded, background=True)
 
@@ -319,16 +322,33 @@ class Checkpointer:
         try:
             self.wait(max(0.0, within_s))
         except CheckpointError as exc:
-            log.error("in-flight checkpoint did not commit before the final save: %s", exc)
             if self._inflight is not None:  # its writer still runs: never start a second one
+                log.error("in-flight checkpoint did not commit before the final save: %s", exc)
                 raise
+            # it failed, and its writer logged that once: the final save goes on
         # a committed checkpoint of this very step is reported as skipped, not rewritten
         return self.save(state, sharded=sharded)
+
+    def _settle_previous(self) -> None:
+        """Before a new save: wait for the one in flight. If it failed, its writer logged the
+        failure once at ERROR (``_write``) and this save goes on to write its own checkpoint;
+        the old error is not raised again (``SaveHandle.wait`` still raises it to code that
+        waits on that save).
+
+        Raises:
+            CheckpointError: the save in flight did not finish within ``writer_timeout_s``
+                (it still runs: a second writer is never started).
+        """
+        try:
+            self.wait()
+        except CheckpointError:
+            if self._inflight is not None:
+                raise
 
     def _start(self, state: TrainState, sharded: bool | None, background: bool) -> SaveHandle:
         started_s = time.monotonic()
         if self._inflight is not None:
-            self.wait()
+            self._settle_previous()
         rank, world = self._rank_world()
         problem, counters = "", (0, 0, 0)
         try:
@@ -389,6 +409,7 @@ class Checkpointer:
                 log.warning("%s", plan[2])
                 handle._finish(plan[1], None, time.monotonic() - job.started_s)
             else:
+                log.error("%s", plan[2])  # the one report of this failure in the log
                 handle._finish(None, plan[2], time.monotonic() - job.started_s)
             return
         job.token = plan[1]
@@ -414,7 +435,7 @@ class Checkpointer:
             files = {}
         gathered = self._gather((problem, files))
         problem = "; ".join(f"rank {r}: {p}" for r, (p, _f) in enumerate(gathered) if p)
-        final = ""
+        final, outcome = "", "nothing committed"
         if job.rank == 0:
             if not problem:
                 merged: dict[str, dict[str, Any]] = {}
@@ -426,6 +447,8 @@ class Checkpointer:
                 except Exception as exc:
                     problem = "rank 0: commit failed: " + describe_write_error(
                         exc, self.store.location)
+                    if isinstance(exc, CommitOutcomeUnknown):
+                        outcome = "commit outcome unknown"
             if problem:
                 self.store.abort(job.token)
             else:
@@ -437,11 +460,11 @@ class Checkpointer:
                     log.warning("retention in %s failed: %s", self.store.location, exc)
         if staging is not None:
             self.store.discard_staging(staging)
-        problem, final = self._from_rank0((problem, final))
+        problem, final, outcome = self._from_rank0((problem, final, outcome))
         save_s = time.monotonic() - job.started_s
         if problem:
-            log.error("%s failed, nothing committed: %s", where, problem)
-            handle._finish(None, f"{where} failed, nothing committed: {problem}", save_s)
+            log.error("%s failed, %s: %s", where, outcome, problem)
+            handle._finish(None, f"{where} failed, {outcome}: {problem}", save_s)
             return
         self.last_save_s = save_s
         handle._finish(final, None, save_s)

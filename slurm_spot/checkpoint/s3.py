@@ -24,6 +24,12 @@ id, so a re-save of a step whose earlier attempt died never writes over objects 
 be using, and a committed step is never written again (the manifest is put with
 ``If-None-Match: *`` where the store supports it, after checking that none exists).
 
+Failures (issue 25): a manifest PUT that raised is read back before anything is decided
+(:meth:`S3Store.commit_manifest`); data a stored manifest names is never deleted
+(:meth:`S3Store.abort`); a checkpoint counts, for a re-save of its step and for retention,
+only if it verifies (:meth:`S3Store.verify_sizes`); in-flight markers of dead writers expire
+after ``inflight_stale_s`` without progress (rule in :mod:`slurm_spot.checkpoint.s3inflight`).
+
 Credentials come from boto3's standard chain (environment, shared files, instance or
 workload metadata); they are never logged. Endpoint and addressing style come from the
 arguments, else ``SLURM_SPOT_S3_ENDPOINT_URL`` / ``SLURM_SPOT_S3_ADDRESSING_STYLE`` (exported
@@ -45,7 +51,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlparse
@@ -62,6 +68,15 @@ from slurm_spot.checkpoint.files import (
     step_dir_name,
     validate,
 )
+from slurm_spot.checkpoint.s3inflight import (
+    INFLIGHT,
+    INFLIGHT_STALE_S,
+    Heartbeat,
+    abort_dead_multipart_uploads,
+    marker_key,
+    markers,
+    put_marker,
+)
 from slurm_spot.checkpoint.store import StagePlan
 
 log = logging.getLogger(__name__)
@@ -69,10 +84,15 @@ log = logging.getLogger(__name__)
 ENV_ENDPOINT_URL = "SLURM_SPOT_S3_ENDPOINT_URL"
 ENV_ADDRESSING_STYLE = "SLURM_SPOT_S3_ADDRESSING_STYLE"
 ENV_STAGING_DIR = "SLURM_SPOT_STAGING_DIR"
-INFLIGHT = "_inflight"
-#: An in-flight marker older than this (seconds) belongs to a writer that died.
-INFLIGHT_STALE_S = 6 * 3600.0
 _MiB = 1 << 20
+__all__ = ["INFLIGHT", "INFLIGHT_STALE_S", "CommitOutcomeUnknown", "S3Store", "is_s3_url",
+           "parse_s3_url"]
+
+
+class CommitOutcomeUnknown(CheckpointError):
+    """The manifest PUT failed and S3 could not be read back to tell whether it was stored:
+    the step may or may not be committed. Its data is kept (a stored manifest may name it);
+    the next save or restore finds out (a manifest that does not verify is never used)."""
 
 
 def is_s3_url(value: str | os.PathLike[str]) -> bool:
@@ -106,10 +126,11 @@ class S3Store:
             else the system temp directory); a spot node's local disk is fine.
         part_size: multipart chunk size in bytes (>= 5 MiB, S3's minimum part size).
         max_concurrency: parallel part uploads/downloads per file.
-        inflight_stale_s: an in-flight marker older than this (seconds) is a dead writer's
-            and no longer holds retention back.
+        inflight_stale_s: seconds without progress after which an in-flight save is dead and
+            no longer holds retention back (rule: :mod:`slurm_spot.checkpoint.s3inflight`).
         client: a ready boto3 S3 client (tests); credentials otherwise from boto3's chain.
         env: the environment to read (default ``os.environ``).
+        clock: seconds since the epoch (default :func:`time.time`; tests move it on).
 
     Raises:
         CheckpointError: a malformed URL or addressing style.
@@ -119,7 +140,8 @@ class S3Store:
                  addressing_style: str | None = None, staging_dir: str | None = None,
                  part_size: int = 16 * _MiB, max_concurrency: int = 8,
                  inflight_stale_s: float = INFLIGHT_STALE_S,
-                 client: Any = None, env: Mapping[str, str] | None = None) -> None:
+                 client: Any = None, env: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         env = os.environ if env is None else env
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_s3_url(url)
@@ -135,6 +157,7 @@ class S3Store:
         self.max_concurrency = max_concurrency
         self.inflight_stale_s = inflight_stale_s
         self._client = client
+        self._clock = clock
         self._downloaded: Path | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -182,12 +205,10 @@ class S3Store:
         Raises:
             CheckpointError: it exists but is not JSON.
         """
-        from botocore.exceptions import ClientError
-
         try:
             body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+        except Exception as exc:
+            if _error_code(exc) in _NOT_FOUND:
                 return None
             raise
         try:
@@ -255,8 +276,9 @@ class S3Store:
         self.staging_root.mkdir(parents=True, exist_ok=True)
         return self.staging_root
 
-    def _download(self, step: int, manifest: dict[str, Any], local: Path,
-                  verify_checksums: bool) -> str:
+    @staticmethod
+    def _manifest_problem(step: int, manifest: dict[str, Any]) -> str:
+        """What makes ``manifest`` unusable as the manifest of ``step`` ("" when nothing)."""
         attempt = manifest.get("attempt")
         if manifest.get("format") != FORMAT or manifest.get("step") != step:
             return "not a slurm-spot manifest of this step"
@@ -269,6 +291,37 @@ class S3Store:
             parts = Path(rel).parts
             if not parts or Path(rel).is_absolute() or ".." in parts:
                 return f"manifest entry {rel!r} is not a plain relative path"
+        return ""
+
+    def verify_sizes(self, step: int, manifest: dict[str, Any]) -> str:
+        """Why the checkpoint of ``step`` described by ``manifest`` cannot be loaded, judged
+        from one listing of its attempt's prefix (every file present, with the manifest's size
+        in bytes; nothing is downloaded), or "" when it can. The sha256 is checked when it is
+        downloaded (:meth:`latest`). Used by :meth:`stage` and :meth:`prune`.
+
+        Raises:
+            botocore errors: the listing failed (after botocore's retries).
+        """
+        problem = self._manifest_problem(step, manifest)
+        if problem:
+            return problem
+        base = self._key(step_dir_name(step), manifest["attempt"]) + "/"
+        sizes = {o["Key"][len(base):]: o["Size"] for page in self._list(base)
+                 for o in page.get("Contents", [])}
+        for rel, entry in sorted(manifest["files"].items()):
+            if rel not in sizes:
+                return f"{rel} named by the manifest is missing"
+            if not isinstance(entry, dict) or sizes[rel] != entry.get("size"):
+                return f"{rel} has {sizes[rel]} bytes, not the manifest's"
+        return ""
+
+    def _download(self, step: int, manifest: dict[str, Any], local: Path,
+                  verify_checksums: bool) -> str:
+        problem = self._manifest_problem(step, manifest)
+        if problem:
+            return problem
+        attempt = manifest["attempt"]
+        for rel in manifest["files"]:
             target = local / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             self.client.download_file(self.bucket, self._key(step_dir_name(step), attempt, rel),
@@ -278,25 +331,48 @@ class S3Store:
         return validate(Candidate(local, step, "dir"), verify_checksums)
 
     def stage(self, step: int) -> StagePlan:
-        """Rank 0: ``skip`` when ``step`` is committed, else ``write`` with a token
-        ``"<step>:<attempt>"`` (:meth:`local_staging` turns it into a directory on each rank)
-        and an in-flight marker for retention to respect."""
+        """Rank 0: ``skip`` when ``step`` is committed and verifies (:meth:`verify_sizes`),
+        else ``write`` with a token ``"<step>:<attempt>"`` (:meth:`local_staging` turns it into
+        a directory on each rank) and an in-flight marker for retention to respect. A manifest
+        of ``step`` that does not verify (unreadable, or its data missing) is moved aside to
+        ``manifest.json.invalid-<random>`` with a warning, as the local store moves an invalid
+        directory aside: a step is never reported saved when restore cannot load it."""
         name = step_dir_name(step)
+        where = self._where(self._key(name))
         try:
-            if self.manifest(step) is not None:
-                return ("skip", self._where(self._key(name)),
-                        f"checkpoint {self._where(self._key(name))} already exists; "
-                        "not overwriting it (skipped)")
+            problem = self._committed_problem(step)
+            if problem == "":
+                return ("skip", where,
+                        f"checkpoint {where} already exists; not overwriting it (skipped)")
+            if problem is not None:
+                self._set_aside(name, problem)
             attempt = secrets.token_hex(4)
-            self.client.put_object(Bucket=self.bucket, Key=self._key(INFLIGHT, f"{name}.{attempt}"),
-                                   Body=json.dumps({"started_unix_s": time.time(),
-                                                    "pid": os.getpid()}).encode())
+            put_marker(self.client, self.bucket, marker_key(self.prefix, name, attempt),
+                       self._clock())
         except CheckpointError as exc:
             return ("error", self._where(self._key(name)), str(exc))
         except Exception as exc:
             return ("error", self._where(self._key(name)),
                     f"cannot prepare checkpoint {self._where(self._key(name))}: {exc}")
         return ("write", f"{step}:{attempt}", "")
+
+    def _committed_problem(self, step: int) -> str | None:
+        """None: ``step`` has no manifest; "": it has one that verifies; else why not."""
+        try:
+            manifest = self.manifest(step)
+        except CheckpointError as exc:
+            return str(exc)
+        return None if manifest is None else self.verify_sizes(step, manifest)
+
+    def _set_aside(self, name: str, problem: str) -> None:
+        key = self._key(name, MANIFEST_NAME)
+        aside = f"{key}.invalid-{secrets.token_hex(4)}"
+        self.client.copy_object(Bucket=self.bucket, Key=aside,
+                                CopySource={"Bucket": self.bucket, "Key": key})
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+        log.warning("checkpoint %s is not usable (%s); its manifest is moved aside to %s and "
+                    "the step is saved again", self._where(self._key(name)), problem,
+                    aside.rsplit("/", 1)[1])
 
     def local_staging(self, token: str) -> Path:
         """This rank's (new, empty) local staging directory for the save ``token``."""
@@ -318,6 +394,9 @@ class S3Store:
             botocore/boto3 errors: the upload failed (throttling after retries, ...).
         """
         step, attempt = token.split(":")
+        heartbeat = Heartbeat(self.client, self.bucket,
+                              marker_key(self.prefix, step_dir_name(int(step)), attempt),
+                              max(1.0, self.inflight_stale_s / 3), self._clock)
         files: dict[str, dict[str, Any]] = {}
         for path in sorted(staging.rglob("*")):
             if path.is_symlink():
@@ -328,7 +407,7 @@ class S3Store:
             size, sha = known_digest(path, (known or {}).get(rel)) or file_digest(path)
             self.client.upload_file(str(path), self.bucket,
                                     self._key(step_dir_name(int(step)), attempt, rel),
-                                    Config=self._transfer())
+                                    Callback=heartbeat, Config=self._transfer())
             files[rel] = {"size": size, "sha256": sha}
         return files
 
@@ -338,11 +417,16 @@ class S3Store:
         """Rank 0, after every rank's upload succeeded: write the manifest (the commit point)
         and drop the in-flight marker. Returns the checkpoint's URL.
 
-        Raises:
-            CheckpointError: no files, or the step was committed meanwhile.
-        """
-        from botocore.exceptions import ClientError
+        A PUT that raised is not taken at its word: S3 may have stored the manifest and lost
+        the answer (a 500, a dropped connection; botocore's retry of such a PUT then meets
+        ``If-None-Match``'s 412). The manifest is read back (:meth:`_read_back`) and the
+        save counts when S3 holds exactly the bytes this call put.
 
+        Raises:
+            CheckpointError: no files, or the step was committed by another writer.
+            CommitOutcomeUnknown: the PUT failed and S3 could not be read back.
+            botocore errors: the PUT failed and no manifest is stored (nothing committed).
+        """
         step_s, attempt = token.split(":")
         step, name = int(step_s), step_dir_name(int(step_s))
         if not files:
@@ -356,24 +440,69 @@ class S3Store:
         body = json.dumps(manifest, indent=1, sort_keys=True).encode()
         try:
             self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
-                raise CheckpointError(f"{self._where(key)} was committed by another writer; "
-                                      "a checkpoint is never overwritten") from None
-            raise
+        except Exception as exc:
+            self._read_back(key, body, exc)
         self._drop_inflight(name, attempt)
         return self._where(self._key(name))
+
+    def _read_back(self, key: str, body: bytes, failure: Exception) -> None:
+        """After the manifest PUT of ``body`` to ``key`` raised ``failure``: return when S3
+        holds exactly ``body`` (stored, answer lost). One GET through the store's client,
+        whose standard retry mode retries throttling, 5xx and connection errors with bounded
+        jittered back-off (botocore "Retries" guide); S3 reads are strongly consistent after
+        a write (Amazon S3 User Guide, "consistency model"), so absent means not stored.
+
+        Raises:
+            CheckpointError: another writer's manifest is there.
+            CommitOutcomeUnknown: S3 could not be read either.
+            ``failure``: no manifest is stored.
+        """
+        where = self._where(key)
+        try:
+            stored = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except Exception as exc:
+            if _error_code(exc) in _NOT_FOUND:
+                raise failure from None
+            raise CommitOutcomeUnknown(
+                f"{where}: commit outcome unknown: the manifest PUT failed ({failure}) and "
+                f"reading it back failed too ({exc}); the uploaded data is kept, and the "
+                "next save or restore uses the step only if it verifies") from None
+        if stored != body:
+            raise CheckpointError(f"{where} was committed by another writer; a checkpoint is "
+                                  "never overwritten") from None
+        log.warning("the manifest PUT of %s failed (%s) but S3 stored it: the checkpoint is "
+                    "committed", where, failure)
 
     def _drop_inflight(self, name: str, attempt: str) -> None:
         with contextlib.suppress(Exception):
             self.client.delete_object(Bucket=self.bucket,
-                                      Key=self._key(INFLIGHT, f"{name}.{attempt}"))
+                                      Key=marker_key(self.prefix, name, attempt))
+
+    def _referenced(self, step: int, attempt: str) -> str:
+        """Why the data of ``attempt`` must stay ("" when it may go)."""
+        try:
+            manifest = self.manifest(step)
+        except CheckpointError:
+            return ""  # unreadable JSON names no attempt
+        except Exception as exc:
+            return f"cannot tell whether a stored manifest names it ({exc})"
+        if manifest is not None and manifest.get("attempt") == attempt:
+            return "the stored manifest names this attempt"
+        return ""
 
     def abort(self, token: str) -> None:
-        """Forget a failed save: delete its uploaded objects and its in-flight marker (never
-        anything committed). Errors are logged, not raised."""
+        """Forget a failed save: delete its uploaded objects and its in-flight marker. The
+        objects are kept when a stored manifest names this attempt, or when the manifest cannot
+        be read to tell (a commit whose outcome is unknown): data a manifest references is
+        never deleted. Errors are logged, not raised."""
         step, attempt = token.split(":")
         name = step_dir_name(int(step))
+        why_kept = self._referenced(int(step), attempt)
+        if why_kept:
+            log.warning("keeping the uploaded data of %s: %s", self._where(self._key(name,
+                        attempt)), why_kept)
+            self._drop_inflight(name, attempt)
+            return
         try:
             keys = [o["Key"] for page in self._list(self._key(name, attempt) + "/")
                     for o in page.get("Contents", [])]
@@ -431,8 +560,24 @@ class S3Store:
             self._downloaded = None
 
     def has_committed(self) -> bool:
-        """True when any ``step_N/manifest.json`` exists (valid or not)."""
-        return bool(self.committed())
+        """True when any ``step_N/manifest.json`` exists, readable or not (so that restore
+        refuses to start from step 0 when every manifest is unreadable, as with the local
+        store).
+
+        Raises:
+            botocore errors: S3 could not be read (after botocore's retries).
+        """
+        return any(self._exists(self._key(step_dir_name(step), MANIFEST_NAME))
+                   for step in self.steps())
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:
+            if _error_code(exc) in _NOT_FOUND:
+                return False
+            raise
+        return True
 
     def _delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):
@@ -442,53 +587,65 @@ class S3Store:
                     "Objects": [{"Key": k} for k in chunk], "Quiet": True})
 
     def inflight(self) -> list[str]:
-        """Keys of live in-flight markers (younger than ``inflight_stale_s``)."""
-        live = []
-        now = time.time()
-        for page in self._list(self._key(INFLIGHT) + "/"):
-            for obj in page.get("Contents", []):
-                if now - obj["LastModified"].timestamp() < self.inflight_stale_s:
-                    live.append(obj["Key"])
-        return live
+        """Keys of live in-flight markers: saves that made progress within
+        ``inflight_stale_s`` seconds (rule: :mod:`slurm_spot.checkpoint.s3inflight`)."""
+        return markers(self.client, self.bucket, self.prefix, self.inflight_stale_s,
+                       self._clock())[0]
 
     def prune(self, keep: int, newest: str) -> list[str]:
-        """Keep the ``keep`` newest committed checkpoints (always ``newest``), delete older
-        committed ones (manifest first, so a half-deleted one no longer exists) and abandoned
-        attempts of older steps. Does nothing while any upload is in flight (a live marker
-        under ``_inflight/``). Returns the deleted checkpoints' URLs."""
+        """Keep ``newest`` and the ``keep - 1`` newest older checkpoints that verify
+        (:meth:`verify_sizes`); delete other committed ones at or below ``newest`` (manifest
+        first, so a half-deleted one no longer exists), which includes manifests that do not
+        verify (they never count among ``keep``), and abandoned attempts of steps without a
+        manifest. Does nothing while a save is live (a live marker under ``_inflight/``);
+        otherwise it also deletes stale markers and aborts multipart uploads older than
+        ``inflight_stale_s`` (a killed writer's; S3 keeps and bills their parts). Returns the
+        deleted checkpoints' URLs.
+
+        Raises:
+            ValueError: ``keep`` < 1.
+            botocore errors: S3 could not be read or written.
+        """
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        if self.inflight():
+        live, stale = markers(self.client, self.bucket, self.prefix, self.inflight_stale_s,
+                              self._clock())
+        if live:
             log.info("retention skipped: an upload to %s is in flight", self.url)
             return []
+        if stale:
+            log.info("dropping in-flight markers of saves without progress for %g s (their "
+                     "writers died): %s", self.inflight_stale_s, ", ".join(stale))
+            self._delete(stale)
         newest_step = int(newest.rstrip("/").rsplit("step_", 1)[1])
-        committed = [(s, m) for s, m in self.committed() if s <= newest_step]
-        removed: list[str] = []
-        for step, _manifest in committed[keep:]:
+        removed, kept = [], 1
+        for step in self.steps():
+            if step >= newest_step:
+                continue
             name = step_dir_name(step)
-            self._delete([self._key(name, MANIFEST_NAME)])
+            problem = self._committed_problem(step)
+            if problem == "" and kept < keep:
+                kept += 1
+                continue
+            if problem:
+                log.warning("retention: deleting checkpoint %s, it is not usable: %s",
+                            self._where(self._key(name)), problem)
+            if problem is not None:
+                self._delete([self._key(name, MANIFEST_NAME)])
             self._delete([o["Key"] for page in self._list(self._key(name) + "/")
                           for o in page.get("Contents", [])])
             removed.append(self._where(self._key(name)))
-        # attempts that never committed, of steps at or below the newest: dead writers
-        live = {s for s, _ in committed}
-        for step in self.steps():
-            if step <= newest_step and step not in live:
-                name = step_dir_name(step)
-                self._delete([o["Key"] for page in self._list(self._key(name) + "/")
-                              for o in page.get("Contents", [])])
-                removed.append(self._where(self._key(name)))
-        self._abort_dead_multipart(newest_step)
+        aborted = abort_dead_multipart_uploads(self.client, self.bucket, self.prefix,
+                                               self.inflight_stale_s, self._clock())
+        if aborted:
+            log.info("aborted multipart uploads of dead saves: %s", ", ".join(aborted))
         return removed
 
-    def _abort_dead_multipart(self, newest_step: int) -> None:
-        """Abort multipart uploads a killed writer left under ``step_N/`` (N <= newest_step):
-        S3 keeps and bills their parts until aborted. Only called when nothing is in flight."""
-        paginator = self.client.get_paginator("list_multipart_uploads")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
-            for upload in page.get("Uploads", []):
-                name = upload["Key"][len(self.prefix):].split("/", 1)[0]
-                if name.startswith("step_") and name[5:].isdigit() \
-                        and int(name[5:]) <= newest_step:
-                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
-                                                       UploadId=upload["UploadId"])
+
+_NOT_FOUND = ("NoSuchKey", "404", "NotFound")
+
+
+def _error_code(exc: BaseException) -> str:
+    """The S3 error code of a botocore ``ClientError`` ("" for anything else)."""
+    response = getattr(exc, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""

@@ -5,6 +5,7 @@ it, and the hashed, fsynced write of one payload file.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -22,6 +23,8 @@ from slurm_spot.checkpoint.snapshot import PendingCopies
 
 if TYPE_CHECKING:
     from slurm_spot.checkpoint.checkpointer import Checkpointer
+
+log = logging.getLogger(__name__)
 
 
 class SaveHandle:
@@ -101,9 +104,10 @@ class _WriterThread:
             try:
                 owner._write(job, handle)
             except BaseException as exc:  # a failed collective or a bug: the save failed
-                handle._finish(None, f"checkpoint of step {job.step} to {handle.location} "
-                               f"failed: {type(exc).__name__}: {exc}",
-                               time.monotonic() - job.started_s)
+                error = (f"checkpoint of step {job.step} to {handle.location} failed: "
+                         f"{type(exc).__name__}: {exc}")
+                log.error("%s", error)  # the one report of this failure in the log
+                handle._finish(None, error, time.monotonic() - job.started_s)
             del owner, job, handle, item
 
     def submit(self, job: _Job, handle: SaveHandle) -> None:
