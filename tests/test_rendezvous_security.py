@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -19,12 +21,14 @@ from slurm_spot.jobs.rendezvous_store import RendezvousServer, StoreLimits
 from slurm_spot.jobs.rendezvous_wire import (
     MungeAuthenticator,
     RendezvousAuthError,
+    WireError,
     credential_payload,
     recv_frame,
     send_frame,
 )
 from slurm_spot.slurm.client import Node, SlurmClient
 from slurm_spot.slurm.states import parse_node_state
+from tests.elastic_runs import rendezvous_service
 
 OWNER = os.getuid()
 OTHER_UID = OWNER + 4242
@@ -140,6 +144,17 @@ def test_oversized_writes_are_refused_with_the_limit_named(server: RendezvousSer
     store.set("k0", b"z")  # rewriting a key within the limits still works
 
 
+def test_a_huge_frame_before_the_handshake_is_not_read(server: RendezvousServer) -> None:
+    """An unauthenticated client announcing a 1 GiB frame is cut off at once: the server
+    never buffers what a stranger sends."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        recv_frame(sock)
+        sock.sendall(struct.pack(">I", 1 << 30) + b"x" * 65536)
+        sock.settimeout(10)
+        with pytest.raises((ConnectionError, WireError)):
+            recv_frame(sock)
+
+
 def test_every_interface_is_refused_with_exit_2() -> None:
     for listen in ("0.0.0.0", "::"):
         proc = subprocess.run([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
@@ -166,3 +181,41 @@ def test_default_address_on_a_slurm_node_is_its_nodeaddr() -> None:
             return [Node(name="od-1", state=parse_node_state("IDLE"), addr="10.1.2.3")]
 
     assert default_listen_host(Slurm(), {"SLURMD_NODENAME": "od-1"}) == "10.1.2.3"  # type: ignore[arg-type]
+
+
+AGENT = """
+import sys
+from slurm_spot.jobs import torchrun_agent as a
+a.node_addr = lambda client, node: "127.0.0.1"  # no Slurm here: this node's address
+a.leave(a.main(sys.argv[1:]))
+"""
+
+ALL_REDUCE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+print(f"world {dist.get_world_size()} sum {int(total.item())}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@needs_munge
+def test_two_agents_of_a_job_rendezvous_through_the_service(tmp_path: Path) -> None:
+    """Two real torchrun agents of job 73 (--elastic 2:2) form their rendezvous through
+    ``slurm-spot rendezvous`` as the job's owner, and their workers all-reduce in a world of 2."""
+    train = tmp_path / "train.py"
+    train.write_text(ALL_REDUCE)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "SLURM_JOB_ID": "73",
+           "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "localhost",
+           "SLURM_JOB_NODELIST": "localhost"}
+    with rendezvous_service(os.environ, fake_owner=True) as endpoint:
+        agents = [subprocess.Popen(
+            [sys.executable, "-c", AGENT, "--elastic=2:2", f"--rendezvous={endpoint}",
+             "--join-timeout=120", "--no-preload", "--", str(train)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+        outputs = [agent.communicate(timeout=240) for agent in agents]
+    for agent, (out, err) in zip(agents, outputs, strict=True):
+        assert agent.returncode == 0, err[-3000:]
+        assert "world 2 sum 2" in out
