@@ -229,9 +229,15 @@ def open_server(host: str, port: int, limits: StoreLimits | None = None,
         BadInputError: ``host`` is every interface, does not resolve, the port is taken, or
             the address is not this machine's.
     """
+    from slurm_spot.errors import BadInputError
     from slurm_spot.jobs.rendezvous_wire import MungeAuthenticator
 
     sock = listen_socket(refuse_all_interfaces(host), port)
+    bound = str(sock.getsockname()[0])
+    if ipaddress.ip_address(bound).is_unspecified:  # a name or form such as "0" that means it
+        sock.close()
+        raise BadInputError(f"--listen={host!r} is every interface ({bound}): give this "
+                            "machine's address on the cluster network (its NodeAddr)")
     slurm = client or SlurmClient()
     return RendezvousServer(sock, MungeAuthenticator(), slurm.job_owner_uid, limits)
 
