@@ -9,9 +9,11 @@ calls on an ``O_APPEND`` file, so concurrent writers never interleave within a l
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -130,18 +132,80 @@ def job_labels(event: dict[str, object]) -> list[str]:
     return labels
 
 
+class UnsafeEventsFile(OSError):
+    """The events file or its directory is one slurm-spot refuses to write (a symlink, a
+    hard link, a file another account owns, a world-writable directory): writing there as
+    root would let that account choose which file root appends to."""
+
+
+def _open_events_file(log_dir: Path) -> int:
+    """A write-only ``O_APPEND`` descriptor on ``log_dir/events.jsonl``, opened without
+    following any link at either step (the directory, then the file through the directory's
+    descriptor) and without a controlling terminal.
+
+    Raises:
+        UnsafeEventsFile: ``log_dir`` is a symlink or world-writable; the file is a symlink,
+            not a regular file, has other hard links, or is owned by neither this process's
+            user nor the directory's owner.
+        OSError: anything else the kernel says (missing directory, permissions).
+    """
+    try:
+        dir_fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeEventsFile(f"{log_dir} is a symlink or not a directory") from None
+        raise
+    try:
+        dir_stat = os.fstat(dir_fd)
+        if dir_stat.st_mode & stat.S_IWOTH:
+            raise UnsafeEventsFile(f"{log_dir} is writable by every account "
+                                   f"(mode {stat.S_IMODE(dir_stat.st_mode):04o})")
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+        try:
+            fd = os.open(EVENTS_FILE, flags, dir_fd=dir_fd)
+        except FileNotFoundError:  # O_EXCL: a link planted meanwhile fails, never followed
+            fd = os.open(EVENTS_FILE, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeEventsFile(f"{log_dir / EVENTS_FILE} is a symlink") from None
+            raise
+    finally:
+        os.close(dir_fd)
+    file_stat = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(file_stat.st_mode):
+        problem = "is not a regular file"
+    elif file_stat.st_nlink != 1:
+        problem = f"has {file_stat.st_nlink} hard links"
+    elif file_stat.st_uid not in (os.geteuid(), dir_stat.st_uid):
+        problem = f"is owned by uid {file_stat.st_uid}, neither this process's nor the directory's"
+    if problem:
+        os.close(fd)
+        raise UnsafeEventsFile(f"{log_dir / EVENTS_FILE} {problem}")
+    return fd
+
+
 def emit(log_dir: Path, event: Event) -> None:
     """Append ``event`` to the log dir's events file (created with mode 0644).
 
-    Never raises: if the file cannot be written, the event goes to the log instead."""
+    Safe as root in a directory another account owns (the Epilog's, owned by SlurmUser):
+    no link is followed and a file that is not the events file is refused
+    (:func:`_open_events_file`), so a planted symlink or hard link never makes root write
+    elsewhere.
+
+    Never raises: if the file cannot be written, or is refused, the event goes to the log
+    (a warning naming the file and why) instead."""
     line = (event.to_json() + "\n").encode()
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_dir / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = _open_events_file(log_dir)
         try:
             os.write(fd, line)
         finally:
             os.close(fd)
+    except UnsafeEventsFile as exc:
+        log.warning("refusing to append to %s: %s; event was %s", log_dir / EVENTS_FILE, exc,
+                    line.decode().strip())
     except OSError as exc:
         # Recording a decision must never stop the decision itself (a hook, a pass).
         log.warning("cannot append to %s: %s; event was %s", log_dir / EVENTS_FILE, exc,

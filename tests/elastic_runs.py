@@ -4,9 +4,11 @@ log and sample log, and a ``slurm-spot rendezvous`` service on this machine."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -28,23 +30,37 @@ def last_step(log: Path) -> int:
     return max([e["step"] for e in training_events(log) if e["event"] == "step"], default=0)
 
 
+def fake_squeue(folder: Path, owner_uid: int) -> Path:
+    """A ``squeue`` in ``folder`` that says every job is ``owner_uid``'s (``-o %U``), for a
+    rendezvous service with no Slurm cluster behind it; returns ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "squeue"
+    script.write_text(f"#!/bin/sh\necho {owner_uid}\n")
+    script.chmod(0o755)
+    return folder
+
+
 @contextmanager
-def rendezvous_service(env: Mapping[str, str]) -> Iterator[str]:
+def rendezvous_service(env: Mapping[str, str], fake_owner: bool = False) -> Iterator[str]:
     """``slurm-spot rendezvous`` on a free port of 127.0.0.1 (the local controller), started
-    with ``env``; yields its ``HOST:PORT`` once it listens, and stops it afterwards."""
+    with ``env``; yields its ``HOST:PORT`` once it listens, and stops it afterwards. With
+    ``fake_owner`` (no Slurm cluster), every job is this process's user's."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
-                             "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
-                            text=True, env=dict(env))
-    try:
-        assert proc.stderr is not None
-        assert "listening" in proc.stderr.readline()
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with tempfile.TemporaryDirectory() as tmp:
+        bin_dir = ["--slurm-bin-dir", str(fake_squeue(Path(tmp), os.getuid()))] \
+            if fake_owner else []
+        proc = subprocess.Popen([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
+                                 "127.0.0.1", "--port", str(port), *bin_dir],
+                                stderr=subprocess.PIPE, text=True, env=dict(env))
+        try:
+            assert proc.stderr is not None
+            assert "listening" in proc.stderr.readline()
+            yield f"127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(30)
 
 
 def check_sample_log(samples: Path, steps: int) -> dict[int, list[int]]:

@@ -89,7 +89,11 @@ def test_every_sample_once_per_epoch_whatever_the_world_sizes() -> None:
 
 
 def test_rendezvous_service_hosts_a_store_clients_share() -> None:
-    from torch.distributed import TCPStore
+    from slurm_spot.jobs.rendezvous_client import RendezvousStore
+
+    class Slurm:  # every job is this user's
+        def job_owner_uid(self, _job: str) -> int:
+            return os.getuid()
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,11 +101,12 @@ def test_rendezvous_service_hosts_a_store_clients_share() -> None:
     ready = threading.Event()
     stop = threading.Event()
     thread = threading.Thread(target=serve, args=("127.0.0.1", port, lambda _p: ready.set(),
-                                                   stop), daemon=True)
+                                                   stop), kwargs={"client": Slurm()},
+                              daemon=True)
     thread.start()
     assert ready.wait(30)
-    a = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
-    b = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    a = RendezvousStore("127.0.0.1", port, "42", timeout=timedelta(seconds=10))
+    b = RendezvousStore("127.0.0.1", port, "42", timeout=timedelta(seconds=10))
     a.set("torch.rendezvous.42", "round-1")
     assert b.get("torch.rendezvous.42") == b"round-1"
     stop.set()
@@ -415,7 +420,7 @@ def test_agent_falls_back_to_requeue_when_fewer_than_min_nodes_rendezvous(
         tmp_path: Path) -> None:
     """A real torchrun agent alone in a 2:3 rendezvous (the store of slurm-spot rendezvous):
     after --join-timeout it exits with the requeue code, so the batch script requeues the job."""
-    with rendezvous_service(os.environ) as endpoint:
+    with rendezvous_service(os.environ, fake_owner=True) as endpoint:
         train = tmp_path / "train.py"
         train.write_text("raise SystemExit('never started')\n")
         code = (

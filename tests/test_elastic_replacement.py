@@ -324,12 +324,14 @@ def test_no_replacements_needs_elastic(tmp_path: Path) -> None:
 def test_a_replacement_agent_leaves_with_0_when_the_run_is_over(tmp_path: Path) -> None:
     """A real torchrun agent given --rdzv-run-id of a run whose rendezvous is closed (training
     finished before the replacement started) exits 0 at once: its job ends, nothing requeued."""
-    with rendezvous_service(os.environ) as endpoint:
+    with rendezvous_service(os.environ, fake_owner=True) as endpoint:
         close = (
             "from torch.distributed.elastic.rendezvous import RendezvousParameters\n"
+            "from slurm_spot.jobs.rendezvous_client import register_backend\n"
+            "register_backend()\n"
             "from torch.distributed.elastic.rendezvous.registry import "
             "get_rendezvous_handler\n"
-            f"p = RendezvousParameters('c10d', '{endpoint}', '9-0', 2, 3, "
+            f"p = RendezvousParameters('slurm-spot', '{endpoint}', '9-0', 2, 3, "
             "is_host='false')\n"
             "get_rendezvous_handler(p).set_closed()\n")
         closed = subprocess.run([sys.executable, "-c", close], capture_output=True, text=True,

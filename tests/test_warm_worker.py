@@ -129,7 +129,7 @@ def test_warm_start_and_no_preload_through_the_agents_command_line(tmp_path: Pat
     docstring states), and one that fails there is skipped with a line on stderr and imported
     by the worker itself, which then trains. ``--no-preload``: each worker is a new
     ``python -u SCRIPT`` and its imports see its own environment (RANK=0)."""
-    with rendezvous_service(os.environ) as endpoint:
+    with rendezvous_service(os.environ, fake_owner=True) as endpoint:
         warm = _run_agent(tmp_path, endpoint, "71")
         cold = _run_agent(tmp_path, endpoint, "72", "--no-preload")
     assert warm.returncode == 0, warm.stderr[-3000:]

@@ -11,28 +11,39 @@ Why the c10d store and not etcd: the c10d backend is part of torch itself (nothi
 install or run on the nodes: the ``etcd``/``etcd-v2`` backends need the ``python-etcd``
 client on every node and an etcd server), it is what torchrun's documentation recommends for
 new jobs, and a rendezvous is a few small keys for a few seconds per round, which needs no
-replicated store. One store serves every job: torchrun prefixes all its keys with the
-rendezvous id (the job id), so jobs do not see each other's keys. What it costs: the store
-keeps its keys in memory only; if the service restarts, running elastic jobs keep training
-(the workers' process group is already formed), but the next re-rendezvous fails and those
-jobs fall back to requeue.
+replicated store. One service serves every job, each in a key space of its own.
 
-The service is ``TCPStore(host, port, is_master=True, wait_for_workers=False,
-multi_tenant=True, master_listen_fd=...)`` (torch.distributed's TCPStore documentation) on a
-socket bound to ``host`` only; it runs until SIGTERM or SIGINT.
+Who may use a job's keys (issue 25): the service listens on one address, this machine's
+on the cluster network (:func:`default_listen_host`; every interface is refused), and a
+client reaches a job's keys only after proving, with a MUNGE credential bound to a fresh
+nonce and the job, that its uid owns the job in Slurm (:mod:`.rendezvous_wire`). So a
+client that knows only host, port and job id (public in squeue) reads, writes and deletes
+nothing. Each job's keys are bounded (:class:`~.rendezvous_store.StoreLimits`), and the
+keys of jobs Slurm no longer knows are dropped. The agents use it through torchrun's c10d
+backend logic on a store of ours (``--rdzv-backend=slurm-spot``,
+:mod:`.rendezvous_client`): a TCPStore server cannot authenticate nor separate its clients.
+
+What it costs: the store keeps its keys in memory only; if the service restarts, running
+elastic jobs keep training (the workers' process group is already formed), but the next
+re-rendezvous fails and those jobs fall back to requeue.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
 import re
 import signal
 import socket
 import threading
-from collections.abc import Callable
-from datetime import timedelta
+from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any
+
+from slurm_spot.jobs.rendezvous_store import RendezvousServer, StoreLimits
+from slurm_spot.slurm.client import SlurmClient
+
+log = logging.getLogger(__name__)
 
 #: The line that marks an elastic job's batch script: the watcher releases a departing node
 #: from such a job instead of requeueing it (slurm_spot.watch).
@@ -161,31 +172,88 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def open_store(host: str, port: int) -> Any:
-    """Start hosting a TCPStore on ``host:port`` only (``0.0.0.0`` for every interface);
-    returns it. ``TCPStore(host, is_master=True)`` alone would listen on every address
-    whatever ``host`` says, so the socket is bound here (:func:`listen_socket`) and handed to
-    the store as ``master_listen_fd`` (torch 2.13's TCPStore signature); the store owns it.
+ALL_INTERFACES = ("0.0.0.0", "::", "[::]", "")
+
+
+def refuse_all_interfaces(host: str) -> str:
+    """``host`` unless it means every interface; returns it unchanged.
 
     Raises:
-        BadInputError: ``host`` does not resolve, the port is taken, or the address is not
-            this machine's.
+        BadInputError: ``0.0.0.0``, ``::`` or empty: the store would answer every network
+            this machine is on, not only the cluster's.
     """
-    from torch.distributed import TCPStore
+    from slurm_spot.errors import BadInputError
 
-    sock = listen_socket(host, port)
-    bound = sock.getsockname()[1]
-    return TCPStore(host, bound, is_master=True, wait_for_workers=False, multi_tenant=True,
-                    timeout=timedelta(seconds=30), master_listen_fd=sock.detach())
+    if host.strip() in ALL_INTERFACES:
+        raise BadInputError(f"--listen={host!r} is every interface: the rendezvous store "
+                            "would answer every network this machine is on; give this "
+                            "machine's address on the cluster network (its NodeAddr)")
+    return host
+
+
+def default_listen_host(client: SlurmClient | None = None,
+                        env: Mapping[str, str] | None = None) -> str:
+    """The address to listen on when none is given: this machine's address on the cluster
+    network, never every interface. On a Slurm node (``SLURMD_NODENAME`` set, as in a job)
+    its NodeAddr; elsewhere (the controller) the address this machine's hostname resolves to
+    (a loopback address where that is what it resolves to).
+
+    Raises:
+        BadInputError: the hostname does not resolve.
+    """
+    from slurm_spot.errors import BadInputError, SlurmSpotError
+
+    env = os.environ if env is None else env
+    node = env.get("SLURMD_NODENAME")
+    if node:
+        try:
+            nodes = (client or SlurmClient()).nodes([node], with_jobs=False)
+            if nodes and nodes[0].addr:
+                return nodes[0].addr
+        except SlurmSpotError:
+            pass
+    name = socket.gethostname()
+    try:
+        return str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
+    except (socket.gaierror, UnicodeError) as exc:
+        raise BadInputError(f"this machine's name {name!r} does not resolve ({exc}); "
+                            "give --listen ADDRESS") from None
+
+
+def open_server(host: str, port: int, limits: StoreLimits | None = None,
+                client: SlurmClient | None = None) -> RendezvousServer:
+    """A :class:`RendezvousServer` on ``host:port`` only, authenticating clients with MUNGE
+    and asking Slurm (``squeue``) who owns a job.
+
+    Raises:
+        BadInputError: ``host`` is every interface, does not resolve, the port is taken, or
+            the address is not this machine's.
+    """
+    from slurm_spot.errors import BadInputError
+    from slurm_spot.jobs.rendezvous_wire import MungeAuthenticator
+
+    sock = listen_socket(refuse_all_interfaces(host), port)
+    bound = str(sock.getsockname()[0])
+    if ipaddress.ip_address(bound).is_unspecified:  # a name or form such as "0" that means it
+        sock.close()
+        raise BadInputError(f"--listen={host!r} is every interface ({bound}): give this "
+                            "machine's address on the cluster network (its NodeAddr)")
+    slurm = client or SlurmClient()
+    return RendezvousServer(sock, MungeAuthenticator(), slurm.job_owner_uid, limits)
+
+
+#: How often the service forgets the keys of jobs that ended (seconds).
+DROP_ENDED_EVERY_S = 600.0
 
 
 def serve(host: str, port: int, ready: Callable[[int], None] | None = None,
-          stop: threading.Event | None = None) -> None:
+          stop: threading.Event | None = None, limits: StoreLimits | None = None,
+          client: SlurmClient | None = None) -> None:
     """Host the store until SIGTERM/SIGINT (or ``stop`` is set); calls ``ready(port)`` once
-    the store accepts connections.
+    it accepts connections. Every :data:`DROP_ENDED_EVERY_S` the keys of ended jobs go.
 
     Raises:
-        BadInputError: see :func:`open_store`.
+        BadInputError: see :func:`open_server`.
     """
     stop = stop or threading.Event()
 
@@ -195,9 +263,13 @@ def serve(host: str, port: int, ready: Callable[[int], None] | None = None,
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
-    store = open_store(host, port)
+    server = open_server(host, port, limits, client)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     if ready is not None:
-        ready(store.port)
-    while not stop.wait(1.0):
-        pass
-    del store
+        ready(server.port)
+    while not stop.wait(DROP_ENDED_EVERY_S):
+        try:
+            server.drop_ended_jobs()
+        except Exception as exc:
+            log.warning("slurm-spot rendezvous: cannot drop ended jobs: %s", exc)
+    server.close()

@@ -70,6 +70,9 @@ from slurm_spot.jobs import jobenv
 from slurm_spot.slurm.client import SlurmClient
 
 DEFAULT_PORT_BASE = 29400
+#: torchrun's rendezvous backend of elastic runs: the c10d backend on the store of
+#: ``slurm-spot rendezvous``, reached as the job's owner (slurm_spot.jobs.rendezvous_client).
+RENDEZVOUS_BACKEND = "slurm-spot"
 
 
 def node_addr(client: SlurmClient, node: str) -> str:
@@ -143,7 +146,7 @@ def elastic_torchrun_args(env: Mapping[str, str], settings: ElasticSettings, loc
     run_id = settings.run_id or elastic_run_id(env)
     return [
         f"--nnodes={settings.min_nodes}:{settings.max_nodes}", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={settings.endpoint}",
+        f"--rdzv-backend={RENDEZVOUS_BACKEND}", f"--rdzv-endpoint={settings.endpoint}",
         f"--rdzv-id={run_id}", f"--rdzv-conf={conf}", f"--local-addr={local_addr}",
         f"--max-restarts={settings.max_restarts}", "--monitor-interval=0.5", *command,
     ]
@@ -296,6 +299,9 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
     from torch.distributed.run import main as torchrun_main
 
     if elastic:
+        from slurm_spot.jobs.rendezvous_client import register_backend
+
+        register_backend()
         _capture_rendezvous_handler()
     try:
         if warm_signals is not None:

@@ -220,10 +220,11 @@ class ElasticDemo(Demo):
         script = self.s.workdir / "rendezvous.sh"
         script.write_text(
             "#!/bin/bash\n# slurm-spot demo --elastic: the rendezvous store on the on-demand "
-            "node, at its NodeAddr\n"
+            "node, at its NodeAddr (never every interface: without one, the service's own "
+            "default, this node's address)\n"
             "addr=$(scontrol -o show node \"$SLURMD_NODENAME\" | tr ' ' '\\n' "
             "| sed -n 's/^NodeAddr=//p')\n"
-            f"exec {sys.executable} -m slurm_spot rendezvous --listen \"${{addr:-0.0.0.0}}\" "
+            f"exec {sys.executable} -m slurm_spot rendezvous ${{addr:+--listen \"$addr\"}} "
             f"--port {port}\n")
         os.environ["SLURM_CONF"] = self.env["SLURM_CONF"]
         submitted = SlurmClient().run(

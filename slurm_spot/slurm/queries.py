@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,6 +320,23 @@ class SlurmQueries:
         records = [parse_job_record(line) for line in result.stdout.splitlines()
                    if line.startswith("JobId=")]
         return records[0] if records else None
+
+    def job_owner_uid(self, job: str) -> int | None:
+        """The uid owning ``job`` (``42``, an array task ``11_1``) as ``squeue -o %U`` says;
+        None when Slurm does not know the job (ended, never was) or ``job`` is no job id.
+
+        Raises:
+            SlurmCommandError: squeue failed for another reason (slurmctld down, ...).
+        """
+        if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
+            return None
+        result = self.run("squeue", "-h", "-j", job, "-o", "%U", check=False)
+        if result.returncode != 0:
+            if "invalid job id" in (result.stderr + result.stdout).lower():
+                return None
+            raise SlurmCommandError(result.argv, result.returncode, result.stderr)
+        owners = result.stdout.split()
+        return int(owners[0]) if owners and owners[0].isdigit() else None
 
     def job_records(self) -> list[JobRecord]:
         """Every job slurmctld holds (``scontrol -o show job``), finished ones included.
