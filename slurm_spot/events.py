@@ -63,6 +63,12 @@ class Action(str, enum.Enum):
     COOLDOWN_END = "cooldown_end"
     BREAKER = "breaker"
     UNDRAINED = "undrained"
+    # an idle~ node flagged NOT_RESPONDING with no instance, returned to plain idle~
+    NOT_RESPONDING_CLEARED = "not_responding_cleared"
+    # a node drained "Kill task failed" powered down so that its instance is replaced
+    KILL_TASK_FAILED = "kill_task_failed"
+    # warning: a node had several alive instances; extra.kept and extra.terminated name them
+    DUPLICATE_INSTANCE = "duplicate_instance"
     EXPEDITED = "expedited"
     # a job requeued by the requeue exit code too often (reconcile.max_fast_requeues within
     # reconcile.fast_requeue_window_s): left to Slurm's requeue hold; extra.restarts

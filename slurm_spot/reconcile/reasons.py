@@ -21,7 +21,8 @@ OUR_REASONS = re.compile(
     rf"spot-interruption:[a-z][a-z_-]*@{_STAMP}"            # watcher, reconciler
     rf"|\(Code:[A-Za-z0-9_.:/-]+\)(\S.*)?"                    # resume failures, cooldowns
     rf"|slurm-spot:circuit-breaker: \d+ resume failures .*"    # reconciler breaker
-    rf"|slurm-spot:instance lost while booting@{_STAMP}",     # reconciler
+    rf"|slurm-spot:instance lost while booting@{_STAMP}"      # reconciler
+    rf"|slurm-spot:kill task failed, instance replaced@{_STAMP}",  # reconciler
     re.DOTALL,
 )
 # slurmctld's own reasons, exactly as Slurm 22.05 writes them (src/slurmctld/node_mgr.c,
@@ -30,6 +31,9 @@ SLURM_REASONS = re.compile(
     r"ResumeTimeout reached|Not responding"
     r"|Node unexpectedly rebooted( boot_time=\d+ last response=\d+)?"
 )
+#: slurmctld's reason when a step outlived UnkillableStepTimeout (slurm.conf(5) 22.05-26.05;
+#: src/slurmctld/step_mgr.c drains the node with exactly this text).
+KILL_TASK_FAILED = "Kill task failed"
 BREAKER_PREFIX = "slurm-spot:circuit-breaker"
 COOLDOWN_TEXT = "Temporarily disabled until "
 _CODE_RE = re.compile(r"^\(Code:(?P<code>[^)]*)\)")
@@ -57,6 +61,12 @@ def reason_code(reason: str) -> str | None:
     """The provider code of a ``(Code:X)...`` reason, else None."""
     match = _CODE_RE.match(reason)
     return match.group("code") if match else None
+
+
+def kill_task_failed_reason(when: datetime) -> str:
+    """``slurm-spot:kill task failed, instance replaced@<UTC time>``: the reason written on
+    a node drained ``Kill task failed`` whose instance the reconciler powers down."""
+    return f"slurm-spot:kill task failed, instance replaced@{utc_stamp(when)}"
 
 
 def cooldown_reason(code: str, until: datetime) -> str:

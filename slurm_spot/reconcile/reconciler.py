@@ -22,6 +22,17 @@ The Slurm transitions that carry out each verdict (verified on Slurm 22.05.8):
 - ``BREAKER``: ``state=IDLE`` then ``state=DRAIN reason="slurm-spot:circuit-breaker..."``
   (``drain~``); an admin's ``state=RESUME`` re-enables the node.
 - ``UNDRAIN``: ``state=RESUME`` on a powered-down node drained with one of our reasons.
+- ``CLEAR_NOT_RESPONDING``: ``state=IDLE`` on ``idle~*`` (IDLE+CLOUD+POWERED_DOWN+
+  NOT_RESPONDING, left by an admin's ``state=RESUME`` of a ``down~`` node: node_mgr.c
+  update_node sets NO_RESPOND then) gives plain ``idle~``, the transition ``RESUME_FAILED``
+  uses (22.05.8, as tests/fakes/fake_slurm.py models it; not yet checked on 23.02-26.05 by an
+  end-to-end test); POWER_DOWN_FORCE does nothing on a powered-down node and RESUME keeps
+  the flag. The address is reset to the node name as well.
+- ``KILL_TASK_FAILED``: ``state=POWER_DOWN_FORCE reason=R`` on a node slurmctld drained
+  ``Kill task failed``: SuspendProgram terminates the instance (and the unkillable step with
+  it), the node stays drained with our reason (``drain~``) and ``UNDRAIN`` then returns it.
+- Duplicates (several alive instances for one up node): all but the kept one are terminated,
+  with a ``duplicate_instance`` warning event naming both.
 
 A pass holds no state of its own: Slurm and the providers are the record, and the few facts
 they do not keep come back from the events file (:mod:`slurm_spot.reconcile.history`), so a
@@ -179,6 +190,8 @@ class Reconciler:
             Verdict.BREAKER: (self._trip_breaker, self._record_breaker),
             Verdict.COOL: (self._cool, self._record_cool),
             Verdict.UNDRAIN: (self._undrain, self._record_undrain),
+            Verdict.CLEAR_NOT_RESPONDING: (self._return_to_idle, self._record_responding),
+            Verdict.KILL_TASK_FAILED: (self._replace_unkillable, self._record_unkillable),
         }
 
     # -- snapshot -------------------------------------------------------------------------
@@ -439,6 +452,16 @@ class Reconciler:
     def _record_undrain(self, d: NodeDecision, result: PassResult) -> None:
         self._record(result, Action.UNDRAINED, d, reason=d.why)
 
+    def _record_responding(self, d: NodeDecision, result: PassResult) -> None:
+        self._record(result, Action.NOT_RESPONDING_CLEARED, d, reason=d.why)
+
+    def _replace_unkillable(self, nodes: list[str], reason: str) -> None:
+        """POWER_DOWN_FORCE: SuspendProgram terminates the instance and its unkillable step."""
+        self.slurm.power_down_force(nodes, reason)
+
+    def _record_unkillable(self, d: NodeDecision, result: PassResult) -> None:
+        self._record(result, Action.KILL_TASK_FAILED, d, extra={"previous_reason": d.why})
+
     # -- instances ------------------------------------------------------------------------
     def _terminate_all(self, for_nodes: Sequence[Termination], orphans: Sequence[Termination],
                        snap: Snapshot, result: PassResult) -> dict[str, str]:
@@ -489,6 +512,15 @@ class Reconciler:
         self._emit(result, Action.TERMINATED, node=inst.node, instance=inst.instance_id,
                    reason=term.why, extra={"provider": provider,
                                            "age_s": round(inst.age_s(snap.now), 1)})
+        if term.why == "duplicate":
+            log.warning("%s had several instances: kept %s, terminated duplicate %s",
+                        inst.node, term.kept, inst.instance_id)
+            self._emit(result, Action.DUPLICATE_INSTANCE, node=inst.node,
+                       instance=inst.instance_id,
+                       reason=(f"duplicate instance {inst.instance_id} terminated; "
+                               f"kept {term.kept}"),
+                       extra={"level": "warning", "kept": term.kept,
+                              "terminated": inst.instance_id, "provider": provider})
 
     # -- jobs -----------------------------------------------------------------------------
     def _expedite(self, requeued: list[int], held: Sequence[int], result: PassResult) -> None:

@@ -1,0 +1,93 @@
+"""Field states of issue 25 ("Field states left alone"), inputs in tests/data/field-states.yaml:
+each is found by a reconcile pass against the fakes of Slurm and of a provider, and repaired
+(node state after the pass) or reported (the event and its reason), one event each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tests.test_reconcile_rules import NOW, STAMP, World
+
+CASES = yaml.safe_load((Path(__file__).parent / "data" / "field-states.yaml").read_text())
+
+
+def test_idle_not_responding_without_instance_back_to_plain_idle(tmp_path: Path) -> None:
+    case = CASES["not_responding_idle"]
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", case["node_state"], reason=case["reason"])
+    world.slurm.add_node("spot-2", case["node_state"])
+    world.slurm.refuse["spot-2"] = "Invalid node state specified"
+    result = world.run()
+    assert world.state("spot-1") == case["expect_state"]
+    [event] = world.events("not_responding_cleared")
+    assert event["node"] == "spot-1"
+    # one node refused never stops the other: its failure is in the pass's errors
+    assert any(e.startswith("spot-2:") for e in result.errors)
+    assert "NOT_RESPONDING" in world.slurm.nodes["spot-2"].flags
+
+
+def test_idle_not_responding_with_admin_reason_left_alone(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", CASES["not_responding_idle"]["node_state"],
+                         reason="NIC swapped, ticket 42")
+    world.run()
+    assert "NOT_RESPONDING" in world.slurm.nodes["spot-1"].flags
+    assert not world.events("not_responding_cleared")
+
+
+def test_kill_task_failed_node_powered_down_and_instance_replaced(tmp_path: Path) -> None:
+    case = CASES["kill_task_failed"]
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", case["node_state"], reason=case["reason"], addr="10.0.0.1")
+    instance = world.provider.add("spot-1", 3600, NOW).instance_id
+    result = world.run()
+    assert not result.errors
+    assert world.state("spot-1") == case["expect_state"]
+    reason = f"slurm-spot:kill task failed, instance replaced@{STAMP}"
+    assert world.reason("spot-1") == reason
+    [event] = world.events("kill_task_failed")
+    assert (event["node"], event["instance"], event["reason"]) == ("spot-1", instance, reason)
+    assert event["extra"]["previous_reason"] == "Kill task failed"
+    # SuspendTimeout passes: the node is drain~ with our reason; the next pass undrains it
+    world.slurm.finish_power_downs()
+    world.provider.terminate(["spot-1"])
+    world.run()
+    assert world.events("undrained")
+    assert "DRAIN" not in world.state("spot-1")
+
+
+def test_kill_task_failed_waits_for_running_jobs(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", "MIXED+CLOUD+DRAIN", reason="Kill task failed")
+    world.slurm.add_job(7, ["spot-1"])
+    world.provider.add("spot-1", 3600, NOW)
+    world.run()
+    assert world.state("spot-1") == "MIXED+CLOUD+DRAIN"
+    assert world.slurm.jobs[7].state == "RUNNING"
+    assert not world.events("kill_task_failed")
+
+
+def test_admin_drain_with_alive_instance_left_alone(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", "IDLE+CLOUD+DRAIN", reason="Kill task failed? checking")
+    world.provider.add("spot-1", 3600, NOW)
+    world.run()
+    assert world.state("spot-1") == "IDLE+CLOUD+DRAIN"
+
+
+def test_duplicate_instance_terminated_with_a_warning_naming_both(tmp_path: Path) -> None:
+    case = CASES["duplicate_instances"]
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", case["node_state"], addr="10.0.0.1")
+    world.slurm.add_job(7, ["spot-1"])
+    for spec in case["instances"]:
+        world.provider.add("spot-1", spec["age_s"], NOW, instance_id=spec["id"], ip=spec["ip"])
+    result = world.run()
+    assert not result.errors
+    assert world.provider.alive("spot-1") == [case["kept"]]
+    [warning] = world.events("duplicate_instance")
+    assert warning["extra"]["level"] == "warning"
+    assert (warning["extra"]["kept"], warning["extra"]["terminated"]) == ("i-0aaa", "i-0bbb")
+    assert "i-0aaa" in warning["reason"] and "i-0bbb" in warning["reason"]
