@@ -73,6 +73,14 @@ class Action(str, enum.Enum):
     # a job requeued by the requeue exit code too often (reconcile.max_fast_requeues within
     # reconcile.fast_requeue_window_s): left to Slurm's requeue hold; extra.restarts
     EXPEDITE_WITHHELD = "expedite_withheld"
+    # a job requeued held after a failed launch (launch_failed_requeued_held) released;
+    # extra.restarts. Capped like expedites (reconcile.max_fast_requeues): then
+    # release_withheld, once per requeue, its reason saying what to do
+    JOB_RELEASED = "job_released"
+    RELEASE_WITHHELD = "release_withheld"
+    # a job of ours pending on BadConstraints: reason names the job, its constraint and what
+    # to do (also noted in its AdminComment); extra.constraint, extra.restarts
+    BAD_CONSTRAINTS = "bad_constraints"
     WEIGHT_RESTORED = "weight_restored"  # a prewarmed replacement's Weight back to slurm.conf's
     # job hooks (source epilog)
     JOB_END = "job_end"

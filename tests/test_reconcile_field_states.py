@@ -4,10 +4,12 @@ each is found by a reconcile pass against the fakes of Slurm and of a provider, 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import yaml
 
+from slurm_spot.errors import SlurmCommandError
 from tests.test_reconcile_rules import NOW, STAMP, World
 
 CASES = yaml.safe_load((Path(__file__).parent / "data" / "field-states.yaml").read_text())
@@ -91,3 +93,76 @@ def test_duplicate_instance_terminated_with_a_warning_naming_both(tmp_path: Path
     assert warning["extra"]["level"] == "warning"
     assert (warning["extra"]["kept"], warning["extra"]["terminated"]) == ("i-0aaa", "i-0bbb")
     assert "i-0aaa" in warning["reason"] and "i-0bbb" in warning["reason"]
+
+
+def _held_job(world: World, job_id: int, restarts: int, partition: str = "spot") -> None:
+    case = CASES["launch_failed_held"]
+    job = world.slurm.add_job(job_id, [], case["job_state"], case["reason"])
+    job.restarts, job.partition = restarts, partition
+
+
+def test_launch_failed_held_job_released_with_an_event(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    _held_job(world, 12, restarts=1)
+    _held_job(world, 13, restarts=1, partition="cpu")  # not ours: left to its admin
+    result = world.run()
+    assert not result.errors
+    assert world.slurm.released == [12]
+    assert (world.slurm.jobs[12].state, world.slurm.jobs[12].reason) == ("PENDING", "None")
+    assert world.slurm.jobs[13].reason == CASES["launch_failed_held"]["reason"]
+    [event] = world.events("job_released")
+    assert event["job_ids"] == [12] and event["extra"]["restarts"] == 1
+
+
+def test_launch_failed_held_release_capped_so_it_cannot_loop(tmp_path: Path) -> None:
+    world = World(tmp_path, max_fast_requeues=2, fast_requeue_window_s=600)
+    _held_job(world, 12, restarts=1)
+    for restarts in (2, 3):  # two launches failed again, each released by a pass
+        world.run()
+        world.now += timedelta(seconds=60)
+        _held_job(world, 12, restarts=restarts)
+    world.run()
+    world.run()  # a second pass says it once per requeue
+    assert world.slurm.released == [12, 12]
+    assert world.slurm.jobs[12].reason == CASES["launch_failed_held"]["reason"]
+    [withheld] = world.events("release_withheld")
+    assert withheld["job_ids"] == [12]
+    assert "left held" in withheld["reason"]
+    assert "scontrol release 12" in withheld["reason"]
+
+
+def test_one_refused_release_does_not_stop_the_others(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    _held_job(world, 12, restarts=1)
+    _held_job(world, 14, restarts=1)
+    world.slurm.jobs[14].reason = "launch failed requeued held"  # the spelling with spaces
+    client = world.reconciler.slurm
+    real_release = client.release
+
+    def release(job_id: int | str) -> None:
+        if job_id == 12:  # the job ended between squeue and scontrol release
+            raise SlurmCommandError(["scontrol", "release", "12"], 1, "Invalid job id")
+        real_release(job_id)
+
+    client.release = release  # type: ignore[method-assign]
+    result = world.run()
+    assert world.slurm.released == [14]
+    assert [e["job_ids"] for e in world.events("job_released")] == [[14]]
+    assert any("job 12: release" in e for e in result.errors)
+
+
+def test_requeued_job_on_bad_constraints_reported_once_with_admin_comment(
+        tmp_path: Path) -> None:
+    case = CASES["bad_constraints"]
+    world = World(tmp_path)
+    job = world.slurm.add_job(21, [], case["job_state"], case["reason"])
+    job.restarts, job.features = 1, case["features"]
+    result = world.run()
+    world.run()  # reported once per requeue, not once per pass
+    assert not result.errors
+    [event] = world.events("bad_constraints")
+    assert event["job_ids"] == [21]
+    assert event["extra"]["constraint"] == "a100&nvlink"
+    assert "a100&nvlink" in event["reason"] and "Features=" in event["reason"]
+    assert job.admin_comment.startswith("slurm-spot: job 21 pends on BadConstraints")
+    assert job.admin_comment.count("BadConstraints") == 1

@@ -58,6 +58,12 @@ from slurm_spot.power import ProviderFactory, provider_cache
 from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
+from slurm_spot.reconcile.held_jobs import (
+    bad_constraint_jobs,
+    bad_constraint_reason,
+    release_withheld_reason,
+    split_launch_held,
+)
 from slurm_spot.reconcile.history import EventTail, build_history, history_keep_s
 from slurm_spot.reconcile.metrics import ReconcileMetrics
 from slurm_spot.reconcile.requeue_exit import (
@@ -261,6 +267,7 @@ class Reconciler:
         # the more precise reason first; a job withheld there is not expedited as "safety net"
         done = self._expedite_requeue_exits(result, requeued, snap)
         self._expedite(requeued, [j for j in plan.expedite if j not in done], result)
+        self._stuck_jobs(snap, result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
             self._emit(result, Action.WEIGHT_RESTORED, node=node)
@@ -577,6 +584,48 @@ class Reconciler:
                               "window_s": settings.fast_requeue_window_s})
         return self._expedite_jobs(expedite, result, exit_reason(code)) + [
             w.job_id for w in withheld]
+
+    def _stuck_jobs(self, snap: Snapshot, result: PassResult) -> None:
+        """Pending jobs of our partitions nothing else would move (:mod:`.held_jobs`): one
+        ``squeue``; a job held after a failed launch is released (``scontrol release``, event
+        ``job_released``) up to the fast-requeue cap, then left held with one
+        ``release_withheld`` event per requeue; a job on BadConstraints is reported once per
+        requeue (event ``bad_constraints`` and an AdminComment note). One job's refusal
+        never stops the others."""
+        settings = self.config.reconcile
+        ours = [p.name for p in self.config.partitions]
+        try:
+            jobs = self.slurm.jobs()
+        except SlurmCommandError as exc:
+            result.errors.append(str(exc))
+            return
+        release, withheld = split_launch_held(jobs, ours, snap.events, snap.now,
+                                              settings.max_fast_requeues,
+                                              settings.fast_requeue_window_s)
+        for held in release:
+            try:
+                self.slurm.release(held.job_id)
+            except SlurmCommandError as exc:
+                result.errors.append(f"job {held.job_id}: release: {exc}")
+                self.metrics.action("release", ok=False)
+                continue
+            self.metrics.action("release", ok=True)
+            self._emit(result, Action.JOB_RELEASED, job_ids=(held.job_id,),
+                       reason="launch_failed_requeued_held on a spot partition",
+                       extra={"restarts": held.restarts, "releases": held.releases + 1})
+        for held in withheld:
+            if held.new:
+                self._emit(result, Action.RELEASE_WITHHELD, job_ids=(held.job_id,),
+                           reason=release_withheld_reason(held, settings.max_fast_requeues,
+                                                          settings.fast_requeue_window_s),
+                           extra={"restarts": held.restarts, "releases": held.releases})
+        found = bad_constraint_jobs(jobs, ours, snap.events)
+        for bad in found:
+            self._emit(result, Action.BAD_CONSTRAINTS, job_ids=(bad.job_id,),
+                       reason=bad_constraint_reason(bad),
+                       extra={"constraint": bad.constraint, "restarts": bad.restarts})
+        result.errors += self.slurm.record_interruptions(
+            [(bad.job_id, f"slurm-spot: {bad_constraint_reason(bad)}") for bad in found])
 
     def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> list[int]:
         if not job_ids:
