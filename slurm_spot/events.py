@@ -67,6 +67,10 @@ class Action(str, enum.Enum):
     NOT_RESPONDING_CLEARED = "not_responding_cleared"
     # a node drained "Kill task failed" powered down so that its instance is replaced
     KILL_TASK_FAILED = "kill_task_failed"
+    # warning: a node registered less memory than RealMemory (memory_mib of its node set):
+    # powered down, left drained with a reason saying what to do; extra.node_set,
+    # extra.reported_mib, extra.configured_mib
+    REAL_MEMORY_LOW = "real_memory_low"
     # warning: a node had several alive instances; extra.kept and extra.terminated name them
     DUPLICATE_INSTANCE = "duplicate_instance"
     EXPEDITED = "expedited"

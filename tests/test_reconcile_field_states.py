@@ -166,3 +166,28 @@ def test_requeued_job_on_bad_constraints_reported_once_with_admin_comment(
     assert "a100&nvlink" in event["reason"] and "Features=" in event["reason"]
     assert job.admin_comment.startswith("slurm-spot: job 21 pends on BadConstraints")
     assert job.admin_comment.count("BadConstraints") == 1
+
+
+def test_low_real_memory_replacement_powered_down_with_a_reason_saying_what_to_do(
+        tmp_path: Path) -> None:
+    case = CASES["low_real_memory"]
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", case["node_state"], reason=case["reason"], addr="10.0.0.1")
+    instance = world.provider.add("spot-1", 600, NOW).instance_id
+    result = world.run()
+    assert not result.errors
+    assert world.state("spot-1") == case["expect_state"]
+    reason = world.reason("spot-1")
+    assert reason.startswith("slurm-spot:low RealMemory 15500 < 16000 MiB")
+    assert "set memory_mib <= 15500" in reason and "spot.yaml" in reason
+    [event] = world.events("real_memory_low")
+    assert (event["node"], event["instance"], event["reason"]) == ("spot-1", instance, reason)
+    assert event["extra"]["level"] == "warning" and event["extra"]["node_set"] == "spot"
+    assert (event["extra"]["reported_mib"], event["extra"]["configured_mib"]) == (15500, 16000)
+    # powered down, it stays drained (powering it up again would only drain it again)
+    world.slurm.finish_power_downs()
+    world.provider.terminate(["spot-1"])
+    world.run()
+    assert world.state("spot-1") == "IDLE+CLOUD+DRAIN+POWERED_DOWN"
+    assert world.reason("spot-1") == reason
+    assert len(world.events("real_memory_low")) == 1

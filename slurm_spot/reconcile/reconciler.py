@@ -31,6 +31,11 @@ The Slurm transitions that carry out each verdict (verified on Slurm 22.05.8):
 - ``KILL_TASK_FAILED``: ``state=POWER_DOWN_FORCE reason=R`` on a node slurmctld drained
   ``Kill task failed``: SuspendProgram terminates the instance (and the unkillable step with
   it), the node stays drained with our reason (``drain~``) and ``UNDRAIN`` then returns it.
+- ``LOW_REAL_MEMORY``: ``state=POWER_DOWN_FORCE reason=R`` on a node slurmctld drained
+  ``Low RealMemory`` (its instance type has less memory than the node set's ``memory_mib``;
+  render's margin covers catalogue types only): the instance is not billed idle, and R (not
+  one of our reasons on purpose) keeps the node ``drain~`` and says what to do: powering it up
+  again would only drain it again. One ``real_memory_low`` warning event.
 - Duplicates (several alive instances for one up node): all but the kept one are terminated,
   with a ``duplicate_instance`` warning event naming both.
 
@@ -66,6 +71,7 @@ from slurm_spot.reconcile.held_jobs import (
 )
 from slurm_spot.reconcile.history import EventTail, build_history, history_keep_s
 from slurm_spot.reconcile.metrics import ReconcileMetrics
+from slurm_spot.reconcile.reasons import low_memory_of
 from slurm_spot.reconcile.requeue_exit import (
     cap_fast_requeues,
     exit_reason,
@@ -198,6 +204,7 @@ class Reconciler:
             Verdict.UNDRAIN: (self._undrain, self._record_undrain),
             Verdict.CLEAR_NOT_RESPONDING: (self._return_to_idle, self._record_responding),
             Verdict.KILL_TASK_FAILED: (self._replace_unkillable, self._record_unkillable),
+            Verdict.LOW_REAL_MEMORY: (self._replace_unkillable, self._record_low_memory),
         }
 
     # -- snapshot -------------------------------------------------------------------------
@@ -463,11 +470,21 @@ class Reconciler:
         self._record(result, Action.NOT_RESPONDING_CLEARED, d, reason=d.why)
 
     def _replace_unkillable(self, nodes: list[str], reason: str) -> None:
-        """POWER_DOWN_FORCE: SuspendProgram terminates the instance and its unkillable step."""
+        """POWER_DOWN_FORCE: SuspendProgram terminates the instance (and an unkillable step
+        with it); the node keeps its DRAIN flag and gets ``reason``."""
         self.slurm.power_down_force(nodes, reason)
 
     def _record_unkillable(self, d: NodeDecision, result: PassResult) -> None:
         self._record(result, Action.KILL_TASK_FAILED, d, extra={"previous_reason": d.why})
+
+    def _record_low_memory(self, d: NodeDecision, result: PassResult) -> None:
+        node_set = self.config.node_set(self.node_set_of[d.node])
+        reported, configured = low_memory_of(d.why) or (None, None)
+        log.warning("%s: %s; %s", d.node, d.why, d.reason)
+        self._record(result, Action.REAL_MEMORY_LOW, d, extra={
+            "level": "warning", "node_set": node_set.name, "reported_mib": reported,
+            "configured_mib": configured, "memory_mib": node_set.memory_mib,
+            "previous_reason": d.why})
 
     # -- instances ------------------------------------------------------------------------
     def _terminate_all(self, for_nodes: Sequence[Termination], orphans: Sequence[Termination],

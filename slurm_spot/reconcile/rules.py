@@ -26,6 +26,8 @@ from slurm_spot.reconcile.reasons import (
     cooldown_reason,
     is_clearable,
     kill_task_failed_reason,
+    low_memory_of,
+    low_memory_reason,
     parse_cooldown,
     parse_slurm_time,
     reason_code,
@@ -55,6 +57,8 @@ class Verdict(str, enum.Enum):
     CLEAR_NOT_RESPONDING = "clear-not-responding"
     # drained by slurmctld for an unkillable step, instance alive, no job running: replace it
     KILL_TASK_FAILED = "kill-task-failed"
+    # drained by slurmctld for Low RealMemory, instance alive: powered down, stays drained
+    LOW_REAL_MEMORY = "low-real-memory"
 
 
 _RECONCILE, _POWER = ReconcileConfig(), PowerConfig()
@@ -227,6 +231,10 @@ def classify_node(
         return _powering_up(node, instances, alive, now, settings, history)
     if alive and state.is_drained and not state.is_down and node.reason == KILL_TASK_FAILED:
         return _kill_task_failed(node, alive, now)
+    low = low_memory_of(node.reason) if alive and state.is_drained else None
+    if low is not None and not state.has_jobs:
+        return NodeDecision(node.name, Verdict.LOW_REAL_MEMORY, low_memory_reason(*low),
+                            instance=pick_kept(node, alive).instance_id, why=node.reason)
     if alive:
         return _up_and_alive(node, alive)
     if (state.is_down or state.is_drained) and not is_clearable(node.reason):
