@@ -203,8 +203,8 @@ class Reconciler:
             Verdict.COOL: (self._cool, self._record_cool),
             Verdict.UNDRAIN: (self._undrain, self._record_undrain),
             Verdict.CLEAR_NOT_RESPONDING: (self._return_to_idle, self._record_responding),
-            Verdict.KILL_TASK_FAILED: (self._replace_unkillable, self._record_unkillable),
-            Verdict.LOW_REAL_MEMORY: (self._replace_unkillable, self._record_low_memory),
+            Verdict.KILL_TASK_FAILED: (self._power_down_drained, self._record_unkillable),
+            Verdict.LOW_REAL_MEMORY: (self._power_down_drained, self._record_low_memory),
         }
 
     # -- snapshot -------------------------------------------------------------------------
@@ -469,7 +469,7 @@ class Reconciler:
     def _record_responding(self, d: NodeDecision, result: PassResult) -> None:
         self._record(result, Action.NOT_RESPONDING_CLEARED, d, reason=d.why)
 
-    def _replace_unkillable(self, nodes: list[str], reason: str) -> None:
+    def _power_down_drained(self, nodes: list[str], reason: str) -> None:
         """POWER_DOWN_FORCE: SuspendProgram terminates the instance (and an unkillable step
         with it); the node keeps its DRAIN flag and gets ``reason``."""
         self.slurm.power_down_force(nodes, reason)
