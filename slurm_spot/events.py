@@ -65,10 +65,28 @@ class Action(str, enum.Enum):
     COOLDOWN_END = "cooldown_end"
     BREAKER = "breaker"
     UNDRAINED = "undrained"
+    # an idle~ node flagged NOT_RESPONDING with no instance, returned to plain idle~
+    NOT_RESPONDING_CLEARED = "not_responding_cleared"
+    # a node drained "Kill task failed" powered down so that its instance is replaced
+    KILL_TASK_FAILED = "kill_task_failed"
+    # warning: a node registered less memory than RealMemory (memory_mib of its node set):
+    # powered down, left drained with a reason saying what to do; extra.node_set,
+    # extra.reported_mib, extra.configured_mib
+    REAL_MEMORY_LOW = "real_memory_low"
+    # warning: a node had several alive instances; extra.kept and extra.terminated name them
+    DUPLICATE_INSTANCE = "duplicate_instance"
     EXPEDITED = "expedited"
     # a job requeued by the requeue exit code too often (reconcile.max_fast_requeues within
     # reconcile.fast_requeue_window_s): left to Slurm's requeue hold; extra.restarts
     EXPEDITE_WITHHELD = "expedite_withheld"
+    # a job requeued held after a failed launch (launch_failed_requeued_held) released;
+    # extra.restarts. Capped like expedites (reconcile.max_fast_requeues): then
+    # release_withheld, once per requeue, its reason saying what to do
+    JOB_RELEASED = "job_released"
+    RELEASE_WITHHELD = "release_withheld"
+    # a job of ours pending on BadConstraints: reason names the job, its constraint and what
+    # to do (also noted in its AdminComment); extra.constraint, extra.restarts
+    BAD_CONSTRAINTS = "bad_constraints"
     WEIGHT_RESTORED = "weight_restored"  # a prewarmed replacement's Weight back to slurm.conf's
     # job hooks (source epilog)
     JOB_END = "job_end"

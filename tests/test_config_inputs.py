@@ -145,3 +145,24 @@ def test_max_time_in_slurms_formats_is_accepted(tmp_path: Path, value: str,
     path.write_text(GOOD.replace("node_sets: [gpu]}", f"node_sets: [gpu], max_time: '{value}'}}"))
     assert load_config(path).partitions[0].max_time == value
     assert max_time_minutes(value) == minutes
+
+
+def test_credentials_file_naming_no_file_is_reported_with_file_line_and_field(
+        tmp_path: Path) -> None:
+    """Issue 25: a credentials_file that names no file was accepted, and every launch of the
+    hooks (empty environment, no other credentials) failed later."""
+    missing = tmp_path / "nowhere" / "aws-credentials"
+    path = tmp_path / "spot.yaml"
+    path.write_text(
+        "cluster: demo\nproviders:\n  ec2:\n    type: aws\n    region: us-east-1\n"
+        f"    credentials_file: {missing}\n"
+        "node_sets:\n  - {name: gpu, provider: ec2, count: 1,\n"
+        "     aws: {launch_template: lt-1, subnets: [subnet-1]}}\n"
+        "partitions: [{name: spot, node_sets: [gpu]}]\n")
+    load_config(path)  # a watcher on a compute node reads it without the credentials
+    code, out = check(path)
+    assert code == 2
+    hits = [line for line in out.splitlines() if "providers.ec2.credentials_file" in line]
+    assert hits, out
+    assert str(path) in out
+    assert f"line 6: providers.ec2.credentials_file: {missing}: no such file" in hits[0]

@@ -233,3 +233,22 @@ def test_a_type_not_offered_in_a_zone_is_permanent_for_that_pair(
 def test_other_errors_naming_resources_keep_their_class(reason: str, message: str) -> None:
     (error,) = errors_from_resource({"errors": [{"reason": reason, "message": message}]})
     assert error.error_class is classify_gcp(reason) and error.pair is None
+
+
+@pytest.mark.parametrize(("message", "metric", "limit", "unit"), [
+    ("Quota 'CPUS' exceeded.  Limit: 24.0 in region us-central1.", "CPUS", 24, "vCPU"),
+    ("Quota 'N2_CPUS' exceeded.  Limit: 8.0 in region europe-west4.", "N2_CPUS", 8, "vCPU"),
+    ("Quota 'NVIDIA_A100_GPUS' exceeded.  Limit: 16.0 in region us-central1.",
+     "NVIDIA_A100_GPUS", 16, "GPU"),
+    ("Quota 'INSTANCES' exceeded.  Limit: 10.0 in region us-east1.", "INSTANCES", 10,
+     "instance"),
+])
+def test_a_quota_error_names_its_quota_and_limit(message: str, metric: str, limit: int,
+                                                 unit: str) -> None:
+    from slurm_spot.providers.gcp.errors import gce_error, quota_limit
+
+    found = quota_limit(gce_error("QUOTA_EXCEEDED", message))
+    assert found is not None
+    assert (found.metric, found.limit, found.unit) == (metric, limit, unit)
+    assert quota_limit(gce_error("ZONE_RESOURCE_POOL_EXHAUSTED", message)) is None
+    assert quota_limit(gce_error("QUOTA_EXCEEDED", "quota exceeded")) is None

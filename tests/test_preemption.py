@@ -294,3 +294,23 @@ def test_a_signal_during_the_all_reduce_counts_at_the_next_boundary_on_every_ran
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["answers"] == r1["answers"] == [False, False, False, True], (r0, r1)
     assert r0["signal"] is None and r1["signal"] == USR2
+
+
+def test_a_handler_without_scontrol_says_so_when_built_not_at_requeue(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 25: scontrol missing from the job's PATH was found only at requeue time."""
+    from slurm_spot.jobs.jobenv import find_scontrol
+
+    env = {"SLURM_JOB_ID": "12", "PATH": str(tmp_path), "SLURM_SPOT_SLURM_BIN_DIR": ""}
+    with caplog.at_level("WARNING"):
+        PreemptionHandler(env=env)
+    assert "scontrol is neither on this job's PATH" in caplog.text
+    tool = tmp_path / "bin" / "scontrol"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert find_scontrol({**env, "SLURM_SPOT_SLURM_BIN_DIR": str(tool.parent)}) == str(tool)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        PreemptionHandler(env={**env, "SLURM_SPOT_SLURM_BIN_DIR": str(tool.parent)})
+    assert "scontrol" not in caplog.text

@@ -98,13 +98,43 @@ def test_paths_escaping_the_root_are_refused(tmp_path: Path, env: dict) -> None:
 
 
 def test_task_prolog_exports(tmp_path: Path) -> None:
-    lines = task_prolog_lines(config(tmp_path / "ck"), {**JOB, "SLURM_RESTART_COUNT": ""})
-    assert lines == [
+    cfg = config(tmp_path / "ck")
+    lines = task_prolog_lines(cfg, {**JOB, "SLURM_RESTART_COUNT": ""})
+    assert [line for line in lines if not line.startswith("print ")] == [
         f"export SLURM_SPOT_CHECKPOINT_DIR={tmp_path / 'ck' / 'nobody' / '777'}",
         "export SLURM_SPOT_RESTART_COUNT=0",
         "export SLURM_SPOT_PREEMPT_SIGNAL=USR2",
         "export SLURM_SPOT_REQUEUE_EXIT_CODE=85",
+        f"export SLURM_SPOT_SLURM_BIN_DIR={cfg.slurm_bin_dir}",
     ]
+
+
+def _scontrol_in(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    tool = directory / "scontrol"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    return tool
+
+
+def test_task_prolog_says_early_when_scontrol_is_not_on_the_jobs_path(tmp_path: Path) -> None:
+    """Issue 25: a job whose PATH had no scontrol found out only when rank 0 tried to requeue
+    it at preemption. The TaskProlog now says so in the job's output, before training."""
+    cfg = config(tmp_path / "ck")
+    on_path = {**JOB, "PATH": str(_scontrol_in(tmp_path / "slurm" / "bin").parent)}
+    assert not [line for line in task_prolog_lines(cfg, on_path) if line.startswith("print")]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nowhere = {**JOB, "PATH": str(empty)}
+    cfg = cfg.model_copy(update={"slurm_bin_dir": tmp_path / "no-slurm"})
+    [warning] = [line for line in task_prolog_lines(cfg, nowhere) if line.startswith("print")]
+    assert warning.startswith("print slurm-spot: WARNING: scontrol is neither on this job's "
+                              "PATH nor in slurm_bin_dir")
+    assert "cannot requeue itself on preemption" in warning and "PATH" in warning
+    bin_dir = _scontrol_in(tmp_path / "opt" / "slurm" / "bin").parent
+    cfg = cfg.model_copy(update={"slurm_bin_dir": bin_dir})
+    [notice] = [line for line in task_prolog_lines(cfg, nowhere) if line.startswith("print")]
+    assert f"will use {bin_dir / 'scontrol'}" in notice
 
 
 def _swap_forever(user_fd: int, target: str) -> None:

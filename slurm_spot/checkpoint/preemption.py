@@ -34,7 +34,6 @@ import functools
 import gc
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -79,7 +78,7 @@ def ignore_signals_in_worker(worker_id: int, signals: Sequence[int] | None = Non
 
 
 def _default_client(env: Mapping[str, str]) -> SlurmClient:
-    scontrol = shutil.which("scontrol", path=env.get("PATH"))
+    scontrol = jobenv.find_scontrol({"PATH": os.environ.get("PATH", ""), **env})
     return SlurmClient(bin_dir=os.path.dirname(scontrol) if scontrol else "/usr/bin")
 
 
@@ -134,6 +133,12 @@ class PreemptionHandler:
         self.exit_code = jobenv.requeue_exit_code(self.env) if exit_code is None else exit_code
         self.group = process_group
         self._client = client
+        if client is None and jobenv.is_slurm_job(self.env) and jobenv.find_scontrol(
+                {"PATH": os.environ.get("PATH", ""), **self.env}) is None:
+            # said now, at the start of training, not when the requeue fails at preemption
+            log.warning("scontrol is neither on this job's PATH nor in %s: rank 0 cannot "
+                        "requeue this job on preemption; add Slurm's bin directory to PATH "
+                        "in the batch script", jobenv.ENV_SLURM_BIN_DIR)
         self._flag = False
         self._received: int | None = None
         self._received_at: float | None = None

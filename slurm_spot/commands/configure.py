@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.config import slurm_bin_problems
+from slurm_spot.config import credentials_file_problems, slurm_bin_problems
 from slurm_spot.errors import BadInputError, ConfigError
 from slurm_spot.providers import check_config
 from slurm_spot.render import render, slurm_version, write_rendered
@@ -25,7 +25,8 @@ def config_group() -> None:
 def check_command(app: AppContext, as_json: bool) -> None:
     """Validate spot.yaml: exit 0 if good, 2 with every problem (file, field, reason) if not."""
     config = app.config
-    problems = check_config(config) + slurm_bin_problems(config)
+    problems = (check_config(config) + slurm_bin_problems(config)
+                + credentials_file_problems(config))
     if problems:
         raise ConfigError(str(config.source_path), config.with_lines(problems))
     summary = {

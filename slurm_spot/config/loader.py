@@ -151,7 +151,8 @@ def _not_regular(info: os.stat_result) -> str | None:
 def _credential_problems(config: SpotConfig, lines: dict[Path_, int]) -> list[str]:
     """Credentials files named in the config that root must not trust (see
     :func:`~slurm_spot.config.yamlfile.check_trusted_file`). A missing file is the provider's
-    error to report when it is used."""
+    error to report when it is used, and ``config check``'s
+    (:func:`credentials_file_problems`)."""
     problems = []
     for name, provider in config.providers.items():
         file = getattr(provider, "credentials_file", None)
@@ -217,3 +218,25 @@ def slurm_bin_problems(config: SpotConfig) -> list[str]:
         return [f"slurm_bin_dir: {where} has no executable {', '.join(missing)} "
                 f"('command -v scontrol' shows where Slurm's commands are)"]
     return []
+
+
+def credentials_file_problems(config: SpotConfig) -> list[str]:
+    """``providers.<name>.credentials_file`` problems for ``config check``: a file named there
+    must exist and be a readable file (the hooks run with an empty environment and find no
+    other credentials, so a missing one fails every launch). One line each, naming the field
+    (``line N:`` is added by :meth:`SpotConfig.with_lines`) and the file. Not checked at load:
+    a compute node's watcher reads the same spot.yaml without the controller's credentials."""
+    problems = []
+    for name, provider in config.providers.items():
+        file = getattr(provider, "credentials_file", None)
+        if file is None:
+            continue
+        where = f"providers.{name}.credentials_file: {file}"
+        if not os.path.lexists(file):
+            problems.append(f"{where}: no such file (write the provider's credentials there, "
+                            f"or remove the setting to use the provider's default chain)")
+        elif not os.path.isfile(file):
+            problems.append(f"{where}: not a regular file")
+        elif not os.access(file, os.R_OK):
+            problems.append(f"{where}: not readable by this user (uid {os.geteuid()})")
+    return problems

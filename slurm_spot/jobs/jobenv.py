@@ -18,7 +18,9 @@ the workers on one node and says nothing about how often Slurm requeued the job.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +31,9 @@ from slurm_spot.errors import BadInputError
 ENV_PREEMPT_SIGNAL = "SLURM_SPOT_PREEMPT_SIGNAL"
 ENV_REQUEUE_EXIT_CODE = "SLURM_SPOT_REQUEUE_EXIT_CODE"
 ENV_CHECKPOINT_DIR = "SLURM_SPOT_CHECKPOINT_DIR"
+#: spot.yaml's ``slurm_bin_dir``, exported by the TaskProlog: where rank 0 finds ``scontrol``
+#: for the requeue when the job's own PATH has no Slurm commands.
+ENV_SLURM_BIN_DIR = "SLURM_SPOT_SLURM_BIN_DIR"
 DEFAULT_PREEMPT_SIGNAL = "USR2"
 DEFAULT_REQUEUE_EXIT_CODE = 85
 #: Exit code of an elastic job's worker that stops only because the world changes (another
@@ -36,6 +41,20 @@ DEFAULT_REQUEUE_EXIT_CODE = 85
 #: elastic agent (:mod:`slurm_spot.jobs.torchrun_agent`) counts it, like the requeue code, as
 #: an interruption, not a crash.
 REJOIN_EXIT_CODE = 86
+
+def find_scontrol(env: Mapping[str, str]) -> str | None:
+    """The ``scontrol`` a job's rank 0 runs to requeue the job: the one on the job's ``PATH``
+    (``env["PATH"]``; none when unset), else ``$SLURM_SPOT_SLURM_BIN_DIR/scontrol`` (exported
+    by the TaskProlog) when it is an executable file; None when neither is."""
+    found = shutil.which("scontrol", path=env.get("PATH", ""))
+    if found:
+        return found
+    bin_dir = env.get(ENV_SLURM_BIN_DIR, "").strip()
+    candidate = os.path.join(bin_dir, "scontrol") if bin_dir else ""
+    if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        return candidate
+    return None
+
 
 # The names Slurm's sig_name2num() knows (src/common/proc_args.c); sbatch rejects any other name.
 SLURM_SIGNAL_NAMES = (

@@ -25,6 +25,7 @@ import logging
 import os
 import pwd
 import re
+import shutil
 import stat
 import time
 from collections.abc import Mapping
@@ -33,7 +34,7 @@ from pathlib import Path
 from slurm_spot import events
 from slurm_spot.config import S3_ROOT_PATTERN, SpotConfig
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.jobenv import checkpoint_key, restart_count
+from slurm_spot.jobs.jobenv import ENV_SLURM_BIN_DIR, checkpoint_key, find_scontrol, restart_count
 
 _USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?", re.IGNORECASE | re.ASCII)
 _KEY = re.compile(r"[0-9]+(_[0-9]+)?")
@@ -264,13 +265,32 @@ def task_prolog_lines(config: SpotConfig, env: Mapping[str, str]) -> list[str]:
         if endpoint:
             s3_lines.append(f"export SLURM_SPOT_S3_ENDPOINT_URL={endpoint}")
         s3_lines.append(f"export SLURM_SPOT_S3_ADDRESSING_STYLE={style}")
+    notice = scontrol_notice(config, env)
     return [
         f"export SLURM_SPOT_CHECKPOINT_DIR={target}",
         *s3_lines,
         f"export SLURM_SPOT_RESTART_COUNT={restart_count(env)}",
         f"export SLURM_SPOT_PREEMPT_SIGNAL={config.preemption.signal}",
         f"export SLURM_SPOT_REQUEUE_EXIT_CODE={config.preemption.requeue_exit_code}",
+        f"export {ENV_SLURM_BIN_DIR}={config.slurm_bin_dir}",
+        *([f"print {notice}"] if notice else []),
     ]
+
+
+def scontrol_notice(config: SpotConfig, env: Mapping[str, str]) -> str | None:
+    """What the job's output should say when ``scontrol`` is not on the job's ``PATH``
+    (``env``): rank 0 needs it to requeue the job on preemption, and without this check the
+    job found out only then. The TaskProlog prints it (a ``print`` line goes to the task's
+    stdout, slurm.conf(5) TaskProlog, 22.05-26.05). None when ``scontrol`` is on ``PATH``."""
+    if shutil.which("scontrol", path=env.get("PATH", "")):
+        return None
+    fallback = find_scontrol({ENV_SLURM_BIN_DIR: str(config.slurm_bin_dir)})
+    if fallback:
+        return (f"slurm-spot: scontrol is not on this job's PATH; a requeue on preemption "
+                f"will use {fallback} (slurm_bin_dir in spot.yaml)")
+    return (f"slurm-spot: WARNING: scontrol is neither on this job's PATH nor in slurm_bin_dir "
+            f"{config.slurm_bin_dir} (spot.yaml): this job cannot requeue itself on "
+            f"preemption; add Slurm's bin directory to PATH or fix slurm_bin_dir")
 
 
 def epilog(config: SpotConfig, env: Mapping[str, str]) -> None:

@@ -21,7 +21,8 @@ OUR_REASONS = re.compile(
     rf"spot-interruption:[a-z][a-z_-]*@{_STAMP}"            # watcher, reconciler
     rf"|\(Code:[A-Za-z0-9_.:/-]+\)(\S.*)?"                    # resume failures, cooldowns
     rf"|slurm-spot:circuit-breaker: \d+ resume failures .*"    # reconciler breaker
-    rf"|slurm-spot:instance lost while booting@{_STAMP}",     # reconciler
+    rf"|slurm-spot:instance lost while booting@{_STAMP}"      # reconciler
+    rf"|slurm-spot:kill task failed, instance replaced@{_STAMP}",  # reconciler
     re.DOTALL,
 )
 # slurmctld's own reasons, exactly as Slurm 22.05 writes them (src/slurmctld/node_mgr.c,
@@ -30,6 +31,14 @@ SLURM_REASONS = re.compile(
     r"ResumeTimeout reached|Not responding"
     r"|Node unexpectedly rebooted( boot_time=\d+ last response=\d+)?"
 )
+#: slurmctld's reason when a step outlived UnkillableStepTimeout (slurm.conf(5) 22.05-26.05;
+#: src/slurmctld/step_mgr.c drains the node with exactly this text).
+KILL_TASK_FAILED = "Kill task failed"
+#: slurmctld's reason for a node that registered less memory than its RealMemory
+#: (node_mgr.c validate_node_specs, 22.05-26.05): "Low RealMemory (reported:15000 < 100.00% of
+#: configured:16000)".
+LOW_REAL_MEMORY = re.compile(
+    r"Low RealMemory \(reported:(?P<reported>\d+) < [\d.]+% of configured:(?P<configured>\d+)\)")
 BREAKER_PREFIX = "slurm-spot:circuit-breaker"
 COOLDOWN_TEXT = "Temporarily disabled until "
 _CODE_RE = re.compile(r"^\(Code:(?P<code>[^)]*)\)")
@@ -57,6 +66,27 @@ def reason_code(reason: str) -> str | None:
     """The provider code of a ``(Code:X)...`` reason, else None."""
     match = _CODE_RE.match(reason)
     return match.group("code") if match else None
+
+
+def kill_task_failed_reason(when: datetime) -> str:
+    """``slurm-spot:kill task failed, instance replaced@<UTC time>``: the reason written on
+    a node drained ``Kill task failed`` whose instance the reconciler powers down."""
+    return f"slurm-spot:kill task failed, instance replaced@{utc_stamp(when)}"
+
+
+def low_memory_of(reason: str) -> tuple[int, int] | None:
+    """``(reported, configured)`` MiB of slurmctld's ``Low RealMemory`` reason, else None."""
+    found = LOW_REAL_MEMORY.fullmatch(reason)
+    return (int(found.group("reported")), int(found.group("configured"))) if found else None
+
+
+def low_memory_reason(reported_mib: int, configured_mib: int) -> str:
+    """The reason written on a node powered down for ``Low RealMemory``: what to do. It is
+    deliberately not one of :data:`OUR_REASONS`, so the node stays drained (an admin's
+    reason) until the config is fixed: powering it up again would only repeat the drain."""
+    return (f"slurm-spot:low RealMemory {reported_mib} < {configured_mib} MiB: set memory_mib"
+            f" <= {reported_mib} for its node set in spot.yaml, render, scontrol reconfigure,"
+            f" then resume")
 
 
 def cooldown_reason(code: str, until: datetime) -> str:

@@ -22,6 +22,22 @@ The Slurm transitions that carry out each verdict (verified on Slurm 22.05.8):
 - ``BREAKER``: ``state=IDLE`` then ``state=DRAIN reason="slurm-spot:circuit-breaker..."``
   (``drain~``); an admin's ``state=RESUME`` re-enables the node.
 - ``UNDRAIN``: ``state=RESUME`` on a powered-down node drained with one of our reasons.
+- ``CLEAR_NOT_RESPONDING``: ``state=IDLE`` on ``idle~*`` (IDLE+CLOUD+POWERED_DOWN+
+  NOT_RESPONDING, left by an admin's ``state=RESUME`` of a ``down~`` node: node_mgr.c
+  update_node sets NO_RESPOND then) gives plain ``idle~``, the transition ``RESUME_FAILED``
+  uses (22.05.8, as tests/fakes/fake_slurm.py models it; not yet checked on 23.02-26.05 by an
+  end-to-end test); POWER_DOWN_FORCE does nothing on a powered-down node and RESUME keeps
+  the flag. The address is reset to the node name as well.
+- ``KILL_TASK_FAILED``: ``state=POWER_DOWN_FORCE reason=R`` on a node slurmctld drained
+  ``Kill task failed``: SuspendProgram terminates the instance (and the unkillable step with
+  it), the node stays drained with our reason (``drain~``) and ``UNDRAIN`` then returns it.
+- ``LOW_REAL_MEMORY``: ``state=POWER_DOWN_FORCE reason=R`` on a node slurmctld drained
+  ``Low RealMemory`` (its instance type has less memory than the node set's ``memory_mib``;
+  render's margin covers catalogue types only): the instance is not billed idle, and R (not
+  one of our reasons on purpose) keeps the node ``drain~`` and says what to do: powering it up
+  again would only drain it again. One ``real_memory_low`` warning event.
+- Duplicates (several alive instances for one up node): all but the kept one are terminated,
+  with a ``duplicate_instance`` warning event naming both.
 
 A pass holds no state of its own: Slurm and the providers are the record, and the few facts
 they do not keep come back from the events file (:mod:`slurm_spot.reconcile.history`), so a
@@ -47,8 +63,15 @@ from slurm_spot.power import ProviderFactory, provider_cache
 from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
+from slurm_spot.reconcile.held_jobs import (
+    bad_constraint_jobs,
+    bad_constraint_reason,
+    release_withheld_reason,
+    split_launch_held,
+)
 from slurm_spot.reconcile.history import EventTail, build_history, history_keep_s
 from slurm_spot.reconcile.metrics import ReconcileMetrics
+from slurm_spot.reconcile.reasons import low_memory_of
 from slurm_spot.reconcile.requeue_exit import (
     cap_fast_requeues,
     exit_reason,
@@ -179,6 +202,9 @@ class Reconciler:
             Verdict.BREAKER: (self._trip_breaker, self._record_breaker),
             Verdict.COOL: (self._cool, self._record_cool),
             Verdict.UNDRAIN: (self._undrain, self._record_undrain),
+            Verdict.CLEAR_NOT_RESPONDING: (self._return_to_idle, self._record_responding),
+            Verdict.KILL_TASK_FAILED: (self._power_down_drained, self._record_unkillable),
+            Verdict.LOW_REAL_MEMORY: (self._power_down_drained, self._record_low_memory),
         }
 
     # -- snapshot -------------------------------------------------------------------------
@@ -248,6 +274,7 @@ class Reconciler:
         # the more precise reason first; a job withheld there is not expedited as "safety net"
         done = self._expedite_requeue_exits(result, requeued, snap)
         self._expedite(requeued, [j for j in plan.expedite if j not in done], result)
+        self._stuck_jobs(snap, result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
             self._emit(result, Action.WEIGHT_RESTORED, node=node)
@@ -439,6 +466,26 @@ class Reconciler:
     def _record_undrain(self, d: NodeDecision, result: PassResult) -> None:
         self._record(result, Action.UNDRAINED, d, reason=d.why)
 
+    def _record_responding(self, d: NodeDecision, result: PassResult) -> None:
+        self._record(result, Action.NOT_RESPONDING_CLEARED, d, reason=d.why)
+
+    def _power_down_drained(self, nodes: list[str], reason: str) -> None:
+        """POWER_DOWN_FORCE: SuspendProgram terminates the instance (and an unkillable step
+        with it); the node keeps its DRAIN flag and gets ``reason``."""
+        self.slurm.power_down_force(nodes, reason)
+
+    def _record_unkillable(self, d: NodeDecision, result: PassResult) -> None:
+        self._record(result, Action.KILL_TASK_FAILED, d, extra={"previous_reason": d.why})
+
+    def _record_low_memory(self, d: NodeDecision, result: PassResult) -> None:
+        node_set = self.config.node_set(self.node_set_of[d.node])
+        reported, configured = low_memory_of(d.why) or (None, None)
+        log.warning("%s: %s; %s", d.node, d.why, d.reason)
+        self._record(result, Action.REAL_MEMORY_LOW, d, extra={
+            "level": "warning", "node_set": node_set.name, "reported_mib": reported,
+            "configured_mib": configured, "memory_mib": node_set.memory_mib,
+            "previous_reason": d.why})
+
     # -- instances ------------------------------------------------------------------------
     def _terminate_all(self, for_nodes: Sequence[Termination], orphans: Sequence[Termination],
                        snap: Snapshot, result: PassResult) -> dict[str, str]:
@@ -489,6 +536,15 @@ class Reconciler:
         self._emit(result, Action.TERMINATED, node=inst.node, instance=inst.instance_id,
                    reason=term.why, extra={"provider": provider,
                                            "age_s": round(inst.age_s(snap.now), 1)})
+        if term.why == "duplicate":
+            log.warning("%s had several instances: kept %s, terminated duplicate %s",
+                        inst.node, term.kept, inst.instance_id)
+            self._emit(result, Action.DUPLICATE_INSTANCE, node=inst.node,
+                       instance=inst.instance_id,
+                       reason=(f"duplicate instance {inst.instance_id} terminated; "
+                               f"kept {term.kept}"),
+                       extra={"level": "warning", "kept": term.kept,
+                              "terminated": inst.instance_id, "provider": provider})
 
     # -- jobs -----------------------------------------------------------------------------
     def _expedite(self, requeued: list[int], held: Sequence[int], result: PassResult) -> None:
@@ -545,6 +601,48 @@ class Reconciler:
                               "window_s": settings.fast_requeue_window_s})
         return self._expedite_jobs(expedite, result, exit_reason(code)) + [
             w.job_id for w in withheld]
+
+    def _stuck_jobs(self, snap: Snapshot, result: PassResult) -> None:
+        """Pending jobs of our partitions nothing else would move (:mod:`.held_jobs`): one
+        ``squeue``; a job held after a failed launch is released (``scontrol release``, event
+        ``job_released``) up to the fast-requeue cap, then left held with one
+        ``release_withheld`` event per requeue; a job on BadConstraints is reported once per
+        requeue (event ``bad_constraints`` and an AdminComment note). One job's refusal
+        never stops the others."""
+        settings = self.config.reconcile
+        ours = [p.name for p in self.config.partitions]
+        try:
+            jobs = self.slurm.jobs()
+        except SlurmCommandError as exc:
+            result.errors.append(str(exc))
+            return
+        release, withheld = split_launch_held(jobs, ours, snap.events, snap.now,
+                                              settings.max_fast_requeues,
+                                              settings.fast_requeue_window_s)
+        for held in release:
+            try:
+                self.slurm.release(held.job_id)
+            except SlurmCommandError as exc:
+                result.errors.append(f"job {held.job_id}: release: {exc}")
+                self.metrics.action("release", ok=False)
+                continue
+            self.metrics.action("release", ok=True)
+            self._emit(result, Action.JOB_RELEASED, job_ids=(held.job_id,),
+                       reason="launch_failed_requeued_held on a spot partition",
+                       extra={"restarts": held.restarts, "releases": held.releases + 1})
+        for held in withheld:
+            if held.new:
+                self._emit(result, Action.RELEASE_WITHHELD, job_ids=(held.job_id,),
+                           reason=release_withheld_reason(held, settings.max_fast_requeues,
+                                                          settings.fast_requeue_window_s),
+                           extra={"restarts": held.restarts, "releases": held.releases})
+        found = bad_constraint_jobs(jobs, ours, snap.events)
+        for bad in found:
+            self._emit(result, Action.BAD_CONSTRAINTS, job_ids=(bad.job_id,),
+                       reason=bad_constraint_reason(bad),
+                       extra={"constraint": bad.constraint, "restarts": bad.restarts})
+        result.errors += self.slurm.record_interruptions(
+            [(bad.job_id, f"slurm-spot: {bad_constraint_reason(bad)}") for bad in found])
 
     def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> list[int]:
         if not job_ids:

@@ -22,8 +22,12 @@ from slurm_spot.config import PowerConfig, ReconcileConfig
 from slurm_spot.providers.base import Instance, normalize_code
 from slurm_spot.reconcile.reasons import (
     BREAKER_PREFIX,
+    KILL_TASK_FAILED,
     cooldown_reason,
     is_clearable,
+    kill_task_failed_reason,
+    low_memory_of,
+    low_memory_reason,
     parse_cooldown,
     parse_slurm_time,
     reason_code,
@@ -49,6 +53,12 @@ class Verdict(str, enum.Enum):
     COOLING = "cooling"  # cooldown still running
     REENABLE = "reenable"  # cooldown over: back to idle~
     UNDRAIN = "undrain"  # powered down but still drained with one of our reasons
+    # idle~ flagged NOT_RESPONDING (an admin's RESUME of a down~ node), no instance: idle~
+    CLEAR_NOT_RESPONDING = "clear-not-responding"
+    # drained by slurmctld for an unkillable step, instance alive, no job running: replace it
+    KILL_TASK_FAILED = "kill-task-failed"
+    # drained by slurmctld for Low RealMemory, instance alive: powered down, stays drained
+    LOW_REAL_MEMORY = "low-real-memory"
 
 
 _RECONCILE, _POWER = ReconcileConfig(), PowerConfig()
@@ -96,10 +106,12 @@ class History:
 @dataclass(frozen=True)
 class Termination:
     """An instance to terminate: ``why`` is ``orphan``, ``duplicate`` or ``leftover``
-    (alive behind a ``down~`` node)."""
+    (alive behind a ``down~`` node); ``kept`` is, for a duplicate, the id of the instance
+    kept for the same node (:func:`pick_kept`)."""
 
     instance: Instance
     why: str
+    kept: str | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +229,12 @@ def classify_node(
         return NodeDecision(node.name, Verdict.WAIT, why="powering down")
     if state.is_powering_up:
         return _powering_up(node, instances, alive, now, settings, history)
+    if alive and state.is_drained and not state.is_down and node.reason == KILL_TASK_FAILED:
+        return _kill_task_failed(node, alive, now)
+    low = low_memory_of(node.reason) if alive and state.is_drained else None
+    if low is not None and not state.has_jobs:
+        return NodeDecision(node.name, Verdict.LOW_REAL_MEMORY, low_memory_reason(*low),
+                            instance=pick_kept(node, alive).instance_id, why=node.reason)
     if alive:
         return _up_and_alive(node, alive)
     if (state.is_down or state.is_drained) and not is_clearable(node.reason):
@@ -242,9 +260,23 @@ def _up_and_alive(node: Node, alive: list[Instance]) -> NodeDecision:
     if len(alive) == 1:
         return NodeDecision(node.name, Verdict.OK, instance=alive[0].instance_id)
     kept = pick_kept(node, alive)
-    extra = tuple(Termination(i, "duplicate") for i in alive if i is not kept)
+    extra = tuple(Termination(i, "duplicate", kept=kept.instance_id)
+                  for i in alive if i is not kept)
     return NodeDecision(node.name, Verdict.OK, terminate=extra, instance=kept.instance_id,
                         why=f"{len(alive)} instances; kept {kept.instance_id}")
+
+
+def _kill_task_failed(node: Node, alive: list[Instance], now: datetime) -> NodeDecision:
+    """Drained by slurmctld with reason ``Kill task failed`` (a step outlived
+    UnkillableStepTimeout, slurm.conf(5) 22.05: the node is drained): its instance is
+    replaced by a power down once no job runs there any more (a COMPLETING job is the
+    unkillable one, POWER_DOWN_FORCE ends it); a job still running keeps it, as DRAIN means."""
+    kept = pick_kept(node, alive) if len(alive) > 1 else alive[0]
+    if node.state.base in ("ALLOCATED", "MIXED"):
+        return NodeDecision(node.name, Verdict.WAIT, instance=kept.instance_id,
+                            why="Kill task failed; jobs still running")
+    return NodeDecision(node.name, Verdict.KILL_TASK_FAILED, kill_task_failed_reason(now),
+                        instance=kept.instance_id, jobs=node.jobs, why=KILL_TASK_FAILED)
 
 
 def _powering_up(
@@ -283,6 +315,9 @@ def _powered_down(
         failures = history.failures.get(node.name, 0)
         if failures >= settings.max_resume_failures and is_clearable(node.reason):
             return _breaker(node, failures, orphans, settings)
+        if not state.is_responding and not alive and is_clearable(node.reason):
+            return NodeDecision(node.name, Verdict.CLEAR_NOT_RESPONDING,
+                                why=node.reason or "idle~ and NOT_RESPONDING, no instance")
         return NodeDecision(node.name, Verdict.OK, terminate=orphans)
     if not is_clearable(node.reason) or node.reason.startswith(BREAKER_PREFIX):
         orphans = tuple(Termination(i, "orphan") for i in alive

@@ -145,6 +145,15 @@ class SlurmActions(SlurmQueries):
             return False
         raise SlurmCommandError(result.argv, result.returncode, result.stderr)
 
+    def release(self, job_id: int | str) -> None:
+        """``scontrol release <job>``: let a held job be scheduled again (scontrol(1)
+        22.05-26.05; a job requeued held after a failed launch waits for this).
+
+        Raises:
+            SlurmCommandError: scontrol refused (the job ended, or is not held).
+        """
+        self.run("scontrol", "release", self.job_ref(job_id))
+
     def expedite(self, job_id: int | str) -> str:
         """Make a requeued job eligible now instead of after the ~121 s requeue delay.
 

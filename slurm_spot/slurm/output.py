@@ -237,6 +237,7 @@ def job_fields_json(obj: Mapping[str, Any]) -> dict[str, Any]:
         "user": _text(obj.get("user_name")), "flags": state.flags,
         "submit_time": number(obj.get("submit_time")) or None,
         "start_time": number(obj.get("start_time")) or None,
+        "features": _text(obj.get("features")),
     }
 
 

@@ -70,7 +70,8 @@ class Node:
 class Job:
     """One job as ``squeue --json`` reports it. ``nodes`` is the allocated hostlist;
     ``submit_time``/``start_time`` are Unix seconds (squeue's ``submit_time``/``start_time``;
-    a requeued job's start is its latest run's; None when unset or not yet known)."""
+    a requeued job's start is its latest run's; None when unset or not yet known);
+    ``features`` is its ``--constraint`` (squeue's ``features``, "" when none)."""
 
     job_id: int
     state: JobState
@@ -85,6 +86,7 @@ class Job:
     flags: frozenset[str] = field(default_factory=frozenset)
     submit_time: float | None = None
     start_time: float | None = None
+    features: str = ""
 
 
 class SlurmQueries:

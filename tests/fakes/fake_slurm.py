@@ -58,6 +58,7 @@ class FakeJob:
     # str with surrogates for bytes that are not UTF-8, see FakeSlurm.through_process)
     name: str = "wrap"
     comment: str = ""
+    features: str = ""  # sbatch --constraint
 
 
 class FakeSlurm:
@@ -76,6 +77,7 @@ class FakeSlurm:
         self.dead: set[str] = set()
         self.refuse: dict[str, str] = {}
         self.expedited: list[int] = []
+        self.released: list[int] = []  # scontrol release, in order
         self.on_show: Callable[[int], None] | None = None
         self.show_calls = 0
         self.signals: list[list[str]] = []  # scancel's arguments, in order
@@ -200,6 +202,13 @@ class FakeSlurm:
                 raise _Refused(f"Job is pending execution for job {job.job_id}")
             job.restarts += 1
             job.state, job.reason, job.nodes, job.end_time = "PENDING", "BeginTime", [], "Unknown"
+            return ""
+        if args[0] == "release":
+            job = self.jobs[int(args[1])]
+            if job.state != "PENDING" or "held" not in job.reason:
+                raise _Refused(f"Job is not held for job {job.job_id}")
+            job.reason = "None"
+            self.released.append(job.job_id)
             return ""
         if args[0] == "ping":
             return "Slurmctld(primary) at localhost is UP\n"
@@ -349,7 +358,8 @@ class FakeSlurm:
                 {"job_id": j.job_id, "job_state": j.state, "state_reason": j.reason,
                  "nodes": compress(j.nodes) if j.nodes else "", "restart_cnt": j.restarts,
                  "partition": j.partition, "name": j.name, "comment": j.comment,
-                 "submit_time": j.submit_time, "start_time": j.start_time}
+                 "submit_time": j.submit_time, "start_time": j.start_time,
+                 "features": j.features}
                 for j in jobs if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED")]},
                 ensure_ascii=False)  # a user's bytes as they are, as Slurm prints them
         # squeue -o "%A %F %K %N": unique id, array id (the id itself), task (N/A), nodes.

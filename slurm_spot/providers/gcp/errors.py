@@ -158,6 +158,42 @@ def gce_error(code: str, message: str = "", zone: str | None = None,
     return GceError(code, message, pair[1], vm_type, not_offered=pair[0])
 
 
+#: GCE states a quota's size only in the message of ``QUOTA_EXCEEDED`` ("Quota 'CPUS'
+#: exceeded.  Limit: 24.0 in region us-central1."; "Quota 'NVIDIA_A100_GPUS' exceeded.
+#: Limit: 8.0 in region us-central1.", GCE "Resource quotas", errors of bulkInsert): the
+#: metric and the number are read from it, the class never (it comes from the code).
+_QUOTA_SENTENCE = re.compile(
+    r"Quota '(?P<metric>[A-Z0-9_]+)' exceeded\.\s+Limit: (?P<limit>\d+)(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class QuotaLimit:
+    """A GCE quota a ``QUOTA_EXCEEDED`` error names: ``metric`` (``CPUS``, ``N2_CPUS``,
+    ``PREEMPTIBLE_NVIDIA_A100_GPUS``, ``INSTANCES``) and ``limit`` in the metric's unit."""
+
+    metric: str
+    limit: int
+
+    @property
+    def unit(self) -> str:
+        """``vCPU`` for a CPU metric, ``GPU`` for a GPU metric, ``instance`` for INSTANCES,
+        else "" (a metric slurm-spot cannot size a node in)."""
+        if self.metric == "CPUS" or self.metric.endswith("_CPUS"):
+            return "vCPU"
+        if self.metric.endswith("_GPUS"):
+            return "GPU"
+        return "instance" if self.metric == "INSTANCES" else ""
+
+
+def quota_limit(error: GceError) -> QuotaLimit | None:
+    """The quota a QUOTA-class error names with its limit (:data:`_QUOTA_SENTENCE`), else
+    None (another class, or a message without the sentence). Pure."""
+    if error.error_class is not ErrorClass.QUOTA:
+        return None
+    found = _QUOTA_SENTENCE.search(error.message)
+    return QuotaLimit(found.group("metric"), int(found.group("limit"))) if found else None
+
+
 def classify_gcp(code: str) -> ErrorClass:
     """The :class:`ErrorClass` of one GCE code, in any spelling; UNKNOWN if unlisted."""
     return classify(code, GCP_ERROR_CLASSES)

@@ -26,7 +26,7 @@ from slurm_spot.providers.base import (
     LaunchResult,
 )
 from slurm_spot.providers.gcp.api import ComputeApi, GceCallError, OperationStatus
-from slurm_spot.providers.gcp.errors import GceError, most_specific
+from slurm_spot.providers.gcp.errors import GceError, most_specific, quota_limit
 from slurm_spot.providers.gcp.requests import (
     Attempt,
     accelerator_type,
@@ -302,14 +302,31 @@ class LaunchRun:
                 continue
             return op
 
+    def _quota(self, error: GceError) -> tuple[int | None, int | None, str]:
+        """(quota limit, what one node of the node set takes of it, unit) for a
+        ``QUOTA_EXCEEDED`` error that names its quota (:func:`quota_limit`), so that a job
+        which can never fit is held as on AWS (:func:`slurm_spot.power.flag_jobs_beyond_quota`);
+        ``(None, None, "")`` otherwise. A node takes the node set's ``cpus`` of a CPU quota,
+        its GPU count of a GPU quota, one of INSTANCES."""
+        found = quota_limit(error)
+        if found is None or not found.unit:
+            return None, None, ""
+        gpus = self.node_set.gpus.count if self.node_set.gpus else 0
+        per_node = {"vCPU": self.node_set.cpus, "GPU": gpus, "instance": 1}[found.unit]
+        if not per_node:
+            return None, None, ""
+        return found.limit, per_node, found.unit
+
     def result(self, api_calls: int) -> LaunchResult:
         """The :class:`LaunchResult`: launched in request order; the nodes still pending fail
         with the latest error (its code, class, message and first failed pool)."""
         failed = list(self.failed)
         if self.pending:
             error, pool = self.last or (GceError("NOT_CREATED", "not attempted"), "")
+            limit, per_node, unit = self._quota(error)
             failed.append(LaunchFailure(tuple(self.pending), error.code, error.message,
-                                        error.error_class, pool))
+                                        error.error_class, pool, quota_limit=limit,
+                                        quota_per_node=per_node, quota_unit=unit))
         launched = tuple(self.launched[n] for n in self.request.nodes if n in self.launched)
         return LaunchResult(launched, tuple(failed), api_calls, tuple(self.failed_pools))
 
