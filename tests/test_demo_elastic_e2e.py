@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,11 +33,24 @@ def effective_rows(lines: list[str]) -> dict[int, list[dict]]:
     return kept
 
 
-def test_elastic_demo_goes_on_through_two_reclaims_without_a_requeue(tmp_path: Path) -> None:
+@pytest.fixture
+def short_workdir() -> Iterator[Path]:
+    """A work directory short enough for the demo's step sockets (unix(7) sun_path: the demo
+    refuses a longer --workdir), whatever the base of pytest's tmp_path: under xdist it grows
+    by ``popen-gwN/``."""
+    path = Path(tempfile.mkdtemp(prefix="elastic-demo-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_elastic_demo_goes_on_through_two_reclaims_without_a_requeue(short_workdir: Path) -> None:
     """1 on-demand coordinator + 3 spot workers: a worker reclaimed with notice, another
     without; the survivors go on, replacements join, the job completes without a requeue,
     the loss is within the stated tolerance of the uninterrupted reference, every sample is
     used once per epoch, and nothing is left running."""
+    tmp_path = short_workdir
     with acquire_cluster_lock():
         proc = subprocess.run(
             [sys.executable, "-m", "slurm_spot", "demo", "--elastic", "--json",
