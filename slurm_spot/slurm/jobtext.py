@@ -91,3 +91,34 @@ def _key_values(text: str) -> dict[str, str]:
         key, _, value = text[start:end].partition("=")
         found.setdefault(key, value.strip())
     return found
+
+
+def job_fields_with_user_text(record: str) -> dict[str, str]:
+    """:func:`job_fields_text` plus the keys whose values are the user's own text
+    (``Features``, ``WorkDir``, ``StdOut``, ``TresPerNode``...; where a comment repeats such a
+    key, the first copy): for code that acts for the job's own user (the elastic agent's
+    companion job, the demo), never for decisions slurm-spot takes as root.
+
+    Raises:
+        ValueError: as :func:`job_fields_text`.
+    """
+    from slurm_spot.slurm.states import parse_oneline
+
+    return {**parse_oneline(record), **job_fields_text(record)}
+
+
+def admin_comment_text(record: str) -> str:
+    """The ``AdminComment`` of one ``scontrol -o show job`` record ("" when unset): looked for
+    only after Slurm's own section (scontrol 22.05-26.05 prints it after ``WorkDir``), so a
+    name cannot supply it; it runs to the next ``" Key="``.
+
+    Raises:
+        ValueError: as :func:`job_fields_text`.
+    """
+    job_fields_text(record)  # the record is one whose section can be told
+    start = _SECTION_START.search(record)
+    end = _SECTION_END.search(record, start.end() if start else 0)
+    found = re.compile(r" AdminComment=(.*?)(?= [A-Za-z:/]+=|$)", re.S).search(
+        record, end.start() if end else len(record))
+    value = found.group(1).strip() if found else ""
+    return "" if value == "(null)" else value
