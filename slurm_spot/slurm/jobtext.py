@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import re
 
-# Keys scontrol prints between JobId and JobName (array tasks, heterogeneous components).
-_HEAD = re.compile(r"JobId=(?P<id>\d+)(?P<head>(?: (?:ArrayJobId|ArrayTaskId|ArrayTaskThrottle|"
-                   r"HetJobId|HetJobOffset|HetJobIdSet)=\S*)*) JobName=")
+# JobId, then Slurm's keys before JobName (ArrayJobId, ArrayTaskId, HetJobId, HetJobOffset...;
+# any other a later release adds), whose values hold no space: the first " JobName=" is Slurm's.
+_HEAD = re.compile(r"JobId=(?P<id>\d+)(?: [A-Z][A-Za-z0-9_:/]*=\S*)*? JobName=")
 # Where Slurm's own keys start after the name: UserId=name(uid) GroupId=name(gid) MCS_label=.
 _SECTION_START = re.compile(r" UserId=\S*\(\d+\) GroupId=\S*\(\d+\) MCS_label=")
 # The first key after Slurm's own section whose value is a user's text.
