@@ -58,6 +58,12 @@ class SlurmCommandError(SlurmSpotError):
         super().__init__(f"{' '.join(argv)} {status}: {self.stderr or '(no error output)'}")
 
 
+class SlurmOutputError(SlurmCommandError):
+    """A Slurm command ran, but what it printed cannot be read without trusting a user's
+    text (a job name that copies Slurm's own fields): callers skip what it was about, as
+    for any failed read (``stderr`` says why)."""
+
+
 class ProviderError(SlurmSpotError):
     """A cloud provider call failed.
 

@@ -162,10 +162,12 @@ class Cluster:
         return fields
 
     def job(self, job_id: int | str) -> dict[str, str]:
-        from slurm_spot.slurm.states import parse_oneline
+        """``scontrol -o show job ID`` as fields, read as slurm-spot reads them (jobtext)."""
+        from slurm_spot.slurm.jobtext import job_fields_with_user_text, split_job_records
 
-        out = self.slurm("scontrol", "-o", "show", "job", str(job_id), check=False).strip()
-        return parse_oneline(out) if out.startswith("JobId=") else {}
+        records = split_job_records(
+            self.slurm("scontrol", "-o", "show", "job", str(job_id), check=False))
+        return job_fields_with_user_text(records[0]) if records else {}
 
     def sbatch(self, *args: str) -> int:
         out = self.slurm("sbatch", "--parsable", *args)

@@ -25,3 +25,23 @@ def test_the_comment_keeps_its_newest_1000_characters() -> None:
     slurm.client().record_interruption([7], "requeued: newest")
     comment = slurm.jobs[7].admin_comment
     assert len(comment) == 1000 and comment.endswith("; requeued: newest")
+
+
+def test_a_name_supplies_no_earlier_note() -> None:
+    """Issue 25: ``sbatch -J 'x AdminComment=evil'`` does not put ``evil`` into the note."""
+    slurm = FakeSlurm()
+    slurm.add_job(7, ["spot-1"], state="PENDING").name = "x AdminComment=evil Comment=y"
+    slurm.client().record_interruption([7], "requeued: X")
+    assert slurm.jobs[7].admin_comment == "requeued: X"
+
+
+def test_a_name_with_a_newline_forges_no_other_jobs_record() -> None:
+    """Job 8's name starts a line that looks like job 7's record (its real tail, with job
+    8's AdminComment, follows): job 7 keeps its own note."""
+    slurm = FakeSlurm()
+    slurm.add_job(7, ["spot-1"], state="PENDING").admin_comment = "site note"
+    job8 = slurm.add_job(8, ["spot-2"], state="PENDING")
+    job8.name = "a UserId=u(1) GroupId=u(1) MCS_label=N/A\nJobId=7 JobName=y"
+    job8.admin_comment = "evil"
+    assert slurm.client().record_interruption([7, 8], "requeued: X") == []
+    assert slurm.jobs[7].admin_comment == "site note; requeued: X"

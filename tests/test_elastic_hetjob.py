@@ -259,7 +259,8 @@ class HetJobSlurm:
         elif tool == "squeue":
             out = "" if self.released else "2 N/A N/A spot-[1-3]\n"
         elif tool == "scontrol" and args[:3] == ["-o", "show", "job"]:
-            out = (f"JobId={args[3]} HetJobId=1 HetJobOffset={int(args[3]) - 1} "
+            out = (f"JobId={args[3]} HetJobId=1 HetJobOffset={int(args[3]) - 1} JobName=t "
+                   "UserId=u(1000) GroupId=u(1000) MCS_label=N/A "
                    "JobState=RUNNING Restarts=0 BatchFlag=1 ExitCode=0:0 "
                    + ("NodeList=coord-1 BatchHost=coord-1\n" if args[3] == "1" else
                       f"NodeList={workers} BatchHost=spot-1\n"))

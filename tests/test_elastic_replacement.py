@@ -34,7 +34,7 @@ AGENT = ["/venv/bin/python", "-m", "slurm_spot.jobs.torchrun_agent", "--nproc-pe
 
 #: ``scontrol -o show job`` of a running elastic job, as Slurm 22.05 prints it (shortened).
 JOB_LINE = (
-    "JobId=42 JobName=train UserId=u(1000) GroupId=u(1000) Priority=1 Account=ml QOS=normal "
+    "JobId=42 JobName=train UserId=u(1000) GroupId=u(1000) MCS_label=N/A Priority=1 Account=ml QOS=normal "
     "JobState=RUNNING Reason=None Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 "
     "TimeLimit=02:00:00 Partition=spot NodeList=spot-[1-3] BatchHost=spot-1 NumNodes=3 "
     "MinCPUsNode=4 MinMemoryNode=16G MinTmpDiskNode=0 Features=(null) Reservation=(null) "
@@ -183,7 +183,7 @@ printf '%s\\n' "$@" > {state}/job$id.argv ; cp "${{@: -1}}" {state}/job$id.sh
 echo RUNNING > {state}/job$id ; echo $id""",
         "scontrol": f"""if [ "$4" = 42 ]; then echo "{JOB_LINE}"; exit 0; fi
 [ -f {state}/job$4 ] || {{ echo 'Invalid job id specified' >&2; exit 1; }}
-echo "JobId=$4 JobState=$(cat {state}/job$4)" """,
+echo "JobId=$4 JobName=r UserId=u(1000) GroupId=u(1000) MCS_label=N/A JobState=$(cat {state}/job$4)" """,
         "squeue": "echo '400|slurm-spot replacement for job 42'; echo '401|(null)'",
         "scancel": f"""for j in "$@"; do echo "$j" >> {state}/cancelled
 [ -f {state}/job$j ] && echo CANCELLED > {state}/job$j; done; exit 0""",

@@ -133,3 +133,23 @@ def test_reconciler_requeues_a_job_that_died_before_its_node_was_reclaimed(
     assert [(e["action"], e["job_ids"]) for e in world.events()
             if e["action"] in ("requeue_ended", "not_requeued")] == [
         ("requeue_ended", [7]), ("not_requeued", [9])]
+
+
+def test_a_job_whose_name_claims_completed_is_still_requeued(tmp_path: Path) -> None:
+    """Issue 25: a job that failed on a reclaimed node, named
+    ``x JobState=COMPLETED Requeue=0 ExitCode=0:0`` and commented with more such keys, is
+    requeued as its real state (FAILED, Requeue=1, ExitCode=143:0) says, not skipped as
+    COMPLETED or --no-requeue (the fake prints scontrol 22.05's key order)."""
+    world = World(tmp_path)
+    local = (NOW - timedelta(seconds=20)).astimezone().replace(tzinfo=None)
+    world.slurm.nodes["spot-1"].base = "IDLE"
+    world.slurm.nodes["spot-1"].flags = {"CLOUD"}
+    job = world.slurm.add_job(7, ["spot-1"], state="FAILED")
+    job.exit_code, job.end_time = "143:0", local.isoformat()
+    job.name = "x JobState=COMPLETED Requeue=0 ExitCode=0:0"
+    job.comment = "c JobState=COMPLETED Reason=None Requeue=0 BatchFlag=0 ExitCode=0:0"
+    result = world.run()
+    assert result.verdicts.get("reclaimed") == 1 and not result.errors, result
+    assert (job.state, job.restarts) == ("PENDING", 1)
+    assert [(e["action"], e["job_ids"]) for e in world.events()
+            if e["action"] in ("requeue_ended", "not_requeued")] == [("requeue_ended", [7])]

@@ -52,7 +52,7 @@ from types import FrameType
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.jobs import jobenv
 from slurm_spot.slurm.client import SlurmClient
-from slurm_spot.slurm.states import parse_oneline
+from slurm_spot.slurm.jobtext import job_fields_with_user_text, split_job_records
 
 #: The comment of a companion job of job N (what the supervisor looks for to clean up).
 COMMENT = "slurm-spot replacement for job {job}"
@@ -75,7 +75,7 @@ def companion_options(job: Mapping[str, str], job_id: str, job_name: str, partit
     ``job`` (pure; see the module docstring).
 
     Args:
-        job: the elastic job's fields (``parse_oneline`` of ``scontrol -o show job``).
+        job: the elastic job's fields (``job_fields_with_user_text`` of ``scontrol -o show job``).
         job_id: its id (array tasks: ``<array job>_<task>``).
         job_name: its name (``$SLURM_JOB_NAME``).
         partition: where the companion goes (``$SLURM_JOB_PARTITION``).
@@ -304,7 +304,11 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] = os.environ) -> 
         built without it would lack the job's GPUs, memory, account and time limit)."""
         if not known:
             shown = client.run("scontrol", "-o", "show", "job", job_id, check=False)
-            fields = parse_oneline(shown.stdout.strip())
+            records = split_job_records(shown.stdout)
+            try:
+                fields = job_fields_with_user_text(records[0]) if records else {}
+            except ValueError:  # its name and comment copy Slurm's fields (jobtext)
+                fields = {}
             if shown.returncode != 0 or fields.get("JobId") is None:
                 raise RuntimeError(f"cannot read job {job_id} (scontrol show job: "
                                    f"{(shown.stderr or shown.stdout).strip()[:200]})")

@@ -176,11 +176,15 @@ class Demo:
         return proc.stdout
 
     def job_fields(self, job_id: int) -> dict[str, str]:
-        from slurm_spot.slurm.states import parse_oneline
+        from slurm_spot.slurm.jobtext import job_fields_with_user_text, split_job_records
 
         os.environ["SLURM_CONF"] = self.env["SLURM_CONF"]
         result = SlurmClient().run("scontrol", "-o", "show", "job", str(job_id), check=False)
-        return parse_oneline(result.stdout.strip()) if result.returncode == 0 else {}
+        records = split_job_records(result.stdout) if result.returncode == 0 else []
+        try:
+            return job_fields_with_user_text(records[0]) if records else {}
+        except ValueError:
+            return {}
 
     def wait(self, what: str, predicate: Callable[[], object], log: TrainingLog) -> object:
         last_report = 0.0

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.hostlist import compress
+from slurm_spot.slurm.jobtext import admin_comment_text, split_job_records
 from slurm_spot.slurm.queries import SlurmQueries
 
 # scontrol accepts a hostlist of any length, but keep each argv well under ARG_MAX.
@@ -235,32 +236,40 @@ class SlurmActions(SlurmQueries):
         returns one message per job that could not be noted."""
         errors: list[str] = []
         shown: dict[int, str] | None = None
+        forged: set[int] = set()  # ids met twice: a name with a newline forged a record
         if len({job for job, _ in notes}) > 1:
             try:
                 shown = {}
-                for line in self.run("scontrol", "-o", "show", "job").stdout.splitlines():
-                    found = re.match(r"JobId=(\d+)\s", line)
+                for record in split_job_records(self.run("scontrol", "-o", "show", "job").stdout):
+                    found = re.match(r"JobId=(\d+)\s", record)
                     if found:
-                        shown[int(found.group(1))] = line
+                        forged |= {int(found.group(1))} & shown.keys()
+                        shown[int(found.group(1))] = record
             except SlurmCommandError as exc:
                 return [f"job {job}: AdminComment not recorded: {exc}" for job, _ in notes]
+        written: dict[int, str] = {}  # a job noted twice: its comment as written here
         for job, text in notes:
             try:
                 ref = self.job_ref(job)
-                if shown is None:
-                    line = self.run("scontrol", "-o", "show", "job", ref).stdout
+                if job in written:
+                    line = ""
+                elif shown is None or job in forged:  # its own record comes first
+                    line = next(iter(split_job_records(
+                        self.run("scontrol", "-o", "show", "job", ref).stdout)), "")
                 elif job in shown:
                     line = shown[job]
                 else:
                     errors.append(f"job {job}: AdminComment not recorded: slurmctld does not "
                                   "know the job")
                     continue
-                old = re.search(r"(?:^|\s)AdminComment=(.*?)(?=\s[A-Za-z:]+=|$)", line.strip())
-                previous = old.group(1) if old and old.group(1) not in ("", "(null)") else ""
+                try:
+                    previous = written[job] if job in written else admin_comment_text(line)
+                except ValueError as exc:
+                    errors.append(f"job {job}: AdminComment not recorded: {exc}")
+                    continue
                 comment = f"{previous}; {text}" if previous else text
                 self.run("scontrol", "update", f"jobid={ref}", f"AdminComment={comment[-1000:]}")
-                if shown is not None:
-                    shown[job] = f"JobId={job} AdminComment={comment[-1000:]}"
+                written[job] = comment[-1000:]
             except SlurmCommandError as exc:
                 errors.append(f"job {job}: AdminComment not recorded: {exc}")
         return errors

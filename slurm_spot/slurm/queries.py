@@ -14,8 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_spot.errors import BadInputError, HostlistError, SlurmCommandError
+from slurm_spot.errors import (
+    BadInputError,
+    HostlistError,
+    SlurmCommandError,
+    SlurmOutputError,
+)
 from slurm_spot.hostlist import compress, expand
+from slurm_spot.slurm.jobtext import job_fields_text, split_job_records
 from slurm_spot.slurm.output import (
     job_fields_json,
     load_json,
@@ -24,7 +30,7 @@ from slurm_spot.slurm.output import (
     nodes_json,
 )
 from slurm_spot.slurm.runner import DEFAULT_TIMEOUT_S, CommandResult, CommandRunner, run_command
-from slurm_spot.slurm.states import JobState, NodeState, parse_job_state, parse_oneline
+from slurm_spot.slurm.states import JobState, NodeState, parse_job_state
 from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
 log = logging.getLogger(__name__)
@@ -308,10 +314,13 @@ class SlurmQueries:
     def job_record(self, job_id: int | str) -> JobRecord | None:
         """One job as ``scontrol -o show job <job>`` reports it, finished jobs included (they
         stay in slurmctld's memory for MinJobAge, 300 s by default; slurm.conf(5), 22.05).
-        None when slurmctld no longer knows the job.
+        None when slurmctld no longer knows the job. The first record is the job's own (an
+        array's or a heterogeneous job's others follow; a user's text cannot come first).
 
         Raises:
-            SlurmCommandError: scontrol failed for another reason (slurmctld down, ...).
+            SlurmCommandError: scontrol failed for another reason (slurmctld down, ...), or
+                the job's name and other text copy Slurm's own fields so that they cannot be
+                told apart (:func:`~slurm_spot.slurm.jobtext.job_fields_text`).
         """
         result = self.run("scontrol", "-o", "show", "job", self.job_ref(job_id), check=False)
         if result.returncode != 0:
@@ -319,9 +328,11 @@ class SlurmQueries:
             if "invalid job id" in text:
                 return None
             raise SlurmCommandError(result.argv, result.returncode, result.stderr)
-        records = [parse_job_record(line) for line in result.stdout.splitlines()
-                   if line.startswith("JobId=")]
-        return records[0] if records else None
+        records = split_job_records(result.stdout)
+        try:
+            return parse_job_record(records[0]) if records else None
+        except ValueError as exc:  # read as a failed scontrol: callers skip the job
+            raise SlurmOutputError(result.argv, result.returncode, str(exc)) from None
 
     def job_owner_uid(self, job: str) -> int | None:
         """The uid owning ``job`` (``42``, an array task ``11_1``) as ``squeue -o %U`` says;
@@ -343,11 +354,41 @@ class SlurmQueries:
     def job_records(self) -> list[JobRecord]:
         """Every job slurmctld holds (``scontrol -o show job``), finished ones included.
 
+        A record that cannot be read (:func:`parse_job_record`) is logged and left out, so one
+        user's name cannot hide every other job. A job id met twice means a name with a
+        newline forged a record: that job is read again on its own (``scontrol show job N``
+        prints only job N's records, its own first).
+
         Raises:
             SlurmCommandError: scontrol failed.
         """
         out = self.run("scontrol", "-o", "show", "job").stdout
-        return [parse_job_record(line) for line in out.splitlines() if line.startswith("JobId=")]
+        records: dict[int, JobRecord] = {}
+        forged: set[int] = set()
+        for text in split_job_records(out):
+            try:
+                record = parse_job_record(text)
+            except ValueError as exc:
+                log.error("skipping a job scontrol printed: %s", exc)
+                continue
+            if record.job_id in records:
+                forged.add(record.job_id)
+            records[record.job_id] = record
+        for job_id in forged:
+            again = self._job_record_or_none(job_id)
+            if again is None or again.job_id != job_id:
+                del records[job_id]
+            else:
+                records[job_id] = again
+        return list(records.values())
+
+    def _job_record_or_none(self, job_id: int) -> JobRecord | None:
+        """:meth:`job_record`, None (logged) where its record cannot be read."""
+        try:
+            return self.job_record(job_id)
+        except SlurmOutputError as exc:
+            log.error("skipping job %d: %s", job_id, exc.stderr)
+            return None
 
     def batch_script(self, job_id: int | str) -> str | None:
         """The job's batch script (``scontrol write batch_script <job> -``; root, an operator
@@ -420,12 +461,16 @@ class JobRecord:
 
 
 def parse_job_record(line: str) -> JobRecord:
-    """One ``scontrol -o show job`` line as a :class:`JobRecord`.
+    """One ``scontrol -o show job`` record (a line, or lines where a name holds newlines:
+    :func:`~slurm_spot.slurm.jobtext.split_job_records`) as a :class:`JobRecord`, every
+    field read from Slurm's own keys, never from what a job's name or comment repeats
+    (:func:`~slurm_spot.slurm.jobtext.job_fields_text`).
 
     Raises:
-        ValueError: no JobId or no known JobState in the line.
+        ValueError: no JobId, no known JobState, or a record whose user text copies Slurm's
+            ``UserId=... GroupId=...`` section.
     """
-    fields = parse_oneline(line)
+    fields = job_fields_text(line)
     restarts = fields.get("Restarts", "0")
     return JobRecord(
         job_id=int(fields["JobId"]),

@@ -280,6 +280,9 @@ def parse_oneline(line: str, keys: Iterable[str] | None = None) -> dict[str, str
     Values may hold spaces and ``=`` (``Reason=Scheduler health check failed [root@...]``,
     ``CfgTRES=cpu=96,mem=1150000M``): a new key starts only where a space is followed by a word
     of the form ``Key=`` with a capitalised key. ``keys`` optionally restricts the result.
+    A repeated key keeps its first value, so text a user wrote before a key (a job's name)
+    can pose as it: read jobs with :mod:`slurm_spot.slurm.jobtext`, node lines through
+    :func:`~slurm_spot.slurm.output.node_fields_text` (an admin's reason cut out first).
     """
     import re
 

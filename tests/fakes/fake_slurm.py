@@ -221,14 +221,24 @@ class FakeSlurm:
         raise _Refused(f"fake scontrol: unsupported {args}")
 
     def _show_job(self, j: FakeJob) -> str:
+        """Job ``j`` as scontrol 22.05 prints it with ``-o``: its keys in scontrol's order
+        (tests/data/slurm-text/22.05.8/), the name and comments as the user wrote them."""
         nodes = compress(j.nodes) if j.nodes else "(null)"
         batch_host = j.batch_host or (j.nodes[0] if j.nodes else "")
-        return (f"JobId={j.job_id} JobName={j.name} JobState={j.state} Reason={j.reason} "
-                f"AdminComment={j.admin_comment or '(null)'} Comment={j.comment or '(null)'} "
-                f"Requeue={int(j.requeue)} Restarts={j.restarts} BatchFlag=1 "
-                f"ExitCode={j.exit_code} EndTime={j.end_time} NodeList={nodes} "
-                f"SubmitTime={_local(j.submit_time)} EligibleTime={_local(j.eligible_time)}"
-                f"{f' BatchHost={batch_host}' if batch_host else ''}\n")
+        admin = f" AdminComment={j.admin_comment}" if j.admin_comment else ""
+        comment = f" Comment={j.comment}" if j.comment else ""
+        return (f"JobId={j.job_id} JobName={j.name} UserId=alice(1000) GroupId=alice(1000) "
+                f"MCS_label=N/A Priority=1 Nice=0 Account=(null) QOS=(null) "
+                f"JobState={j.state} Reason={j.reason} Dependency=(null) "
+                f"Requeue={int(j.requeue)} Restarts={j.restarts} BatchFlag=1 Reboot=0 "
+                f"ExitCode={j.exit_code} RunTime=00:00:00 TimeLimit=UNLIMITED TimeMin=N/A "
+                f"SubmitTime={_local(j.submit_time)} EligibleTime={_local(j.eligible_time)} "
+                f"EndTime={j.end_time} Deadline=N/A Partition={j.partition} "
+                f"AllocNode:Sid=localhost:1 ReqNodeList=(null) ExcNodeList=(null) "
+                f"NodeList={nodes}{f' BatchHost={batch_host}' if batch_host else ''} "
+                f"NumNodes={max(len(j.nodes), 1)} Features=(null) Command=(null) "
+                f"WorkDir=/home/alice{admin}{comment} StdErr=/home/alice/slurm-{j.job_id}.out "
+                f"StdIn=/dev/null StdOut=/home/alice/slurm-{j.job_id}.out Power=\n")
 
     def _show(self, name: str) -> str:
         if name not in self.nodes:
