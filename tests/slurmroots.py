@@ -57,6 +57,8 @@ SUITES = {s.short: s for s in (Suite("bookworm", "22.05"), Suite("trixie", "24.1
                                 Suite("forky", "26.05", "sid"))}
 """The matrix's versions, keyed by Slurm series (``make test-slurm VERSION=24.11``); the one the
 host itself runs is tested directly, not in a root."""
+MOUNT_NS_ENV = "SLURM_SPOT_ROOT_MOUNT_NS"
+"""Set for ``run`` started by :func:`isolated_argv`: it is in a mount namespace of its own."""
 INSIDE_ENV = "SLURM_SPOT_SLURM_ROOT"
 """Set (to the suite's name) for everything run inside a root."""
 INNER_TIMEOUT_S = 3000
@@ -177,12 +179,57 @@ def _ensure_debootstrap() -> None:
 
 
 def _binds() -> list[Path]:
-    """Host paths that appear at the same place inside a root: scratch, Python, checkout."""
-    paths = [Path("/tmp"), Path(sys.base_prefix), REPO]
+    """Host folders that appear at the same place inside a root: scratch, the checkout, the
+    venv, and the Python installation when it is one folder of its own (pyenv's; the
+    distribution's own Python is bound by :func:`_system_python_binds` instead)."""
+    paths = [Path("/tmp"), REPO]
+    base = Path(sys.base_prefix)
+    if base not in SYSTEM_PREFIXES:
+        paths.insert(1, base)
     venv = Path(sys.prefix)
-    if not venv.is_relative_to(REPO) and venv != Path(sys.base_prefix):
+    if not venv.is_relative_to(REPO) and venv != base:
         paths.append(venv)
     return paths
+
+
+SYSTEM_PREFIXES = (Path("/usr"), Path("/usr/local"))
+
+
+def _system_python_binds(root: Path) -> list[tuple[Path, Path]]:
+    """``(host path, mount point in root)`` for a venv made from the distribution's Python
+    (``sys.base_prefix`` ``/usr``, as on a Debian machine without pyenv): binding the host's
+    ``/usr`` over the root's would run the host's Slurm in every root. Bound instead: the
+    standard library (``/usr/lib/python3.X``) and the interpreter, over the root's own
+    ``python3.X`` and over what ``python3`` names inside the root (the venv's ``python``
+    links to ``/usr/bin/python3``), all in the run's private mount namespace, so the root's
+    own Python is hidden from that run only. The interpreter's shared libraries (libc, libz,
+    libexpat, libssl, libffi) come from the root: a newer Debian keeps their sonames."""
+    base = Path(sys.base_prefix)
+    if base not in SYSTEM_PREFIXES:
+        return []
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    interpreter = Path(os.path.realpath(base / "bin" / version))
+    binds = [(base / "lib" / version, root / str(base / "lib" / version).lstrip("/")),
+             (interpreter, root / str(base / "bin" / version).lstrip("/"))]
+    venv_link = Path(sys.prefix) / "bin" / "python3"
+    if venv_link.is_symlink():
+        named = Path(os.readlink(venv_link))
+        if named.is_absolute() and named != base / "bin" / version:
+            binds.append((interpreter, _resolve_inside(root, named)))
+    return binds
+
+
+def _resolve_inside(root: Path, path: Path) -> Path:
+    """``path`` as the root sees it, its symlinks followed inside ``root`` (an absolute link
+    target is taken relative to ``root``, never to the host's ``/``)."""
+    current = root / str(path).lstrip("/")
+    for _ in range(16):
+        if not current.is_symlink():
+            return current
+        target = Path(os.readlink(current))
+        current = (root / str(target).lstrip("/") if target.is_absolute()
+                   else current.parent / target)
+    raise RuntimeError(f"{path}: too many symlinks inside {root}")
 
 
 def _mountpoints(root: Path) -> list[str]:
@@ -207,12 +254,17 @@ def _umount_all(root: Path) -> None:
 
 @contextlib.contextmanager
 def mounted(suite: Suite) -> Iterator[Path]:
-    """The built root of ``suite`` with its bind mounts in place; all undone on exit.
+    """The built root of ``suite`` with its bind mounts in place; all undone on exit. Only in
+    the private mount namespace of :func:`isolated_argv` (``run``).
 
     Raises:
-        RuntimeError: the root is not built (run :func:`build`).
+        RuntimeError: the root is not built (run :func:`build`), or this process is on the
+            host's mount namespace.
     """
     root = root_path(suite)
+    if not os.environ.get(MOUNT_NS_ENV):
+        raise RuntimeError("the roots' mounts are made only in the private mount namespace of "
+                           "a run (isolated_argv), never on the host's")
     if not is_built(suite):
         raise RuntimeError(f"{root} is not built; run: python -m tests.slurmroots build {suite.name}")
     _umount_all(root)  # a crashed earlier run
@@ -224,6 +276,8 @@ def mounted(suite: Suite) -> Iterator[Path]:
         _mount(["--make-rslave"], root / "dev", bind=False)
         for path in _binds():
             _mount(["--bind", str(path)], root / str(path).lstrip("/"))
+        for source, point in _system_python_binds(root):
+            _mount_file_or_dir(source, point)
         _hosts(root)
         yield root
     finally:
@@ -242,6 +296,16 @@ def _mount(args: list[str], point: Path, bind: bool = True) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {proc.stderr.strip()}")
+
+
+def _mount_file_or_dir(source: Path, point: Path) -> None:
+    """Bind ``source`` (a file or a folder) at ``point``, creating an empty one there first."""
+    if source.is_dir():
+        point.mkdir(parents=True, exist_ok=True)
+    elif not point.exists():
+        point.parent.mkdir(parents=True, exist_ok=True)
+        point.touch()
+    _mount(["--bind", str(source)], point, bind=False)
 
 
 def _hosts(root: Path) -> None:
@@ -298,28 +362,42 @@ class RunResult:
     output: str
 
 
+def isolated_argv(suite: Suite, command: list[str]) -> list[str]:
+    """argv that runs ``command`` in the root of ``suite`` with its bind mounts made in a mount
+    namespace of its own (``unshare --mount --propagation private``, util-linux): the mounts
+    exist only for the processes of that run and vanish with the last of them, however the run
+    ends. On the host's side the root's ``tmp``, ``dev`` and the Python and checkout folders stay
+    plain directories, so nothing that walks the roots cache (``rm -rf``, ``shutil.rmtree``)
+    can reach the host's files through a mount a killed run left behind."""
+    return ["unshare", "--mount", "--propagation", "private", "--", "/usr/bin/env",
+            f"{MOUNT_NS_ENV}=1", sys.executable, "-m", "tests.slurmroots", "run", suite.name,
+            "--", *command]
+
+
 def run_pytest(suite: Suite, args: list[str], timeout_s: float = INNER_TIMEOUT_S,
                stream: bool = False) -> RunResult:
-    """Run ``python -m pytest ARGS`` of this checkout inside the root of ``suite`` (built),
-    then stop whatever it left running there and unmount. ``stream`` prints as it goes."""
+    """Run ``python -m pytest ARGS`` of this checkout inside the root of ``suite`` (built), its
+    mounts in a namespace of the run's own (:func:`isolated_argv`), then stop whatever it left
+    running there. ``stream`` prints as it goes."""
     from tests.cluster import LOCK_HELD_ENV, acquire_cluster_lock
 
-    # One slurmctld on the machine: hold the test-cluster lock around the whole run, so no
+    root = root_path(suite)
+    # One slurmctld on the network: hold the test-cluster lock around the whole run, so no
     # other test run's cluster comes in between (the run's own clusters then take nothing).
-    with acquire_cluster_lock(), mounted(suite) as root:
+    with acquire_cluster_lock():
         version = slurm_version_in(root)
-        argv = chroot_argv(root, ["/usr/bin/env", f"{INSIDE_ENV}={suite.name}",
-                                  f"{LOCK_HELD_ENV}={os.getpid()}",
-                                  f"HOME={os.environ.get('HOME', '/root')}",
-                                  sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                                  "-q", *args])
+        argv = isolated_argv(suite, ["/usr/bin/env", f"{INSIDE_ENV}={suite.name}",
+                                     f"{LOCK_HELD_ENV}={os.getpid()}",
+                                     f"HOME={os.environ.get('HOME', '/root')}",
+                                     sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                                     "-q", *args])
         try:
             if stream:
-                proc = subprocess.run(argv, timeout=timeout_s, check=False)
+                proc = subprocess.run(argv, cwd=REPO, timeout=timeout_s, check=False)
                 output = ""
             else:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                                      check=False)
+                done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                                      timeout=timeout_s, check=False)
                 proc, output = done, done.stdout + done.stderr
             code = proc.returncode
         except subprocess.TimeoutExpired as exc:
@@ -383,8 +461,15 @@ def main(argv: list[str]) -> int:
               f"({suite.name} root)", flush=True)
         return run_pytest(suite, args, stream=True).returncode
     command = argv[argv.index("--") + 1:] if "--" in argv else argv[2:]
+    if not os.environ.get(MOUNT_NS_ENV):
+        return subprocess.run(isolated_argv(suite, command), cwd=REPO, check=False,
+                              timeout=3600).returncode
     with mounted(suite) as root:
-        return subprocess.run(chroot_argv(root, command), check=False, timeout=3600).returncode
+        try:
+            return subprocess.run(chroot_argv(root, command), check=False,
+                                  timeout=3600).returncode
+        finally:
+            kill_processes_in(root)  # its daemons, before their mounts go
 
 
 if __name__ == "__main__":

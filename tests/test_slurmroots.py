@@ -37,3 +37,26 @@ def test_versions_and_suites() -> None:
     assert slurmroots.suite_for("26.05").script == "sid"  # bookworm's debootstrap has no forky
     with pytest.raises(KeyError, match=r"24\.11 \(trixie\)"):
         slurmroots.suite_for("23.02")
+
+
+def test_links_inside_a_root_resolve_inside_it_never_on_the_host(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/python3.13").write_text("")
+    (root / "usr/bin/python3").symlink_to("python3.13")
+    (root / "usr/bin/py").symlink_to("/usr/bin/python3")  # absolute: taken inside the root
+    assert slurmroots._resolve_inside(root, Path("/usr/bin/python3")) == root / "usr/bin/python3.13"
+    assert slurmroots._resolve_inside(root, Path("/usr/bin/py")) == root / "usr/bin/python3.13"
+
+
+def test_mounts_are_refused_on_the_hosts_mount_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(slurmroots.MOUNT_NS_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="private mount namespace"):
+        with slurmroots.mounted(slurmroots.SUITES["24.11"]):
+            pass
+
+
+def test_a_run_makes_its_mounts_in_a_namespace_of_its_own() -> None:
+    argv = slurmroots.isolated_argv(slurmroots.SUITES["24.11"], ["true"])
+    assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--"]
+    assert f"{slurmroots.MOUNT_NS_ENV}=1" in argv and argv[-2:] == ["--", "true"]
