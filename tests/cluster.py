@@ -173,6 +173,25 @@ class Cluster:
         out = self.slurm("sbatch", "--parsable", *args)
         return int(out.strip().split(";")[0])
 
+    def slurmd_pids(self) -> list[int]:
+        """The live slurmd processes of this cluster: their command line names its slurm.conf
+        (``slurmd -D -N NODE -f CONF``); other clusters' slurmds (parallel test workers, other
+        runs) are not counted."""
+        conf = str(self.conf_dir / "slurm.conf")
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                words = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if (words and Path(os.fsdecode(words[0])).name == "slurmd" and state != "Z"
+                    and os.fsencode(conf) in words):
+                found.append(int(entry))
+        return found
+
     def instances(self) -> list[dict]:
         return json.loads(self.spot("instances", "--json").stdout)
 

@@ -17,7 +17,7 @@ def test_local_down_leaves_nothing_running(tmp_path_factory: pytest.TempPathFact
     other.start()
     try:
         other.spot("resume", "spot-1")
-        wait_for(lambda: _slurmd_count() >= 1, timeout=10, what="slurmd started")
+        wait_for(lambda: other.slurmd_pids(), timeout=10, what="slurmd started")
     finally:
         other.stop()
     left = subprocess.run(["pgrep", "-a", "-f", "slurmctld|slurmd|slurm_spot|slurm-spot"],
@@ -26,8 +26,3 @@ def test_local_down_leaves_nothing_running(tmp_path_factory: pytest.TempPathFact
     # the watchers' and the reconciler's --config); other test runs' processes do not.
     mine = [line for line in left.splitlines() if str(root) in line]
     assert mine == []
-
-
-def _slurmd_count() -> int:
-    out = subprocess.run(["pgrep", "-c", "-x", "slurmd"], capture_output=True, text=True).stdout
-    return int(out.strip() or 0)

@@ -13,11 +13,6 @@ from tests.cluster import Cluster, wait_for
 pytestmark = pytest.mark.e2e
 
 
-def slurmd_count() -> int:
-    out = subprocess.run(["pgrep", "-c", "-x", "slurmd"], capture_output=True, text=True).stdout
-    return int(out.strip() or 0)
-
-
 def node_state(cluster: Cluster, node: str) -> str:
     return cluster.node(node)["State"]
 
@@ -33,7 +28,7 @@ def test_job_powers_nodes_up_runs_and_they_power_down(cluster: Cluster) -> None:
     # SuspendTime=10 s, SuspendTimeout=10 s: idle nodes go idle% then idle~, slurmd gone.
     wait_for(lambda: all("POWERED_DOWN" in node_state(cluster, n) for n in ("spot-1", "spot-2")),
              timeout=60, what="nodes powered down")
-    wait_for(lambda: slurmd_count() == 0, timeout=15, what="slurmd processes gone")
+    wait_for(lambda: not cluster.slurmd_pids(), timeout=15, what="slurmd processes gone")
     assert cluster.instances() == []
     actions = [(e["action"], e["node"]) for e in cluster.events()]
     assert ("launched", "spot-1") in actions and ("terminated", "spot-1") in actions

@@ -17,6 +17,14 @@ from tests.cluster import acquire_cluster_lock, base_config, wait_for
 pytestmark = pytest.mark.e2e
 
 
+# `local up` as on a machine where no munged runs, so that it starts (and must stop) its own:
+# in a mount namespace of its own, an empty /run/munge hides the munged that the test session
+# (or another cluster) runs for everyone else. Processes are still seen from here (one PID
+# namespace), so the munged it started is checked gone.
+WITHOUT_MUNGED = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                  'mount -t tmpfs -o mode=0755 tmpfs /run/munge && exec "$@"', "sh"]
+
+
 def _processes_with(word: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -46,8 +54,8 @@ def test_slurmctld_that_cannot_listen_is_stopped_and_so_is_munged(tmp_path: Path
             squatter.bind(("0.0.0.0", 6817))
             squatter.listen(1)
             proc = subprocess.run(
-                [sys.executable, "-m", "slurm_spot", "--config", str(source), "local", "up",
-                 "--no-reconcile", "--conf-dir", str(conf_dir)],
+                [*WITHOUT_MUNGED, sys.executable, "-m", "slurm_spot", "--config", str(source),
+                 "local", "up", "--no-reconcile", "--conf-dir", str(conf_dir)],
                 capture_output=True, text=True, timeout=120,
                 env={**os.environ, "SLURM_CONF": str(conf_dir / "slurm.conf")})
         assert proc.returncode != 0
