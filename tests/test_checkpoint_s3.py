@@ -24,7 +24,7 @@ from torch import nn
 from slurm_spot.checkpoint import Checkpointer, CheckpointError, TrainState
 from slurm_spot.checkpoint.s3 import S3Store, parse_s3_url
 from slurm_spot.checkpoint.store import LocalStore, open_store
-from tests.fakes.s3_server import client, keys, moto_s3, new_bucket
+from tests.fakes.s3_server import client, keys, moto_s3, new_bucket, s3_error_response
 from tests.test_checkpoint import _free_port, _state, _train
 
 ODD = "team runs/job+1=ä ö ü/"  # a space, +, = and non-ASCII characters in the prefix
@@ -205,7 +205,6 @@ def _rank(rank: int, world: int, port: int, scenario: str, args: dict[str, Any],
 def _scenario_throttled(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     """Rank 1's S3 answers every PUT with 503 SlowDown (after botocore's retries): no rank
     may count the checkpoint, and the store still resumes from the previous one."""
-    from botocore.awsrequest import AWSResponse
 
     store = S3Store(args["url"], endpoint_url=args["endpoint"], addressing_style="path",
                     staging_dir=args["staging"])
@@ -215,9 +214,8 @@ def _scenario_throttled(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     if rank == 1:
         def throttle(request: Any, **_: Any) -> Any:
             if request.method in ("PUT", "POST"):
-                body = (b"<Error><Code>SlowDown</Code><Message>Please reduce your request "
-                        b"rate.</Message></Error>")
-                return AWSResponse(request.url, 503, {}, _Raw(body))
+                return s3_error_response(request.url, 503, "SlowDown",
+                                         "Please reduce your request rate.")
             return None
         store.client.meta.events.register("before-send.s3", throttle)
     error = ""
@@ -228,16 +226,6 @@ def _scenario_throttled(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     found = ckpt.latest()
     return {"first": str(first), "error": error, "latest": found.step if found else None}
 
-
-class _Raw:
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-
-    def stream(self, **_: Any) -> Iterator[bytes]:
-        yield self.body
-
-    def read(self, *_: Any) -> bytes:
-        return self.body
 
 
 def _scenario_async_barrier(rank: int, args: dict[str, Any]) -> dict[str, Any]:

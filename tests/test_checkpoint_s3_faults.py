@@ -23,7 +23,7 @@ from botocore.httpsession import URLLib3Session
 
 from slurm_spot.checkpoint import Checkpointer, CheckpointError
 from slurm_spot.checkpoint.s3 import S3Store
-from tests.fakes.s3_server import client, keys, moto_s3, new_bucket
+from tests.fakes.s3_server import client, keys, moto_s3, new_bucket, s3_error_response
 from tests.test_checkpoint import _state
 
 PREFIX = "job 25/"
@@ -35,22 +35,9 @@ def endpoint() -> Iterator[str]:
         yield url
 
 
-class _Raw:
-    """The raw body botocore reads from a made-up response."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-
-    def stream(self, **_: Any) -> Iterator[bytes]:
-        yield self.body
-
-    def read(self, *_: Any) -> bytes:
-        return self.body
-
 
 def _error(request: Any, status: int, code: str) -> AWSResponse:
-    body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
-    return AWSResponse(request.url, status, {}, _Raw(body))
+    return s3_error_response(request.url, status, code)
 
 
 class Faults:

@@ -61,3 +61,25 @@ def keys(endpoint: str, bucket: str) -> list[str]:
     for page in client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket):
         out += [o["Key"] for o in page.get("Contents", [])]
     return sorted(out)
+
+
+class RawBody:
+    """The raw body botocore reads from a response a test makes up (``AWSResponse.raw``)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.body
+
+    def read(self, *_: Any) -> bytes:
+        return self.body
+
+
+def s3_error_response(url: str, status: int, code: str, message: str = "injected") -> Any:
+    """An S3 error answer (``<Error><Code>...``) with HTTP ``status``, as botocore's
+    ``before-send`` handlers return it instead of sending the request."""
+    from botocore.awsrequest import AWSResponse
+
+    body = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
+    return AWSResponse(url, status, {}, RawBody(body))
