@@ -235,3 +235,12 @@ def test_status_shows_each_node_sets_capacity(config: SpotConfig) -> None:
     assert rows["cheap"]["why"] == f"no capacity ({ICE}): no spot capacity in a"
     assert (rows["other"]["capacity"], rows["other"]["until"]) == ("ok", None)
     assert rows["mid"]["capacity"] == "ok"
+
+
+def test_the_resume_file_of_slurm_22_05_names_the_jobs_nodes() -> None:
+    """slurmctld 22.05.8 writes ``nodes`` (not ``nodes_alloc``): without it a failover
+    would not know which job to move."""
+    from slurm_spot.slurm.resume_file import parse_resume_file
+
+    text = '{"jobs":[{"job_id":1,"nodes":"cheap-[1-2]"}],"all_nodes":"cheap-[1-2]"}'
+    assert parse_resume_file(text) == {1: ("cheap-1", "cheap-2")}
