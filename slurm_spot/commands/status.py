@@ -190,8 +190,12 @@ def explain_slurm_failure(exc: SlurmCommandError) -> SlurmSpotError:
 
 
 def _show(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
-          one_line: bool = False) -> list[str]:
+          one_line: bool = False, capacity: bool = False) -> list[str]:
     """Print the status once; returns the providers' errors (also printed on stderr).
+
+    The node sets' capacity table follows the node rows on a terminal, or in a pipe with
+    ``capacity`` (``--capacity``): piped rows stay one node per line for awk. ``--json``
+    always has it (``node_sets``).
 
     Raises:
         BadInputError, SlurmSpotError: Slurm's nodes cannot be read
@@ -213,7 +217,7 @@ def _show(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
         print_json({"nodes": rows, "node_sets": sets, "errors": errors})
     else:
         print_table(_cells(rows), fields, header=not noheader)
-        if not noheader:  # --noheader is for awk over the node rows: nothing else then
+        if not noheader and (capacity or is_terminal()):
             click.echo("")
             print_table(_node_set_cells(sets), [Field(c) for c in NODE_SET_COLUMNS])
     for error in errors:
@@ -222,7 +226,7 @@ def _show(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
 
 
 def _watch(app: AppContext, interval_s: float, as_json: bool, fields: list[Field],
-           noheader: bool) -> None:
+           noheader: bool, capacity: bool = False) -> None:
     """Refresh every ``interval_s`` seconds until Ctrl-C (then exit 0), as ``squeue -i``: on
     a terminal the screen is redrawn; in a pipe each refresh is appended, after a time line."""
     terminal = is_terminal() and not as_json
@@ -234,7 +238,7 @@ def _watch(app: AppContext, interval_s: float, as_json: bool, fields: list[Field
                 click.echo(f"{datetime.now().astimezone():%a %b %d %H:%M:%S %Y}"
                            f"  (every {interval_s:g} s; Ctrl-C to stop)")
             try:
-                _show(app, as_json, fields, noheader, one_line=True)
+                _show(app, as_json, fields, noheader, one_line=True, capacity=capacity)
             except SlurmSpotError as exc:  # Slurm unreachable for a moment: keep watching
                 click.echo(f"slurm-spot: error: {exc}", err=True)
             sys.stdout.flush()
@@ -249,16 +253,20 @@ def _watch(app: AppContext, interval_s: float, as_json: bool, fields: list[Field
 @click.option("-i", "--watch", "watch_s", type=click.FloatRange(min=0.1), is_flag=False,
               flag_value=2.0, default=None, metavar="[SECONDS]",
               help="Refresh every SECONDS (default 2) until Ctrl-C, as squeue -i.")
+@click.option("--capacity", is_flag=True,
+              help="After the nodes, each node set's capacity (ok, or cooldown until when and "
+                   "why) in a pipe too; a terminal always shows it.")
 @pass_app
 def status_command(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
-                   watch_s: float | None) -> None:
-    """Show every cloud node: Slurm state, instance (market, type, zone, uptime), job.
+                   watch_s: float | None, capacity: bool) -> None:
+    """Show every cloud node: Slurm state, instance (market, type, zone, uptime), job; then
+    each node set's capacity state (ok, or cooldown until when and why).
 
     Plain columns when stdout is not a terminal (for awk, grep); --json for scripts."""
     if watch_s is not None:
-        _watch(app, watch_s, as_json, fields, noheader)
+        _watch(app, watch_s, as_json, fields, noheader, capacity)
         return
-    if _show(app, as_json, fields, noheader):
+    if _show(app, as_json, fields, noheader, capacity=capacity):
         raise SystemExit(1)
 
 
