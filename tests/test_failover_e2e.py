@@ -24,7 +24,14 @@ from tests.conftest import _slurm_available
 
 pytestmark = pytest.mark.e2e
 COOLDOWN_S = 120  # longer than the test: cheap must stay skipped while the job starts
-TARGET_S = 30.0
+#: What slurm-spot controls: the hold cleared and the job allocated on ``other`` (goal 10 s;
+#: measured 1.7 s).
+ALLOCATED_WITHIN_S = 10.0
+#: Error -> RUNNING: boot of the local instance (~8 s), then slurmctld 22.05 keeps the job
+#: CONFIGURING until its next periodic job_time_limit pass (every 30 s, PERIODIC_TIMEOUT)
+#: or batch-launch retry ("Configuration for JobId=N complete"), which slurm-spot cannot
+#: trigger: measured 25.7-26.1 s, bounded by boot + 30 s.
+RUNNING_WITHIN_S = 40.0
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +86,7 @@ def test_no_capacity_on_cheap_runs_the_job_on_other_within_seconds(two_sets: Clu
         assert info["NodeList"].startswith("other-"), info["NodeList"]
         assert info["Restarts"] == "1"  # requeued once by the failed launch, nothing more
         assert len(failed) == 1, "cheap was tried again during its cooldown"
-        assert seconds < TARGET_S, record
+        assert seconds < RUNNING_WITHIN_S, record
         # where it went and why: events, then the job's AdminComment
         moved = wait_for(lambda: [e for e in _file_events(c) if e["action"] == "failover_started"
                                   and e["job_ids"] == [job]], timeout=10,
@@ -89,6 +96,7 @@ def test_no_capacity_on_cheap_runs_the_job_on_other_within_seconds(two_sets: Clu
         (c.root / "failover-seconds.json").write_text(json.dumps(record))
         print(f"failover: capacity error -> allocated on other: "
               f"{record['error_to_allocated_s']} s")
+        assert record["error_to_allocated_s"] < ALLOCATED_WITHIN_S, record
         assert started["extra"]["from_node_set"] == "cheap"
         assert started["extra"]["node_set"] == "other"
         assert started["extra"]["code"] == "InsufficientInstanceCapacity"
