@@ -263,6 +263,7 @@ def _stop_strays() -> None:
     """Stop what earlier test clusters left running (a crashed run holds the ports): for each
     entry of :func:`registry_dir`, ``slurm-spot local down`` of that cluster, which stops only
     the pids its state dir recorded. Processes the tests did not start are never touched."""
+    _stop_namespace_strays()
     registry = registry_dir()
     if not registry.is_dir():
         return
@@ -276,3 +277,52 @@ def _stop_strays() -> None:
                             "local", "down", "--conf-dir", str(conf_dir)],
                            env=env, capture_output=True, timeout=120, check=False)
         entry.unlink(missing_ok=True)
+
+
+def _stop_namespace_strays() -> None:
+    """In a worker's private network namespace (tests/netns.py), stop the local clusters that
+    earlier tests of this worker left running without registering them (a ``slurm-spot demo``
+    killed at its timeout skips its own ``local down``): their slurmctld still holds this
+    namespace's port 6817, and the next cluster's ``local up`` would fail. Every process in the
+    namespace was started by this worker's tests, so each slurmctld found here (by
+    ``/proc/PID/ns/net``) is ours: ``slurm-spot local down`` of its ``-f`` conf dir stops its
+    instances, reconciler and database by their recorded pids; a slurmctld still there after
+    that gets SIGTERM. Nothing on the host's network is looked at."""
+    if not os.environ.get(NETNS_ENV):
+        return
+    mine = os.readlink("/proc/thread-self/ns/net")
+    for pid, conf in _slurmctlds():
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") != mine:
+                continue
+        except OSError:
+            continue
+        spot_yaml = conf.parent / "spot.yaml"
+        if spot_yaml.exists():
+            env = {**os.environ, "SLURM_CONF": str(conf)}
+            env.pop("SLURM_SPOT_CONFIG", None)
+            subprocess.run([sys.executable, "-m", "slurm_spot", "--config", str(spot_yaml),
+                            "local", "down", "--conf-dir", str(conf.parent)],
+                           env=env, capture_output=True, timeout=120, check=False)
+        try:
+            os.kill(pid, 15)
+        except OSError:
+            pass
+
+
+def _slurmctlds() -> list[tuple[int, Path]]:
+    """``(pid, slurm.conf)`` of every live ``slurmctld -f CONF`` on the machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            words = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if words and Path(os.fsdecode(words[0])).name == "slurmctld" and b"-f" in words:
+            index = words.index(b"-f")
+            if index + 1 < len(words):
+                found.append((int(entry), Path(os.fsdecode(words[index + 1]))))
+    return found
+

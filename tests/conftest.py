@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,11 +53,34 @@ def pytest_configure(config: pytest.Config) -> None:
             netns.enter_private_network(worker)
         return
     if _is_xdist_controller(config):
+        if config.option.basetemp is None:
+            config.option.basetemp = _short_basetemp()
         folder = Path(tempfile.mkdtemp(prefix="slurm-spot-test-groups-"))
         os.environ[parallel.GROUPS_ENV] = str(folder / "groups.json")
         if os.geteuid() == 0 and _slurm_available():
             from slurm_spot.localcluster.cluster import start_munge
             _munged_pid = start_munge()
+
+
+BASETEMP_PREFIX = "ss-"
+BASETEMP_KEEP_S = 24 * 3600
+
+
+def _short_basetemp() -> str:
+    """A short, new base for the workers' tmp paths (``/tmp/ss-XXXXXXXX``; xdist adds
+    ``popen-gwN/``). pytest's own ``/tmp/pytest-of-root/pytest-N/popen-gwN/`` is 39 characters
+    before a test's folder, and a local cluster's slurmstepd sockets live under it
+    (``<state>/slurmd/<node>/<node>_<job>.<step>``): unix(7) allows 108 bytes, and a longer path
+    made slurmstepd fail and the demo's job requeue for ever. Bases older than a day are
+    removed (earlier runs'; a run's own is kept for reading its logs)."""
+    now = time.time()
+    for old in Path(tempfile.gettempdir()).glob(f"{BASETEMP_PREFIX}*"):
+        try:
+            if old.is_dir() and not old.is_symlink() and now - old.stat().st_mtime > BASETEMP_KEEP_S:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            continue
+    return tempfile.mkdtemp(prefix=BASETEMP_PREFIX)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -153,3 +177,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_cluster_outlives_its_module() -> Iterator[None]:
+    """On a worker in a private network namespace: once a module's own fixtures are torn down,
+    stop any local cluster its tests left running in the namespace (a demo killed at its
+    timeout), so the next module's cluster can listen on the same ports (tests/cluster.py,
+    _stop_namespace_strays). Autouse, so it is set up first and torn down last."""
+    yield
+    if netns.in_private_network():
+        from tests.cluster import _stop_namespace_strays
+        _stop_namespace_strays()

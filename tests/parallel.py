@@ -38,6 +38,9 @@ controller before it starts the workers, which inherit it)."""
 DEFAULT_E2E_S = 90.0
 DEFAULT_UNIT_S = 0.5
 SHARED_SCOPES = ("module", "package", "session")
+NOT_SHARED = frozenset({"_no_cluster_outlives_its_module"})
+"""Module-scoped fixtures that every test uses (autouse, tests/conftest.py) and that hold
+nothing worth keeping tests together for."""
 SPLIT_BY_PARAM = {"tests/test_slurm_matrix.py": "series"}
 """Modules whose tests are grouped by one parameter's value instead of by module."""
 
@@ -63,7 +66,8 @@ def _shared_fixtures(item: pytest.Item) -> set[str]:
         return set()
     shared = set()
     for name, defs in info.name2fixturedefs.items():
-        if defs and defs[-1].scope in SHARED_SCOPES and not defs[-1].baseid == "":
+        if (defs and defs[-1].scope in SHARED_SCOPES and defs[-1].baseid != ""
+                and name not in NOT_SHARED):
             shared.add(name)
     return shared
 

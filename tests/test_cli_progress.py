@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from slurm_spot.commands.progress import waiting
+from tests.netns import host_network
 from tests.terminal import run_in_terminal
 from tests.test_reconcile_daemon import write_config
 
@@ -17,11 +18,14 @@ def test_node_name_wait_shows_a_spinner_at_a_terminal_only(tmp_path: Path) -> No
     """No Slurm answers (no scontrol there) and the host is no node: it waits out --wait."""
     path = write_config(tmp_path, slurm_bin_dir=str(tmp_path / "no-slurm"))
     argv = [sys.executable, "-m", "slurm_spot", "--config", str(path), "node-name", "--wait", "3"]
-    code, shown, _ = run_in_terminal(argv)
+    # On the host's network: the host has an address there to ask Slurm about (a parallel
+    # test worker's own namespace has loopback only, and node-name then never asks Slurm).
+    with host_network():
+        code, shown, _ = run_in_terminal(argv)
+        piped = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert code == 1, shown
     assert "node-name: waiting up to 3 s for this host's address in Slurm" in shown
     assert "0:00:0" in shown  # the elapsed time
-    piped = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert piped.returncode == 1
     assert "waiting up to" not in piped.stderr and piped.stdout == ""
     assert "slurm-spot: failed:" in piped.stderr

@@ -43,7 +43,11 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                    check=True, capture_output=True, timeout=300)
     (sdist,) = tmp.glob("slurm_spot-*.tar.gz")
     with tarfile.open(sdist) as tar:
-        tar.extractall(tmp / "unpacked", filter="data")
+        # filter= came with Python 3.11.4 (PEP 706); Debian 12's python3 is 3.11.2.
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(tmp / "unpacked", filter="data")
+        else:
+            tar.extractall(tmp / "unpacked")
     (unpacked,) = (tmp / "unpacked").iterdir()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "--quiet", "--wheel-dir", str(tmp), str(unpacked)],
