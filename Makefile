@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # The suite runs on pytest-xdist workers, each in a private network namespace with its own local
 # cluster (tests/parallel.py, tests/netns.py): end-to-end tests mostly wait on Slurm, so more
 # workers than CPUs pay (BENCHMARKS.md, "make test"). TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 .PHONY: all setup system-deps venv lint typecheck unit e2e test demo demo-elastic bench bench-smoke clean slurm-roots test-slurm
