@@ -57,6 +57,7 @@ from slurm_spot.config import (
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.hostlist import expand
 from slurm_spot.jobs.elastic_release import RELEASE_REASON, ElasticJobs, release_node
 from slurm_spot.jobs.requeue import requeue_ended, requeued_since
 from slurm_spot.jobs.signal_choice import JobSignaller
@@ -226,15 +227,17 @@ class Watcher:
         left the node or :data:`POWER_DOWN_BY_S` before ``deadline`` (epoch s): the power-down
         then finds no run of theirs, and their accounting records read REQUEUED, not NODE_FAIL.
         ``scontrol requeue`` takes "a running, suspended or finished Slurm batch job"
-        (scontrol(1) 22.05). Elastic jobs are left to the power-down. Returns the jobs still
-        on the node."""
+        (scontrol(1) 22.05). A job on other nodes too (a ``--no-kill`` one goes on without
+        this node) and an elastic job are left to the power-down. Returns the jobs still on
+        the node."""
         jobs = [j for j in jobs if j not in outcome.released]
         self._note_requeued(outcome, jobs)
         for job in [j for j in jobs if j not in self._requeued]:
             try:
                 record = self.slurm.job_record(job)
                 if (record is None or record.state.base != "RUNNING" or not record.batch
-                        or not record.requeue or self._elastic.is_elastic(job)):
+                        or not record.requeue or expand(record.nodes) != [self.node]
+                        or self._elastic.is_elastic(job)):
                     continue
                 if self.slurm.requeue(job):
                     self._requeued[job] = "by the watcher before the power-down"

@@ -342,7 +342,9 @@ class FakeSlurm:
 
     def _requeue_jobs_of(self, node: str) -> None:
         for job in self._jobs_on(node):
-            if job.state == "REQUEUED":  # its node failed before it left: its run NODE_FAIL
+            if job.state == "REQUEUED":  # its node went down before it left
+                # Issue 25's report: its run's record read NODE_FAIL (measured here on 22.05
+                # with slurmdbd: sacct lost that run's record instead); never REQUEUED.
                 job.state = "NODE_FAIL"
             elif job.requeue:
                 job.restarts += 0 if job.state == "COMPLETING" else 1
