@@ -130,7 +130,11 @@ def test_a_submitit_job_given_a_notice_is_requeued_once_and_its_client_sees_succ
     record = acct.job(job)
     assert client.returncode == 0 and out.split()[-1] == "60", (err[-3000:], states, record)
     assert record["Restarts"] == "1", (states, record)
+    # Before the fix the power-down came while the job was leaving: sacct showed only the
+    # COMPLETED run (the interrupted one's record lost), or NODE_FAIL (the report).
     assert states in (["REQUEUED", "COMPLETED"], ["PREEMPTED", "COMPLETED"]), runs
+    assert not [e for e in acct.events() if e["action"] == "requeue_ended"
+                and job in e["job_ids"]]  # the watcher never requeued it a second time
 
 
 def _lines(path: Path) -> list[str]:
