@@ -180,14 +180,21 @@ class Watcher:
             self._retry_withheld(outcome, jobs)  # those still in their prolog
             self._release_elastic(outcome, jobs)
         jobs = self._requeue_before_power_down(outcome, jobs, notice.deadline.timestamp())
+        # Jobs that left are expedited before the power-down, but never past its latest time:
+        # one still REQUEUED (completing) then is expedited after it.
+        power_down_by = notice.deadline.timestamp() - POWER_DOWN_BY_S
+        later = list(jobs)
         for job in [j for j in outcome.jobs if j not in jobs and j not in outcome.released]:
-            if self._expedite(job, outcome):  # left by itself: requeued by its exit code
+            expedited = self._expedite(job, outcome, until=power_down_by)
+            if expedited is None:
+                later.append(job)
+            elif expedited:  # left by itself: requeued by its exit code
                 outcome.requeued.append(job)
         if prewarm is not None:
             self._await_allocation(outcome.requeued, act_at)
             prewarm.restore()
         self._try(outcome, lambda: self.slurm.power_down_force([self.node], reason))
-        for job in jobs:
+        for job in later:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)
         outcome.errors += self.slurm.record_interruption(outcome.requeued, f"requeued: {reason}")
@@ -350,9 +357,14 @@ class Watcher:
             return []
         return list(nodes[0].jobs) if nodes else []
 
-    def _expedite(self, job: int, outcome: NoticeOutcome) -> bool:
-        """Wait (up to 10 s) for the requeued job to be pending, then clear its delay."""
+    def _expedite(self, job: int, outcome: NoticeOutcome, until: float | None = None,
+                  ) -> bool | None:
+        """Wait (up to 10 s, and not past ``until``, epoch s) for the requeued job to be
+        pending, then clear its delay. Returns whether it was expedited; None when ``until``
+        came first (the job is still leaving)."""
         for _ in range(20):
+            if until is not None and self.clock() >= until:
+                return None
             try:
                 found = self.slurm.jobs([job])
             except SlurmCommandError as exc:
