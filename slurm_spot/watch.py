@@ -22,7 +22,15 @@ On an interruption notice for its node it:
    script runs elsewhere, the node is released from the job (``scontrol update JobId=N
    NodeList=<the other nodes>``, scontrol(1) 22.05: "Change the nodes allocated to a running
    job to shrink its size"), so the power-down below does not requeue it;
-6. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
+6. one interruption is one requeue, whoever requeues first (issue 25): a job that requeued
+   itself (``scontrol requeue`` from submitit's or Lightning's handler: ``JobState=REQUEUED``,
+   or its ``Restarts`` rose since the notice; :func:`~slurm_spot.jobs.requeue.requeued_since`)
+   is never requeued again, only expedited. A batch job still running here at
+   ``deadline - margin`` is requeued (``scontrol requeue``) before the power-down, and the
+   watcher then waits, until :data:`POWER_DOWN_BY_S` before the deadline, for every requeued
+   job to leave the node: their accounting records read REQUEUED, not NODE_FAIL (which
+   submitit's client takes for the job's end, ``UncompletedJobError``);
+7. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
    once (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
 
 Every step is an event (``notice``, ``prewarm``, ``signalled``/``signal_withheld`` (and
@@ -49,14 +57,19 @@ from slurm_spot.config import (
     SpotConfig,
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.hostlist import expand
 from slurm_spot.jobs.elastic_release import RELEASE_REASON, ElasticJobs, release_node
-from slurm_spot.jobs.requeue import requeue_ended
+from slurm_spot.jobs.requeue import requeue_ended, requeued_since
 from slurm_spot.jobs.signal_choice import JobSignaller
 from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
 from slurm_spot.providers.notices import Notice, NoticeSource
-from slurm_spot.slurm.client import SlurmClient
+from slurm_spot.slurm.client import Job, SlurmClient
 
 log = logging.getLogger(__name__)
+
+# The power-down comes at the latest this many seconds before the notice's deadline, even while
+# a requeued job is still leaving the node (the instance is gone at the deadline).
+POWER_DOWN_BY_S = 1.0
 
 
 def source_for(config: SpotConfig, node: str) -> NoticeSource:
@@ -124,6 +137,10 @@ class Watcher:
         self._when: dict[int, dict[str, object]] = {}
         # Per job: is it elastic (its batch script carries ELASTIC_MARK)? Read once per job.
         self._elastic = ElasticJobs(slurm, het_components=True)
+        # Per job on the node at the notice: its restart count then (squeue's restart_cnt).
+        self._restarts_at_notice: dict[int, int] = {}
+        # Per job requeued since the notice (by itself, or here before the power-down): why.
+        self._requeued: dict[int, str] = {}
 
     def _event(self, action: events.Action, **fields: object) -> None:
         job_ids = fields.get("job_ids") or ()
@@ -139,8 +156,11 @@ class Watcher:
         self._try(outcome, lambda: self.slurm.set_state([self.node], "DRAIN", reason))
         jobs = self._jobs_here(outcome)
         outcome.jobs = jobs
+        self._restarts_at_notice = {j.job_id: j.restarts for j in self._read_jobs(outcome, jobs)}
         self._event(events.Action.NOTICE, reason=reason, job_ids=tuple(jobs),
-                    extra={"deadline": notice.deadline.isoformat(), "source": notice.source})
+                    extra={"deadline": notice.deadline.isoformat(), "source": notice.source,
+                           # read by the reconciler (jobs.requeue.restarts_at_notice)
+                           "restarts": {str(j): n for j, n in self._restarts_at_notice.items()}})
         prewarm = None
         if jobs and self.config.preemption.prewarm:
             prewarm = Prewarm(self.config, self.slurm, self.node, self.clock)
@@ -156,24 +176,85 @@ class Watcher:
             # Poll often: the sooner a job that left is expedited, the sooner it runs again.
             self.sleep(max(0.05, min(0.25, act_at - self.clock())))
             jobs = [j for j in self._jobs_here(outcome) if j in outcome.jobs]
+            self._note_requeued(outcome, jobs)
             self._retry_withheld(outcome, jobs)  # those still in their prolog
             self._release_elastic(outcome, jobs)
+        jobs = self._requeue_before_power_down(outcome, jobs, notice.deadline.timestamp())
+        # Jobs that left are expedited before the power-down, but never past its latest time:
+        # one still REQUEUED (completing) then is expedited after it.
+        power_down_by = notice.deadline.timestamp() - POWER_DOWN_BY_S
+        later = list(jobs)
         for job in [j for j in outcome.jobs if j not in jobs and j not in outcome.released]:
-            if self._expedite(job, outcome):  # left by itself: requeued by its exit code
+            expedited = self._expedite(job, outcome, until=power_down_by)
+            if expedited is None:
+                later.append(job)
+            elif expedited:  # left by itself: requeued by its exit code
                 outcome.requeued.append(job)
         if prewarm is not None:
             self._await_allocation(outcome.requeued, act_at)
             prewarm.restore()
         self._try(outcome, lambda: self.slurm.power_down_force([self.node], reason))
-        for job in jobs:
+        for job in later:
             if self._expedite(job, outcome):
                 outcome.requeued.append(job)
         outcome.errors += self.slurm.record_interruption(outcome.requeued, f"requeued: {reason}")
         # "requeued" only when a job was: a notice on an idle node just powers it down.
         self._event(events.Action.REQUEUED if outcome.requeued else events.Action.POWERED_DOWN,
                     reason=reason,
-                    job_ids=tuple(outcome.requeued))
+                    job_ids=tuple(outcome.requeued),
+                    extra={"requeued_before_power_down": dict(sorted(
+                        (str(j), why) for j, why in self._requeued.items()))}
+                    if self._requeued else {})
         return outcome
+
+    def _read_jobs(self, outcome: NoticeOutcome, jobs: list[int]) -> list[Job]:
+        """``jobs`` as squeue reads them now ([] when none, or squeue failed: noted)."""
+        if not jobs:
+            return []
+        try:
+            return self.slurm.jobs(jobs)
+        except SlurmCommandError as exc:
+            outcome.errors.append(str(exc))
+            return []
+
+    def _note_requeued(self, outcome: NoticeOutcome, jobs: list[int]) -> None:
+        """Remember which of ``jobs`` (still on the node) requeued themselves since the
+        notice, and why: the power-down waits for those to leave, and none is requeued by
+        the watcher before it."""
+        for job in self._read_jobs(outcome, [j for j in jobs if j not in self._requeued]):
+            why = requeued_since(job.state, job.restarts,
+                                 self._restarts_at_notice.get(job.job_id))
+            if why is not None:
+                self._requeued[job.job_id] = f"by itself: {why}"
+
+    def _requeue_before_power_down(self, outcome: NoticeOutcome, jobs: list[int],
+                                   deadline: float) -> list[int]:
+        """Requeue each batch job of ``jobs`` (still on the node at ``deadline - margin_s``)
+        that is still RUNNING its interrupted run, then wait until every requeued job has
+        left the node or :data:`POWER_DOWN_BY_S` before ``deadline`` (epoch s): the power-down
+        then finds no run of theirs, and their accounting records read REQUEUED, not NODE_FAIL.
+        ``scontrol requeue`` takes "a running, suspended or finished Slurm batch job"
+        (scontrol(1) 22.05). A job on other nodes too (a ``--no-kill`` one goes on without
+        this node) and an elastic job are left to the power-down. Returns the jobs still on
+        the node."""
+        jobs = [j for j in jobs if j not in outcome.released]
+        self._note_requeued(outcome, jobs)
+        for job in [j for j in jobs if j not in self._requeued]:
+            try:
+                record = self.slurm.job_record(job)
+                if (record is None or record.state.base != "RUNNING" or not record.batch
+                        or not record.requeue or expand(record.nodes) != [self.node]
+                        or self._elastic.is_elastic(job)):
+                    continue
+                if self.slurm.requeue(job):
+                    self._requeued[job] = "by the watcher before the power-down"
+            except (SlurmCommandError, ValueError) as exc:
+                outcome.errors.append(f"requeueing job {job} before the power-down: {exc}")
+        while jobs and all(j in self._requeued for j in jobs) \
+                and self.clock() < deadline - POWER_DOWN_BY_S:
+            self.sleep(max(0.05, min(0.25, deadline - POWER_DOWN_BY_S - self.clock())))
+            jobs = [j for j in self._jobs_here(outcome) if j in jobs]
+        return jobs
 
     def _signal_jobs(self, outcome: NoticeOutcome, jobs: list[int], notice: Notice,
                      prewarm: Prewarm | None) -> None:
@@ -276,9 +357,14 @@ class Watcher:
             return []
         return list(nodes[0].jobs) if nodes else []
 
-    def _expedite(self, job: int, outcome: NoticeOutcome) -> bool:
-        """Wait (up to 10 s) for the requeued job to be pending, then clear its delay."""
+    def _expedite(self, job: int, outcome: NoticeOutcome, until: float | None = None,
+                  ) -> bool | None:
+        """Wait (up to 10 s, and not past ``until``, epoch s) for the requeued job to be
+        pending, then clear its delay. Returns whether it was expedited; None when ``until``
+        came first (the job is still leaving)."""
         for _ in range(20):
+            if until is not None and self.clock() >= until:
+                return None
             try:
                 found = self.slurm.jobs([job])
             except SlurmCommandError as exc:
@@ -296,7 +382,7 @@ class Watcher:
     def _requeue_ended(self, job: int, outcome: NoticeOutcome) -> bool:
         """Requeue ``job`` if it ended during the interruption (never FAILED by one)."""
         try:
-            decision = requeue_ended(self.slurm, job)
+            decision = requeue_ended(self.slurm, job, self._restarts_at_notice.get(job))
         except SlurmCommandError as exc:
             outcome.errors.append(str(exc))
             return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -74,6 +75,70 @@ def test_sacct_shows_the_interrupted_run_and_its_requeue(acct: Cluster) -> None:
     assert report["compute_usd"] == pytest.approx(line["node_hours"] * 0.25)
     assert report["saving_percent"] == pytest.approx(75.0)
     subprocess.run(["scancel", str(job)], env=acct.env, check=False)
+
+
+FRAMEWORKS = Path(__file__).parent / "data" / "frameworks"
+
+
+def test_a_submitit_job_given_a_notice_is_requeued_once_and_its_client_sees_success(
+        acct: Cluster) -> None:
+    """Issue 25: a submitit ``Checkpointable`` job requeues itself on the watcher's signal
+    (USR2), with no spare node for a replacement (the others drained). Its save takes 11 s
+    of the 20 s notice and its process leaves 4 s after its ``scontrol requeue``: still on
+    the node (REQUEUED, completing) when the watcher's power-down is due (deadline - 5 s).
+    The watcher must then only wait for it to leave and clear its requeue delay: one requeue
+    for one notice, and no NODE_FAIL record (which submitit's ``job.result()``, reading sacct,
+    takes for the job's end: ``UncompletedJobError (state: NODE_FAIL)`` while the job goes
+    on)."""
+    pytest.importorskip("submitit")
+    work = acct.root / "submitit-work"
+    work.mkdir()
+    env = {**acct.env, "PYTHONPATH": str(FRAMEWORKS)}
+    script = str(FRAMEWORKS / "submitit_job.py")
+    proc = subprocess.run([sys.executable, script, str(acct.root / "submitit"), str(work), "60",
+                           "11", "4"],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    job = int(proc.stdout.split()[-1])
+    client = subprocess.Popen([sys.executable, script, "result", str(acct.root / "submitit"),
+                               str(job), "2"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    others: list[str] = []
+    try:
+        wait_for(lambda: any('"step"' in line for line in _lines(work / "events.jsonl")),
+                 timeout=120, what="the submitit job training")
+        victim = acct.job(job)["NodeList"]
+        others = [n for n in expand(acct.slurm("sinfo", "-h", "-p", "spot", "-o", "%N").strip())
+                  if n != victim]
+        acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=DRAIN",
+                   "reason=test: no spare capacity")
+        acct.spot("local", "preempt", victim, "--notice", "20", "--conf-dir",
+                  str(acct.conf_dir))
+        wait_for(lambda: acct.job(job).get("Restarts", "0") != "0"
+                 or acct.job(job).get("JobState") == "PENDING", timeout=60, interval=0.25,
+                 what="the job requeued")
+        out, err = client.communicate(timeout=300)
+    finally:
+        client.kill()
+        if others:
+            acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=RESUME")
+    wait_for(lambda: acct.job(job).get("JobState") == "COMPLETED", timeout=120,
+             what="the job completed")
+    runs = wait_for(lambda: (rows := sacct(acct, job)) and rows[-1]["State"] == "COMPLETED"
+                    and rows, timeout=30, what="sacct to show the last run")
+    states = [r["State"].split()[0] for r in runs]
+    record = acct.job(job)
+    assert client.returncode == 0 and out.split()[-1] == "60", (err[-3000:], states, record)
+    assert record["Restarts"] == "1", (states, record)
+    # Before the fix the power-down came while the job was leaving: sacct showed only the
+    # COMPLETED run (the interrupted one's record lost), or NODE_FAIL (the issue's report).
+    assert states in (["REQUEUED", "COMPLETED"], ["PREEMPTED", "COMPLETED"]), runs
+    assert not [e for e in acct.events() if e["action"] == "requeue_ended"
+                and job in e["job_ids"]]  # the watcher never requeued it a second time
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def test_local_down_stops_the_database_daemons(tmp_path: Path, acct: Cluster) -> None:

@@ -7,8 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.jobs.requeue import decide, ended_on, requeue_ended, requeue_ended_on
+from slurm_spot import events
+from slurm_spot.jobs.requeue import (
+    decide,
+    ended_on,
+    requeue_ended,
+    requeue_ended_on,
+    requeued_since,
+    restarts_at_notice,
+)
 from slurm_spot.slurm.client import CommandResult, SlurmClient, parse_job_record
+from slurm_spot.slurm.states import parse_job_state
 from tests.test_reconcile_rules import NOW, World
 
 # A real line of Slurm 22.05.8 (a batch job killed by SIGUSR2 it did not catch), shortened.
@@ -153,3 +162,61 @@ def test_a_job_whose_name_claims_completed_is_still_requeued(tmp_path: Path) -> 
     assert (job.state, job.restarts) == ("PENDING", 1)
     assert [(e["action"], e["job_ids"]) for e in world.events()
             if e["action"] in ("requeue_ended", "not_requeued")] == [("requeue_ended", [7])]
+
+
+def test_reconciler_does_not_requeue_a_job_that_already_requeued(tmp_path: Path) -> None:
+    """Issue 25: one interruption, one requeue. The watcher of spot-1 got a notice while job
+    7 ran there (its ``notice`` event: Restarts=0); the job requeued itself (Restarts=1) and
+    its later run ended on the node's name. The reconciler, finding the instance gone, does
+    not requeue it again; job 8, which ended there without a requeue since the notice
+    (Restarts still 0), is requeued as before."""
+    world = World(tmp_path)
+    local = (NOW - timedelta(seconds=20)).astimezone().replace(tzinfo=None)
+    world.slurm.nodes["spot-1"].base = "IDLE"
+    world.slurm.nodes["spot-1"].flags = {"CLOUD"}
+    for job_id in (7, 8):
+        job = world.slurm.add_job(job_id, ["spot-1"], state="NODE_FAIL")
+        job.exit_code, job.end_time = "0:0", local.isoformat()
+    world.slurm.jobs[7].restarts = 1
+    events.emit(world.config.log_dir, events.Event(
+        events.Action.NOTICE, "watch", node="spot-1", job_ids=(7, 8),
+        time=(NOW - timedelta(seconds=60)).isoformat(),
+        extra={"restarts": {"7": 0, "8": 0}}))
+    result = world.run()
+    assert result.verdicts.get("reclaimed") == 1 and not result.errors, result
+    assert ["requeue", "7"] not in [c[1:] for c in world.slurm.calls]
+    assert (world.slurm.jobs[7].state, world.slurm.jobs[7].restarts) == ("NODE_FAIL", 1)
+    assert (world.slurm.jobs[8].state, world.slurm.jobs[8].restarts) == ("PENDING", 1)
+    decided = {e["job_ids"][0]: (e["action"], e["reason"]) for e in world.events()
+               if e["action"] in ("requeue_ended", "not_requeued")}
+    assert decided[8][0] == "requeue_ended"
+    assert decided[7] == ("not_requeued", "NODE_FAIL (ExitCode=0:0): already requeued since "
+                                          "the interruption (Restarts 0 -> 1)")
+
+
+def test_restarts_at_notice_reads_the_watchers_notices_of_that_node_only() -> None:
+    at = NOW.timestamp()
+    notices = [
+        {"source": "watch", "node": "spot-1", "action": "notice", "time": NOW.isoformat(),
+         "extra": {"restarts": {"7": 2, "9": 0}}},
+        {"source": "watch", "node": "spot-1", "action": "notice",
+         "time": (NOW + timedelta(seconds=5)).isoformat(), "extra": {"restarts": {"7": 3}}},
+        {"source": "watch", "node": "spot-2", "action": "notice", "time": NOW.isoformat(),
+         "extra": {"restarts": {"8": 0}}},
+        {"source": "watch", "node": "spot-1", "action": "notice",
+         "time": (NOW - timedelta(hours=1)).isoformat(), "extra": {"restarts": {"10": 0}}},
+        {"source": "reconcile", "node": "spot-1", "action": "notice", "time": NOW.isoformat(),
+         "extra": {"restarts": {"11": 0}}},
+        {"source": "watch", "node": "spot-1", "action": "notice", "time": "garbled",
+         "extra": {"restarts": {"12": 0}}},
+        {"source": "watch", "node": "spot-1", "action": "notice", "time": NOW.isoformat()},
+    ]
+    assert restarts_at_notice(notices, "spot-1", at - 60) == {7: 2, 9: 0}
+
+
+@pytest.mark.parametrize(("state", "restarts", "why"), [
+    ("RUNNING", 0, None), ("RUNNING", 1, "Restarts 0 -> 1"), ("REQUEUED", 0, "JobState=REQUEUED"),
+    ("PENDING", 0, "JobState=PENDING"), ("REQUEUE_HOLD", 0, "JobState=REQUEUE_HOLD"),
+    ("COMPLETING+REQUEUED", 0, "JobState=COMPLETING+REQUEUED"), ("NODE_FAIL", 0, None)])
+def test_requeued_since(state: str, restarts: int, why: str | None) -> None:
+    assert requeued_since(parse_job_state(state), restarts, 0) == why

@@ -13,8 +13,10 @@ from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
 from slurm_spot.events import read_events
 from slurm_spot.providers.local.notices import LocalNoticeSource
+from slurm_spot.providers.notices import Notice
 from slurm_spot.slurm.client import CommandResult, SlurmClient
 from slurm_spot.watch import Watcher, source_for
+from tests.fakes.fake_slurm import FakeSlurm
 
 
 def test_local_notice_file(tmp_path: Path) -> None:
@@ -180,3 +182,77 @@ def test_instance_id_is_recorded_in_the_watchers_events(tmp_path: Path,
         ("notice", "loc-0123abcd"), ("powered_down", "loc-0123abcd")]
     shown = CliRunner().invoke(cli, ["--config", str(path), "events", "--node", "spot-1"])
     assert shown.exit_code == 0 and shown.stdout.count("loc-0123abcd") == 2, shown.output
+
+
+def test_a_job_that_requeued_itself_is_not_requeued_again(tmp_path: Path) -> None:
+    """Issue 25: one interruption, one requeue. Job 7 requeues itself 1 s after the notice
+    (submitit's handler: ``scontrol requeue``), but its processes and epilog take until
+    7 s after it to leave (Slurm 22.05: REQUEUED, completing, meanwhile), past the usual
+    power-down time (deadline 10 s - margin 5 s). The watcher waits for it to leave before
+    the power-down (which would make its run NODE_FAIL), never requeues it itself, and
+    clears its requeue delay."""
+    config = parse_config({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "preemption": {"prewarm": False},
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")})
+    slurm = FakeSlurm()
+    slurm.requeue_leaves_later = True
+    slurm.add_node("spot-1", "MIXED+CLOUD")
+    job = slurm.add_job(7, ["spot-1"])
+    start = datetime(2026, 3, 1, 12, tzinfo=timezone.utc).timestamp()
+    clock = [start]
+
+    def the_job_acts(_: int) -> None:
+        if clock[0] >= start + 1 and job.state == "RUNNING":
+            slurm._scontrol(["requeue", "7"])  # the job's own, not the watcher's
+        if clock[0] >= start + 7:
+            slurm.finish_requeues()
+
+    slurm.on_show = the_job_acts
+    notice = Notice("terminate", datetime.fromtimestamp(start + 10, timezone.utc), "local")
+    watcher = Watcher(config, "spot-1", slurm.client(), LocalNoticeSource(tmp_path / "notice.json"),
+                      clock=lambda: clock[0],
+                      sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    outcome = watcher.handle(notice)
+    assert [c[1:3] for c in slurm.calls if c[1:2] == ["requeue"]] == []
+    assert (job.state, job.restarts) == ("PENDING", 1)  # never NODE_FAIL
+    assert outcome.requeued == [7] and 7 in slurm.expedited
+    powered = [e for e in read_events(config.log_dir) if e["action"] == "requeued"]
+    assert powered[0]["extra"]["requeued_before_power_down"] == {
+        "7": "by itself: JobState=REQUEUED"}
+    assert start + 7 <= clock[0] < start + 10  # it waited for the job, not past the deadline
+
+
+def test_a_job_still_running_at_the_power_down_is_requeued_first(tmp_path: Path) -> None:
+    """A job that does not leave by ``deadline - margin`` is requeued before the power-down
+    (its record then reads REQUEUED, not NODE_FAIL), once."""
+    config = parse_config({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "preemption": {"prewarm": False},
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")})
+    slurm = FakeSlurm()
+    slurm.requeue_leaves_later = True
+    slurm.add_node("spot-1", "MIXED+CLOUD")
+    job = slurm.add_job(7, ["spot-1"])
+    start = datetime(2026, 3, 1, 12, tzinfo=timezone.utc).timestamp()
+    clock = [start]
+    requeued_at: list[float] = []
+
+    def the_job_leaves(_: int) -> None:
+        if job.state == "REQUEUED":
+            requeued_at.append(clock[0])
+            if clock[0] >= requeued_at[0] + 2:
+                slurm.finish_requeues()
+
+    slurm.on_show = the_job_leaves
+    notice = Notice("terminate", datetime.fromtimestamp(start + 10, timezone.utc), "local")
+    watcher = Watcher(config, "spot-1", slurm.client(), LocalNoticeSource(tmp_path / "notice.json"),
+                      clock=lambda: clock[0],
+                      sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    outcome = watcher.handle(notice)
+    assert [c[1:3] for c in slurm.calls if c[1:2] == ["requeue"]] == [["requeue", "7"]]
+    assert requeued_at[0] >= start + 5  # at the usual power-down time, not before
+    assert (job.state, job.restarts) == ("PENDING", 1)
+    assert outcome.requeued == [7] and 7 in slurm.expedited

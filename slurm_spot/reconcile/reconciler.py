@@ -58,7 +58,7 @@ from slurm_spot.config import SpotConfig
 from slurm_spot.errors import PartialTerminationError, SlurmCommandError
 from slurm_spot.events import Action
 from slurm_spot.jobs.elastic_release import RELEASE_REASON, ElasticJobs, release_node
-from slurm_spot.jobs.requeue import requeue_ended_on
+from slurm_spot.jobs.requeue import requeue_ended_on, restarts_at_notice
 from slurm_spot.power import ProviderFactory, provider_cache
 from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import get_provider
@@ -385,7 +385,9 @@ class Reconciler:
     def _requeue_ended(self, d: NodeDecision, snap: Snapshot, result: PassResult) -> list[int]:
         """Requeue the batch jobs that ended on a lost node during its interruption (an
         interruption never makes a job FAILED; :mod:`slurm_spot.jobs.requeue`): those that
-        ended within the last pass interval plus the longest notice (AWS's 120 s)."""
+        ended within the last pass interval plus the longest notice (AWS's 120 s), but not
+        one whose restart count rose since the node's watcher got its notice: it was requeued
+        already (:func:`restarts_at_notice`; one interruption, one requeue)."""
         since = snap.now.timestamp() - self.config.reconcile.interval_s - ENDED_WINDOW_S
         try:
             if self._job_records is None:  # once per pass, however many nodes were lost
@@ -397,7 +399,9 @@ class Reconciler:
                     self._job_records = exc
             if isinstance(self._job_records, SlurmCommandError):
                 raise self._job_records
-            decisions, errors = requeue_ended_on(self.slurm, d.node, since, self._job_records)
+            decisions, errors = requeue_ended_on(
+                self.slurm, d.node, since, self._job_records,
+                restarts_at_notice(snap.events, d.node, since))
         except SlurmCommandError as exc:
             result.errors.append(f"{d.node}: requeue ended jobs: {exc}")
             return []

@@ -86,6 +86,10 @@ class FakeSlurm:
         # (the text fallback); "warn": sinfo prints a warning line before its JSON.
         self.json_nodes: bool | str = True
         self.refuse_show: str = ""  # scontrol show node fails with this (slurmctld away)
+        # Like Slurm 22.05 (job_mgr.c _job_requeue_op/batch_requeue_fini): ``scontrol requeue``
+        # of a running job leaves it REQUEUED (completing) on its nodes until
+        # :meth:`finish_requeues`, which makes it PENDING with Restarts + 1. False: at once.
+        self.requeue_leaves_later = False
 
     def through_process(self, out_dir: Path) -> Callable[[list[str], float], CommandResult]:
         """A runner that answers as this fake does, but whose output reaches the client as
@@ -123,6 +127,13 @@ class FakeSlurm:
 
     def client(self) -> SlurmClient:
         return SlurmClient("/usr/bin", runner=self)
+
+    def finish_requeues(self) -> None:
+        """The REQUEUED jobs' processes and epilogs are done: PENDING, Restarts + 1."""
+        for job in self.jobs.values():
+            if job.state == "REQUEUED":
+                job.restarts += 1
+                job.state, job.reason, job.nodes = "PENDING", "BeginTime", []
 
     def finish_power_downs(self) -> None:
         """SuspendTimeout passes: powering-down nodes become idle~ with a reset address."""
@@ -198,8 +209,11 @@ class FakeSlurm:
             return self.jobs[job_id].script
         if args[0] == "requeue":
             job = self.jobs[int(args[1])]
-            if job.state == "PENDING":
+            if job.state in ("PENDING", "REQUEUED"):
                 raise _Refused(f"Job is pending execution for job {job.job_id}")
+            if self.requeue_leaves_later and job.state == "RUNNING":
+                job.state = "REQUEUED"
+                return ""
             job.restarts += 1
             job.state, job.reason, job.nodes, job.end_time = "PENDING", "BeginTime", [], "Unknown"
             return ""
@@ -323,12 +337,16 @@ class FakeSlurm:
 
     # -- jobs -----------------------------------------------------------------------------
     def _jobs_on(self, node: str) -> list[FakeJob]:
-        return [j for j in self.jobs.values()
-                if node in j.nodes and j.state in ("RUNNING", "CONFIGURING", "COMPLETING")]
+        return [j for j in self.jobs.values() if node in j.nodes
+                and j.state in ("RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED")]
 
     def _requeue_jobs_of(self, node: str) -> None:
         for job in self._jobs_on(node):
-            if job.requeue:
+            if job.state == "REQUEUED":  # its node went down before it left
+                # Issue 25's report: its run's record read NODE_FAIL (measured here on 22.05
+                # with slurmdbd: sacct lost that run's record instead); never REQUEUED.
+                job.state = "NODE_FAIL"
+            elif job.requeue:
                 job.restarts += 0 if job.state == "COMPLETING" else 1
                 job.state, job.reason, job.nodes = "PENDING", "BeginTime", []
             else:
@@ -375,7 +393,8 @@ class FakeSlurm:
         # squeue -o "%A %F %K %N": unique id, array id (the id itself), task (N/A), nodes.
         return "".join(f"{j.job_id} {j.job_id} N/A {compress(j.nodes)}\n"
                        for j in self.jobs.values()
-                       if j.state in ("RUNNING", "COMPLETING", "CONFIGURING") and j.nodes)
+                       if j.state in ("RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED")
+                       and j.nodes)
 
 
 def _epoch(text: str) -> int:
