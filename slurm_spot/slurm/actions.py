@@ -263,7 +263,9 @@ class SlurmActions(SlurmQueries):
                                   "know the job")
                     continue
                 try:
-                    previous = written[job] if job in written else admin_comment_text(line)
+                    # No record printed (a job scontrol has just forgotten): nothing to extend.
+                    previous = (written[job] if job in written
+                                else admin_comment_text(line) if line.strip() else "")
                 except ValueError as exc:
                     errors.append(f"job {job}: AdminComment not recorded: {exc}")
                     continue
