@@ -51,8 +51,11 @@ class CannedSlurm:
         self.squeue_text = "".join(
             f"{j} {j} N/A {n.name}\n" for n in nodes for j in n.jobs)
         self.job_lines = {
-            j: f"JobId={j} JobName=train JobState=RUNNING Reason=None AdminComment=(null) "
-               f"Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 EndTime=Unknown NodeList={n.name}\n"
+            # scontrol 22.05's key order: the name, then Slurm's own section from UserId to
+            # Features, then the user's text (slurm_spot/slurm/jobtext.py reads it so).
+            j: f"JobId={j} JobName=train UserId=root(0) GroupId=root(0) MCS_label=N/A "
+               f"JobState=RUNNING Reason=None Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 "
+               f"EndTime=Unknown NodeList={n.name} Features=(null) AdminComment=(null)\n"
             for n in nodes for j in n.jobs}
         self.squeue_json = json.dumps({"jobs": [
             {"job_id": j, "job_state": "PENDING", "state_reason": "BeginTime", "nodes": "",
