@@ -6,8 +6,8 @@ waiting on Slurm (boot delays, power saving, requeue), which leaves the CPUs to 
 
 Groups: the tests of one module that share a module-scoped fixture (a local cluster, a moto
 server) form one group and run on one worker, in file order, so the fixture is set up once; a
-test that shares none is a group of its own. The version matrix is one group per Slurm series
-(each series runs in its own root). Only a worker sees the fixtures, so each worker writes the
+test that shares none is a group of its own. The version matrix and the host's Slurm smoke are
+one group (:data:`ONE_GROUP`). Only a worker sees the fixtures, so each worker writes the
 groups of what it collected to the file named by :data:`GROUPS_ENV`, and the controller's
 scheduler (:class:`GroupScheduling`, through xdist's ``pytest_xdist_make_scheduler`` hook) reads
 them. Not xdist's own ``--dist loadgroup``: it marks a group by rewriting ``item._nodeid``,
@@ -41,8 +41,14 @@ SHARED_SCOPES = ("module", "package", "session")
 NOT_SHARED = frozenset({"_no_cluster_outlives_its_module"})
 """Module-scoped fixtures that every test uses (autouse, tests/conftest.py) and that hold
 nothing worth keeping tests together for."""
-SPLIT_BY_PARAM = {"tests/test_slurm_matrix.py": "series"}
+SPLIT_BY_PARAM: dict[str, str] = {}
 """Modules whose tests are grouped by one parameter's value instead of by module."""
+ONE_GROUP = {"tests/test_slurm_matrix.py": "slurm-versions",
+             "tests/test_slurm_smoke.py": "slurm-versions"}
+"""Modules whose tests all run on one worker, one after the other: the version matrix and the
+host's smoke share one state folder on purpose (/tmp/slurm-spot-versions-state, each Slurm in
+its own slurmctld-<series>; test_slurm_smoke.py), and two of them at once on two workers
+stopped each other's slurmctld through its pid file there."""
 
 
 def load_durations(path: Path = DURATIONS) -> dict[str, float]:
@@ -80,6 +86,10 @@ def groups_of(items: list[pytest.Item]) -> dict[str, str]:
         by_module[_module(item)].append(item)
     groups: dict[str, str] = {}
     for module, members in by_module.items():
+        if module in ONE_GROUP:
+            for item in members:
+                groups[item.nodeid] = ONE_GROUP[module]
+            continue
         param = SPLIT_BY_PARAM.get(module)
         if param is not None:
             for item in members:

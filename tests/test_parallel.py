@@ -87,18 +87,20 @@ def test_workers_get_private_networks_and_a_shared_fixture_is_set_up_once(tmp_pa
     assert records["host"]["net"] == host_net
 
 
-def test_groups_join_what_shares_a_module_fixture_and_split_the_matrix_by_series(
+def test_groups_join_what_shares_a_module_fixture_and_the_slurm_versions(
         tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-         "-p", "tests.test_parallel", "tests/test_slurm_matrix.py", "tests/test_local_e2e.py",
+         "-p", "tests.test_parallel", "tests/test_slurm_matrix.py", "tests/test_slurm_smoke.py",
+         "tests/test_local_e2e.py",
          "tests/test_hostlist.py"],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
         env={**os.environ, "GROUPS_OUT": str(tmp_path / "groups.json")})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     groups = json.loads((tmp_path / "groups.json").read_text())
-    matrix = {g for n, g in groups.items() if n.startswith("tests/test_slurm_matrix.py")}
-    assert len(matrix) == len([n for n in groups if n.startswith("tests/test_slurm_matrix.py")])
+    versions = {g for n, g in groups.items()
+                if n.startswith(("tests/test_slurm_matrix.py", "tests/test_slurm_smoke.py"))}
+    assert versions == {"slurm-versions"}  # one worker: they share a state folder
     local = {g for n, g in groups.items() if n.startswith("tests/test_local_e2e.py")}
     assert len(local) == 1  # one module-scoped cluster
     hostlist = [g for n, g in groups.items() if n.startswith("tests/test_hostlist.py")]
