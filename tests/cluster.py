@@ -177,20 +177,8 @@ class Cluster:
         """The live slurmd processes of this cluster: their command line names its slurm.conf
         (``slurmd -D -N NODE -f CONF``); other clusters' slurmds (parallel test workers, other
         runs) are not counted."""
-        conf = str(self.conf_dir / "slurm.conf")
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                words = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if (words and Path(os.fsdecode(words[0])).name == "slurmd" and state != "Z"
-                    and os.fsencode(conf) in words):
-                found.append(int(entry))
-        return found
+        conf = os.fsencode(str(self.conf_dir / "slurm.conf"))
+        return [pid for pid, words in _live_processes("slurmd") if conf in words]
 
     def instances(self) -> list[dict]:
         return json.loads(self.spot("instances", "--json").stdout)
@@ -313,16 +301,24 @@ def _stop_namespace_strays() -> None:
 def _slurmctlds() -> list[tuple[int, Path]]:
     """``(pid, slurm.conf)`` of every live ``slurmctld -f CONF`` on the machine."""
     found = []
+    for pid, words in _live_processes("slurmctld"):
+        if b"-f" in words and words.index(b"-f") + 1 < len(words):
+            found.append((pid, Path(os.fsdecode(words[words.index(b"-f") + 1]))))
+    return found
+
+
+def _live_processes(program: str) -> list[tuple[int, list[bytes]]]:
+    """``(pid, argv)`` of every process of ``program`` (by argv[0]'s name) that is not a
+    zombie, from /proc."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             words = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
             continue
-        if words and Path(os.fsdecode(words[0])).name == "slurmctld" and b"-f" in words:
-            index = words.index(b"-f")
-            if index + 1 < len(words):
-                found.append((int(entry), Path(os.fsdecode(words[index + 1]))))
+        if words and Path(os.fsdecode(words[0])).name == program and state != "Z":
+            found.append((int(entry), words))
     return found
-
