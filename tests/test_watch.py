@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -184,13 +185,9 @@ def test_instance_id_is_recorded_in_the_watchers_events(tmp_path: Path,
     assert shown.exit_code == 0 and shown.stdout.count("loc-0123abcd") == 2, shown.output
 
 
-def test_a_job_that_requeued_itself_is_not_requeued_again(tmp_path: Path) -> None:
-    """Issue 25: one interruption, one requeue. Job 7 requeues itself 1 s after the notice
-    (submitit's handler: ``scontrol requeue``), but its processes and epilog take until
-    7 s after it to leave (Slurm 22.05: REQUEUED, completing, meanwhile), past the usual
-    power-down time (deadline 10 s - margin 5 s). The watcher waits for it to leave before
-    the power-down (which would make its run NODE_FAIL), never requeues it itself, and
-    clears its requeue delay."""
+def _job_7_leaving_slowly(tmp_path: Path) -> tuple[Any, FakeSlurm, Any, float, list[float]]:
+    """A one-node set without prewarm, job 7 on spot-1 that stays on its node after a requeue
+    until ``finish_requeues``, and a clock (epoch seconds) the watcher's sleep moves on."""
     config = parse_config({
         "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
         "partitions": [{"name": "spot", "node_sets": ["spot"]}],
@@ -202,6 +199,17 @@ def test_a_job_that_requeued_itself_is_not_requeued_again(tmp_path: Path) -> Non
     job = slurm.add_job(7, ["spot-1"])
     start = datetime(2026, 3, 1, 12, tzinfo=timezone.utc).timestamp()
     clock = [start]
+    return config, slurm, job, start, clock
+
+
+def test_a_job_that_requeued_itself_is_not_requeued_again(tmp_path: Path) -> None:
+    """Issue 25: one interruption, one requeue. Job 7 requeues itself 1 s after the notice
+    (submitit's handler: ``scontrol requeue``), but its processes and epilog take until
+    7 s after it to leave (Slurm 22.05: REQUEUED, completing, meanwhile), past the usual
+    power-down time (deadline 10 s - margin 5 s). The watcher waits for it to leave before
+    the power-down (which would make its run NODE_FAIL), never requeues it itself, and
+    clears its requeue delay."""
+    config, slurm, job, start, clock = _job_7_leaving_slowly(tmp_path)
 
     def the_job_acts(_: int) -> None:
         if clock[0] >= start + 1 and job.state == "RUNNING":
@@ -227,17 +235,7 @@ def test_a_job_that_requeued_itself_is_not_requeued_again(tmp_path: Path) -> Non
 def test_a_job_still_running_at_the_power_down_is_requeued_first(tmp_path: Path) -> None:
     """A job that does not leave by ``deadline - margin`` is requeued before the power-down
     (its record then reads REQUEUED, not NODE_FAIL), once."""
-    config = parse_config({
-        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
-        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
-        "preemption": {"prewarm": False},
-        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log")})
-    slurm = FakeSlurm()
-    slurm.requeue_leaves_later = True
-    slurm.add_node("spot-1", "MIXED+CLOUD")
-    job = slurm.add_job(7, ["spot-1"])
-    start = datetime(2026, 3, 1, 12, tzinfo=timezone.utc).timestamp()
-    clock = [start]
+    config, slurm, job, start, clock = _job_7_leaving_slowly(tmp_path)
     requeued_at: list[float] = []
 
     def the_job_leaves(_: int) -> None:
