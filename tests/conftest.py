@@ -57,9 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
             config.option.basetemp = _short_basetemp()
         folder = Path(tempfile.mkdtemp(prefix="slurm-spot-test-groups-"))
         os.environ[parallel.GROUPS_ENV] = str(folder / "groups.json")
-        if os.geteuid() == 0 and _slurm_available():
-            from slurm_spot.localcluster.cluster import start_munge
-            _munged_pid = start_munge()
+    # Serial runs too: the rendezvous tests authenticate with MUNGE without a cluster.
+    if os.geteuid() == 0 and _slurm_available() and not os.environ.get(slurmroots.INSIDE_ENV):
+        from slurm_spot.localcluster.cluster import start_munge
+        _munged_pid = start_munge()
 
 
 BASETEMP_PREFIX = "ss-"

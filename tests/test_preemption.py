@@ -268,6 +268,13 @@ def _rank_signalled_once_its_flag_is_sent(rank: int, port: int, out_dir: str) ->
         answers.append(f"{type(exc).__name__}: {str(exc)[:80]}")
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
         {"answers": answers, "signal": handler.received_signal}))
+    # Leave as a training script does (examples/train_elastic.py): both ranks past the last
+    # collective, then the group torn down. Rank 0 hosts the TCPStore; when it exited while
+    # rank 1 still held the group, rank 1's gloo threads were destroyed at interpreter exit
+    # and it aborted ("terminate called without an active exception", exit -6; CI, stop 31).
+    if True in answers:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def test_a_signal_during_the_all_reduce_counts_at_the_next_boundary_on_every_rank(

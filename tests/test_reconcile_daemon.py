@@ -155,6 +155,51 @@ def test_loop_survives_a_failing_pass_and_rebuilds_after_a_reload(tmp_path: Path
     assert built == [0.01, 0.02]
 
 
+_DAEMON = """
+import sys, threading
+from slurm_spot.config import load_config
+from slurm_spot.reconcile.loop import ConfigSource, Loop
+from slurm_spot.reconcile.reconciler import PassResult
+
+class Pass:
+    def run_pass(self):
+        # a helper thread, as the provider's and scontrol's thread pools start: the kernel may
+        # hand it the SIGTERM
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
+        print("pass", flush=True)
+        return PassResult(0.0)
+
+loop = Loop(ConfigSource(load_config(sys.argv[1])), lambda config: Pass())
+loop.install_signals()
+print("passes", loop.run(), "reload asked", loop._reload_requested, flush=True)
+"""
+
+
+def test_daemon_stops_at_once_on_sigterm_and_survives_sighup(tmp_path: Path) -> None:
+    """The loop's 10-minute wait ends at SIGTERM at once, whichever thread the kernel signals;
+    SIGHUP (reload) neither ends the wait nor kills the daemon."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = write_config(tmp_path, reconcile={"interval_s": 600})
+    daemon = subprocess.Popen([sys.executable, "-c", _DAEMON, str(path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert daemon.stdout is not None and daemon.stdout.readline() == "pass\n"
+        daemon.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert daemon.poll() is None, "SIGHUP ended the daemon"
+        daemon.send_signal(signal.SIGTERM)
+        out, _ = daemon.communicate(timeout=10)
+    finally:
+        daemon.kill()
+        daemon.wait(30)
+    assert daemon.returncode == 0
+    assert out == "passes 1 reload asked True\n"
+
+
 # -- metrics -----------------------------------------------------------------------------
 def test_metrics_textfile_after_a_pass(tmp_path: Path) -> None:
     world = World(tmp_path, metrics_file=str(tmp_path / "prom" / "slurm_spot.prom"))

@@ -34,14 +34,13 @@ import ipaddress
 import logging
 import os
 import re
-import signal
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from types import FrameType
 
 from slurm_spot.jobs.rendezvous_store import RendezvousServer, StoreLimits
 from slurm_spot.slurm.client import SlurmClient
+from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
 
 log = logging.getLogger(__name__)
 
@@ -249,27 +248,33 @@ DROP_ENDED_EVERY_S = 600.0
 def serve(host: str, port: int, ready: Callable[[int], None] | None = None,
           stop: threading.Event | None = None, limits: StoreLimits | None = None,
           client: SlurmClient | None = None) -> None:
-    """Host the store until SIGTERM/SIGINT (or ``stop`` is set); calls ``ready(port)`` once
-    it accepts connections. Every :data:`DROP_ENDED_EVERY_S` the keys of ended jobs go.
+    """Host the store until SIGTERM/SIGINT (in the main thread) or ``stop`` is set (in another
+    thread); calls ``ready(port)`` once it accepts connections. Every
+    :data:`DROP_ENDED_EVERY_S` the keys of ended jobs go.
 
     Raises:
         BadInputError: see :func:`open_server`.
     """
+    # In the main thread the signals are blocked before the accept thread starts, so SIGTERM
+    # waits for the main thread, which takes it at once (slurm_spot.stopsignals: a handler
+    # ran only after the 600 s wait when the kernel chose the accept thread).
+    signals = SignalWait(STOP_SIGNALS) if threading.current_thread() is threading.main_thread() \
+        else None
     stop = stop or threading.Event()
-
-    def _stop(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-    server = open_server(host, port, limits, client)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    if ready is not None:
-        ready(server.port)
-    while not stop.wait(DROP_ENDED_EVERY_S):
+    try:
+        server = open_server(host, port, limits, client)
         try:
-            server.drop_ended_jobs()
-        except Exception as exc:
-            log.warning("slurm-spot rendezvous: cannot drop ended jobs: %s", exc)
-    server.close()
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            if ready is not None:
+                ready(server.port)
+            while not (stop.wait(DROP_ENDED_EVERY_S) if signals is None
+                       else signals.wait(DROP_ENDED_EVERY_S) is not None):
+                try:
+                    server.drop_ended_jobs()
+                except Exception as exc:
+                    log.warning("slurm-spot rendezvous: cannot drop ended jobs: %s", exc)
+        finally:
+            server.close()
+    finally:
+        if signals is not None:
+            signals.close()

@@ -17,11 +17,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.errors import SlurmSpotError
 from slurm_spot.reconcile.reconciler import PassResult, Reconciler
+from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
 
 log = logging.getLogger(__name__)
 LOCK_NAME = "reconcile.lock"
@@ -118,19 +118,13 @@ class Loop:
         self.make = make
         self.stop = stop or threading.Event()
         self._reload_requested = False
+        self._signals: SignalWait | None = None
 
     def install_signals(self) -> None:
-        """SIGTERM/SIGINT: stop after the current pass; SIGHUP: reload the config after the
-        next pass."""
-        def _stop(signum: int, frame: FrameType | None) -> None:
-            self.stop.set()
-
-        def _hup(signum: int, frame: FrameType | None) -> None:
-            self._reload_requested = True
-
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        signal.signal(signal.SIGHUP, _hup)
+        """SIGTERM/SIGINT: stop after the current pass (at once while waiting); SIGHUP: reload
+        the config after the next pass. Call it in the main thread, before any other thread
+        starts: the signals are taken synchronously (:mod:`slurm_spot.stopsignals`)."""
+        self._signals = SignalWait((*STOP_SIGNALS, signal.SIGHUP))
 
     def run(self, max_passes: int | None = None) -> int:
         """Pass, reload if needed, wait out the interval; returns the number of passes."""
@@ -143,10 +137,22 @@ class Loop:
             if self.source.reload(force=self._reload_requested):
                 reconciler = self.make(self.source.config)
             self._reload_requested = False
-            left = self.source.config.reconcile.interval_s - (time.monotonic() - started)
-            if left > 0 and (max_passes is None or passes < max_passes):
-                self.stop.wait(left)
+            interval = self.source.config.reconcile.interval_s
+            if max_passes is None or passes < max_passes:
+                self._wait_until(started + interval)
         return passes
+
+    def _wait_until(self, deadline: float) -> None:
+        """Sleeps until ``deadline`` (time.monotonic) or a stop; a SIGHUP asks for a reload."""
+        while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            if self._signals is None:
+                self.stop.wait(left)
+                continue
+            taken = self._signals.wait(left)
+            if taken == signal.SIGHUP:
+                self._reload_requested = True
+            elif taken is not None:
+                self.stop.set()
 
     def one_pass(self, reconciler: Reconciler) -> PassResult | None:
         """One pass; any failure is logged and the loop goes on."""
