@@ -68,7 +68,7 @@ def test_a_job_that_cannot_progress_is_refused_before_simulating() -> None:
     # the estimate agrees with `plan`'s model where both apply
     ok = SimParams(nodes=8, job_hours=10, checkpoint_s=60, restart_s=120, node_rate_per_h=0.01)
     assert ok.expected_wall_s("periodic") == pytest.approx(planner.expected_wall_s(
-        36000, 1200, 60, ok.downtime_s("periodic"), ok.job_mtbf_s))
+        36000, ok.interval_for("periodic"), 60, ok.downtime_s("periodic"), ok.job_mtbf_s))
 
 
 def test_a_simulation_past_its_event_budget_is_refused_up_front() -> None:
@@ -95,3 +95,39 @@ def test_a_run_stops_at_its_step_budget_and_keeps_no_marks_when_asked() -> None:
     assert run.interruptions > 100 and run.marks == []  # memory does not grow with them
     kept = simulate_run(p, "periodic", random.Random(1))
     assert kept.wall_s == run.wall_s and len(kept.marks) >= kept.interruptions
+
+
+def test_by_default_every_strategy_checkpoints_at_dalys_interval_for_the_job() -> None:
+    p = SimParams(nodes=20, on_demand_nodes=1, job_hours=72, checkpoint_s=60, restart_s=120,
+                  node_rate_per_h=planner.rate_from_monthly_fraction(0.25))
+    _, results = simulate(p, runs=20, seed=0)
+    daly = planner.daly_interval_s(60, p.job_mtbf_s)
+    assert [r.interval_s for r in results] == [pytest.approx(daly)] * 4
+    assert "Daly's interval" in p.interval_policy()
+    fixed = SimParams(**{**p.__dict__, "interval_s": 1200.0})
+    _, results = simulate(fixed, runs=20, seed=0)
+    assert {r.interval_s for r in results} == {1200.0}
+    assert "every 20.0 min" in fixed.interval_policy()
+
+
+def test_every_strategy_of_a_run_sees_the_same_interruption_times() -> None:
+    import random
+
+    from slurm_spot.cost.simulator import InterruptionTrace
+
+    # long recoveries (plain) and none lost (slurm-spot) finish at different times, but the
+    # interruptions that fall inside both runs are the same instants
+    p = SimParams(nodes=16, job_hours=48, checkpoint_s=60, restart_s=120,
+                  node_rate_per_h=0.01)
+    trace = InterruptionTrace(p.spot_rate_per_s, random.Random("t"))
+    runs = {st: simulate_run(p, st, trace) for st in ("plain", "periodic", "slurm-spot",
+                                                       "elastic")}
+    shortest = min(r.wall_s for r in runs.values())
+    seen = {st: [t for t, kind in r.marks if kind == "interrupt" and t <= shortest]
+            for st, r in runs.items()}
+    assert len(seen["plain"]) >= 3
+    assert all(times == seen["plain"] for times in seen.values())
+    # and so a strategy that recovers faster never sees more interruptions than plain Slurm
+    _, results = simulate(p, runs=50, seed=5)
+    by = {r.strategy: r for r in results}
+    assert by["slurm-spot"].interruptions.mean <= by["plain"].interruptions.mean

@@ -71,9 +71,10 @@ def cost_command(app: AppContext, job_id: int | None, since: str | None,
         raise BadInputError("--plot and --checkpoint-dir need --job ID")
     out = None
     if plot_path is not None:
-        from slurm_spot.cost.plots import check_png_path
+        from slurm_spot.cost.plots import check_png_path, require_matplotlib
 
         out = check_png_path(plot_path)
+        require_matplotlib()
     config = app.config
     now = datetime.now(timezone.utc)
     after = parse_since(since) if since else None

@@ -22,40 +22,55 @@ from slurm_spot.commands.plan import (
 from slurm_spot.cost.simulator import STRATEGIES, SimParams, simulate
 
 MAX_RUNS = 100_000
+SAME_TRACE = "each run's interruption times are the same for every strategy"
 
 
 @click.command("simulate")
 @click.option("--nodes", type=int, default=8, show_default=True, help="Nodes of the job.")
 @click.option("--on-demand-nodes", type=int, default=0, show_default=True,
               help="Of those, on-demand nodes (never interrupted), e.g. a coordinator.")
-@click.option("--job-hours", type=float, required=True, help="Compute hours of the job.")
+@click.option("--job-hours", type=float, required=True,
+              help="Compute hours of the job (wall time without interruptions or checkpoints).")
 @click.option("--checkpoint-s", type=float, required=True, help="Seconds one checkpoint takes.")
 @click.option("--restart-s", type=float, default=120.0, show_default=True,
               help="Seconds from a node being ready to the job computing (load checkpoint).")
-@click.option("--interval-s", type=float, default=1200.0, show_default=True,
-              help="Periodic checkpoint interval of 'plain' and 'periodic' (compute seconds).")
-@click.option("--daly/--no-daly", default=True, show_default=True,
-              help="slurm-spot and elastic checkpoint at Daly's interval (else at --interval-s).")
-@click.option("--notice-s", type=float, default=120.0, show_default=True)
+@click.option("--interval-s", type=float, default=None,
+              help="Checkpoint interval of every strategy, in compute seconds (default: Daly's "
+                   "interval for the job's MTBF, the same for every strategy).")
+@click.option("--notice-s", type=float, default=120.0, show_default=True,
+              help="Seconds of interruption notice (AWS: 120, GCP: 30).")
 @click.option("--boot-s", type=float, default=120.0, show_default=True,
               help="Seconds from launch to a node accepting the job.")
-@click.option("--slurmd-timeout-s", type=float, default=300.0, show_default=True)
-@click.option("--requeue-delay-s", type=float, default=121.0, show_default=True)
-@click.option("--interruption-band", "band", default=None)
-@click.option("--interruption-rate", "rate", default=None)
-@click.option("--mtbf-h", type=float, default=None)
+@click.option("--slurmd-timeout-s", type=float, default=300.0, show_default=True,
+              help="Plain Slurm: seconds until slurmctld declares a silent node dead "
+                   "(SlurmdTimeout).")
+@click.option("--requeue-delay-s", type=float, default=121.0, show_default=True,
+              help="Plain Slurm: seconds a requeued job is held before it may start again.")
+@click.option("--interruption-band", "band", default=None,
+              help="AWS Spot Advisor band: <5%, 5-10%, 10-15%, 15-20%, >20%.")
+@click.option("--interruption-rate", "rate", default=None,
+              help="Fraction of nodes interrupted per month (0.08 or 8%), or 'observed' "
+                   "(events).")
+@click.option("--mtbf-h", type=float, default=None,
+              help="One node's mean hours between interruptions.")
 @click.option("--instance-type", default=None, help="Price the nodes as this type.")
-@click.option("--spot-usd-h", type=float, default=None)
-@click.option("--on-demand-usd-h", type=float, default=None)
+@click.option("--spot-usd-h", type=float, default=None,
+              help="Spot USD per node-hour (else looked up for --instance-type).")
+@click.option("--on-demand-usd-h", type=float, default=None,
+              help="On-demand USD per node-hour (else looked up for --instance-type).")
 @click.option("--strategy", "strategies", multiple=True, type=click.Choice(STRATEGIES),
               help="Only these strategies (repeat; default all).")
-@click.option("--runs", type=int, default=200, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--plot", "plot_path", default=None, help="Write a PNG of goodput and cost.")
+@click.option("--runs", type=int, default=200, show_default=True,
+              help="Simulated runs per strategy (each run's interruptions are shared by all "
+                   "strategies).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Random seed: the same seed gives the same figures.")
+@click.option("--plot", "plot_path", default=None,
+              help="Write a PNG of goodput and cost (needs the plot extra: matplotlib).")
 @json_option
 @pass_app
 def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hours: float,
-                     checkpoint_s: float, restart_s: float, interval_s: float, daly: bool,
+                     checkpoint_s: float, restart_s: float, interval_s: float | None,
                      notice_s: float,
                      boot_s: float, slurmd_timeout_s: float, requeue_delay_s: float,
                      band: str | None, rate: str | None, mtbf_h: float | None,
@@ -63,12 +78,16 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
                      on_demand_usd_h: float | None, strategies: tuple[str, ...], runs: int,
                      seed: int, plot_path: str | None, as_json: bool) -> None:
     """Simulate plain Slurm, periodic checkpoints + expedited requeue, slurm-spot (notice
-    checkpoint, prewarmed replacement, Daly interval) and elastic training; report completion
-    time, cost and goodput with 95 % confidence intervals."""
+    checkpoint, prewarmed replacement) and elastic training; report completion time, cost and
+    goodput with 95 % confidence intervals. Every strategy checkpoints at the same interval
+    and each run's interruptions are the same for every strategy, so the rows compare
+    recovery alone."""
     check_number("--nodes", nodes, MAX_NODES, 1)
     check_number("--on-demand-nodes", on_demand_nodes, nodes)
     check_number("--job-hours", job_hours, MAX_JOB_HOURS, low_ok=False, unit=" hours")
     for option, seconds in (("--checkpoint-s", checkpoint_s), ("--interval-s", interval_s)):
+        if seconds is None:
+            continue
         check_number(option, seconds, MAX_SECONDS, low_ok=False, unit=" seconds")
     for option, seconds in (("--restart-s", restart_s), ("--notice-s", notice_s),
                             ("--boot-s", boot_s), ("--slurmd-timeout-s", slurmd_timeout_s),
@@ -79,9 +98,10 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
     check_number("--runs", runs, MAX_RUNS, 2)
     out = None
     if plot_path is not None:
-        from slurm_spot.cost.plots import check_png_path
+        from slurm_spot.cost.plots import check_png_path, require_matplotlib
 
         out = check_png_path(plot_path)
+        require_matplotlib()
     node_rate_h, source = node_rate(app, band, rate, mtbf_h)
     price_source = "no prices (give --instance-type or --spot-usd-h/--on-demand-usd-h)"
     spot = od = 0.0
@@ -97,14 +117,18 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
     params = SimParams(nodes=nodes, on_demand_nodes=on_demand_nodes, job_hours=job_hours,
                        checkpoint_s=checkpoint_s, restart_s=restart_s, interval_s=interval_s,
                        notice_s=notice_s, boot_s=boot_s, slurmd_timeout_s=slurmd_timeout_s,
-                       requeue_delay_s=requeue_delay_s, node_rate_per_h=node_rate_h, daly=daly,
+                       requeue_delay_s=requeue_delay_s, node_rate_per_h=node_rate_h,
                        spot_usd_per_h=spot, on_demand_usd_per_h=od)
     base, results = simulate(params, strategies or STRATEGIES, runs, seed)
     if out is not None:
         from slurm_spot.cost.plots import save_png, simulation_figure
 
-        save_png(simulation_figure(base, results, f"{nodes} nodes, {job_hours:g} h, {source}"), out)
+        save_png(simulation_figure(base, results, f"{nodes} nodes, {job_hours:g} h, {source}\n"
+                                                  f"{params.interval_policy()}; {SAME_TRACE}"),
+                 out)
     data: dict[str, Any] = {"params": asdict(params), "rate_source": source,
+                            "comparison": {"interval": params.interval_policy(),
+                                           "interruptions": SAME_TRACE},
                             "price_source": price_source, "runs": runs, "seed": seed,
                             "on_demand": asdict(base), "strategies": [asdict(r) for r in results]}
     if not od_known:  # unknown, not free: null in the JSON
@@ -118,6 +142,7 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
         return
     click.echo(f"{nodes} nodes ({on_demand_nodes} on-demand), {job_hours:g} h of compute; "
                f"{source}; {price_source}; {runs} runs, seed {seed}")
+    click.echo(f"compared like with like: {params.interval_policy()}; {SAME_TRACE}")
     od_cost = f"${base.cost_usd:,.2f}" if od_known else "price unknown"
     click.echo(f"on-demand: {base.wall_h:.2f} h, {od_cost}")
     for r in results:

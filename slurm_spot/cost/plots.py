@@ -8,6 +8,7 @@ writes it.
 
 from __future__ import annotations
 
+import textwrap
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,22 @@ def _pyplot() -> Any:
     except ImportError:
         raise SlurmSpotError("--plot needs matplotlib: pip install 'slurm-spot[plot]'") from None
     return pyplot
+
+
+def require_matplotlib() -> None:
+    """Check, before any work, that a figure can be drawn.
+
+    Raises:
+        BadInputError: matplotlib is not installed (exit 2: the option cannot work here)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules["matplotlib"] is None
+        found = False
+    if not found:
+        raise BadInputError("--plot needs matplotlib, which is not installed: "
+                            "pip install 'slurm-spot[plot]' (or leave --plot out)")
 
 
 def check_png_path(path: str) -> Path:
@@ -117,20 +134,25 @@ def _cumulative(usage: JobUsage, report: CostReport
 
 
 def simulation_figure(base: Baseline, results: list[StrategyResult], title: str) -> Figure:
-    """Left: goodput per strategy with 95 % CIs. Right: expected cost per strategy with 95 %
-    CIs and the on-demand cost as a horizontal line."""
+    """Left: goodput per strategy with 95 % CIs, its axis from 0 to 1 and each bar labelled
+    with its value (small differences stay readable without a cut axis). Right: expected cost
+    per strategy with 95 % CIs from 0 and the on-demand cost as a horizontal line."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     names = [r.strategy for r in results]
-    left.bar(names, [r.goodput.mean for r in results], yerr=[r.goodput.ci95 for r in results],
-             color="tab:green", capsize=4)
-    left.set_ylim(min(0.8, min(r.goodput.mean for r in results) - 0.05), 1.0)
+    bars = left.bar(names, [r.goodput.mean for r in results],
+                    yerr=[r.goodput.ci95 for r in results], color="tab:green", capsize=4)
+    left.bar_label(bars, labels=[f"{r.goodput.mean:.4f}" for r in results], label_type="center",
+                   color="white", fontsize="small")
+    left.set_ylim(0.0, 1.05)
     left.set_ylabel("goodput (useful / paid compute)")
     right.bar(names, [r.cost_usd.mean for r in results], yerr=[r.cost_usd.ci95 for r in results],
               color="tab:orange", capsize=4, label="spot strategies")
     right.axhline(base.cost_usd, color="tab:blue", linestyle="--", label="on-demand")
+    right.set_ylim(bottom=0.0)
     right.set_ylabel("expected cost (USD)")
     right.legend(fontsize="small")
-    fig.suptitle(title)
+    fig.suptitle("\n".join(textwrap.fill(line, 100) for line in title.splitlines()),
+                 fontsize="medium")
     fig.tight_layout()
     return fig

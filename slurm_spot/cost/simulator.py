@@ -2,7 +2,11 @@
 
 Events are interruptions (Poisson, ``spot_nodes * rate`` per hour of wall time, also during
 checkpoints and recoveries, as in Daly 2006), checkpoint completions, recoveries and the job's
-end. Four strategies (``STRATEGIES``):
+end. Like is compared with like: in one call of :func:`simulate`, run ``i`` of every strategy
+sees the same interruption times (:class:`InterruptionTrace`, common random numbers), and every
+strategy checkpoints at the same interval (:meth:`SimParams.interval_for`: Daly's for the job's
+MTBF unless ``interval_s`` is given), so the rows differ only by how each strategy recovers.
+Four strategies (``STRATEGIES``):
 
 - ``plain``: plain Slurm. Nothing acts on the notice; slurmctld notices the dead node after
   ``SlurmdTimeout``, requeues the job with its requeue delay (~121 s, docs/local-slurm.md), the
@@ -11,7 +15,7 @@ end. Four strategies (``STRATEGIES``):
   instance within ``detect_s`` and clears the delay; then boot, restart, last checkpoint.
 - ``slurm-spot``: checkpoint on notice (when the notice is at least as long as a checkpoint),
   expedited requeue, the replacement powered up at the notice (its boot hides behind the
-  notice), periodic checkpoints at Daly's interval for the rest.
+  notice), periodic checkpoints for the rest.
 - ``elastic``: survivors continue (data-parallel replicas hold the whole state, so one node's
   loss loses no work): a re-rendezvous pause of ``restart_s``, then ``(N-k)/N`` of the speed
   while ``k`` replacements boot, another pause when each joins.
@@ -71,8 +75,8 @@ class StepBudget:
 class SimParams:
     """One simulated setup. Seconds, USD per node-hour, interruptions per spot node-hour.
 
-    ``interval_s`` is the periodic checkpoint interval (compute seconds) of ``plain`` and
-    ``periodic``; ``slurm-spot`` and ``elastic`` use Daly's interval unless ``daly`` is False.
+    ``interval_s`` is the periodic checkpoint interval (compute seconds) of every strategy;
+    None (the default) means Daly's interval for the job's MTBF (:meth:`interval_for`).
     """
 
     nodes: int
@@ -80,7 +84,7 @@ class SimParams:
     checkpoint_s: float
     restart_s: float
     node_rate_per_h: float
-    interval_s: float = 1200.0
+    interval_s: float | None = None
     notice_s: float = 120.0
     boot_s: float = 120.0
     slurmd_timeout_s: float = 300.0
@@ -89,7 +93,6 @@ class SimParams:
     on_demand_nodes: int = 0
     spot_usd_per_h: float = 0.0
     on_demand_usd_per_h: float = 0.0
-    daly: bool = True
 
     def check(self) -> None:
         """Raises BadInputError naming the first bad field."""
@@ -97,6 +100,8 @@ class SimParams:
             raise BadInputError("--nodes must be >= 1 and --on-demand-nodes in [0, nodes]")
         for name in ("job_hours", "checkpoint_s", "interval_s"):
             value = getattr(self, name)
+            if value is None:
+                continue
             if not (math.isfinite(value) and value > 0):
                 raise BadInputError(f"{name.replace('_', '-')} {value!r}: must be > 0")
         for name in ("restart_s", "notice_s", "boot_s", "slurmd_timeout_s", "requeue_delay_s",
@@ -115,10 +120,27 @@ class SimParams:
         return math.inf if self.spot_nodes == 0 else job_mtbf_s(self.node_rate_per_h, self.spot_nodes)
 
     def interval_for(self, strategy: str) -> float:
-        """The periodic checkpoint interval (compute seconds) ``strategy`` uses."""
-        if strategy in ("slurm-spot", "elastic") and self.daly and math.isfinite(self.job_mtbf_s):
-            return daly_interval_s(self.checkpoint_s, self.job_mtbf_s)
-        return self.interval_s
+        """The periodic checkpoint interval (compute seconds) ``strategy`` uses: ``interval_s``
+        when given, else Daly's optimum (:func:`slurm_spot.cost.planner.daly_interval_s`) for
+        the job's MTBF, which every strategy shares (the same spot nodes and hazard); a job
+        without spot nodes is never interrupted and checkpoints never (one segment).
+        ``strategy`` is kept so a per-strategy failure model can differ here, in one place."""
+        del strategy  # every strategy has the same failure model in this simulator
+        if self.interval_s is not None:
+            return self.interval_s
+        if math.isinf(self.job_mtbf_s):
+            return self.job_hours * 3600.0
+        return daly_interval_s(self.checkpoint_s, self.job_mtbf_s)
+
+    def interval_policy(self) -> str:
+        """How :meth:`interval_for` picks the interval, as one sentence for the output."""
+        tau = self.interval_for("plain")
+        if self.interval_s is not None:
+            return f"every strategy checkpoints every {tau / 60:.1f} min (--interval-s)"
+        if math.isinf(self.job_mtbf_s):
+            return "no spot nodes: no interruptions and no periodic checkpoints"
+        return (f"every strategy checkpoints at Daly's interval for the job's MTBF "
+                f"({tau / 60:.1f} min)")
 
     def downtime_s(self, strategy: str) -> float:
         """Wall seconds from an interruption (without a usable notice) until the job computes
@@ -161,8 +183,55 @@ class SimParams:
         return self.job_hours * 3600.0 / self.interval_for(strategy) + 3 * wall / self.job_mtbf_s
 
     @property
+    def spot_rate_per_s(self) -> float:
+        """Interruptions of the job per wall second (all its spot nodes)."""
+        return self.spot_nodes * self.node_rate_per_h / 3600.0
+
+    @property
     def cost_per_wall_h(self) -> float:
         return self.spot_nodes * self.spot_usd_per_h + self.on_demand_nodes * self.on_demand_usd_per_h
+
+
+class InterruptionTrace:
+    """The interruption times (wall seconds from the job's start) of one simulated run: a
+    Poisson process of ``rate_per_s``, drawn lazily from ``rng`` and kept, so that
+    :meth:`replay` gives every strategy of the run the same times (common random numbers).
+
+    Each strategy run reads it through its own cursor (:meth:`replay`); the times are cumulative
+    exponential gaps, which is what a strategy drawing a fresh gap at each interruption would
+    see too (the process is memoryless)."""
+
+    def __init__(self, rate_per_s: float, rng: random.Random) -> None:
+        self.rate_per_s = rate_per_s
+        self.rng = rng
+        self.times: list[float] = []
+
+    def at(self, k: int) -> float:
+        """The ``k``-th interruption time (0-based); ``inf`` when the rate is 0."""
+        if self.rate_per_s <= 0:
+            return math.inf
+        while len(self.times) <= k:
+            last = self.times[-1] if self.times else 0.0
+            self.times.append(last + self.rng.expovariate(self.rate_per_s))
+        return self.times[k]
+
+    def replay(self) -> TraceCursor:
+        """A cursor at the first interruption."""
+        return TraceCursor(self)
+
+
+class TraceCursor:
+    """One strategy's reading position in an :class:`InterruptionTrace`."""
+
+    def __init__(self, trace: InterruptionTrace) -> None:
+        self.trace = trace
+        self.k = 0
+
+    def next(self) -> float:
+        """The next interruption's wall time (seconds), advancing the cursor."""
+        when = self.trace.at(self.k)
+        self.k += 1
+        return when
 
 
 @dataclass
@@ -175,9 +244,10 @@ class RunResult:
     marks: list[tuple[float, str]] = field(default_factory=list)
 
 
-def simulate_run(p: SimParams, strategy: str, rng: random.Random,
+def simulate_run(p: SimParams, strategy: str, trace: InterruptionTrace | random.Random,
                  budget: StepBudget | None = None, keep_marks: bool = True) -> RunResult:
-    """Simulate ``strategy`` once; ``budget`` (default: :data:`MAX_STEPS`) bounds its steps;
+    """Simulate ``strategy`` once under ``trace``'s interruptions (a ``random.Random``: a new
+    trace drawn from it); ``budget`` (default: :data:`MAX_STEPS`) bounds its steps;
     ``keep_marks`` False leaves ``marks`` empty (memory stays flat however many
     interruptions).
 
@@ -188,12 +258,14 @@ def simulate_run(p: SimParams, strategy: str, rng: random.Random,
     if strategy not in STRATEGIES:
         raise BadInputError(f"strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
     budget = budget or StepBudget(MAX_STEPS)
+    if isinstance(trace, random.Random):
+        trace = InterruptionTrace(p.spot_rate_per_s, trace)
     result = RunResult(0.0, 0)
     if not keep_marks:
         result.marks = _Discard()
     if strategy == "elastic":
-        return _run_elastic(p, rng, budget, result)
-    return _run_requeue(p, strategy, rng, budget, result)
+        return _run_elastic(p, trace.replay(), budget, result)
+    return _run_requeue(p, strategy, trace.replay(), budget, result)
 
 
 class _Discard(list[tuple[float, str]]):
@@ -203,12 +275,7 @@ class _Discard(list[tuple[float, str]]):
         pass
 
 
-def _next_gap(p: SimParams, rng: random.Random) -> float:
-    rate = p.spot_nodes * p.node_rate_per_h / 3600.0
-    return math.inf if rate <= 0 else rng.expovariate(rate)
-
-
-def _run_requeue(p: SimParams, strategy: str, rng: random.Random, budget: StepBudget,
+def _run_requeue(p: SimParams, strategy: str, trace: TraceCursor, budget: StepBudget,
                  result: RunResult) -> RunResult:
     """plain / periodic / slurm-spot: the whole job stops and restarts on each interruption."""
     job_s = p.job_hours * 3600.0
@@ -216,7 +283,7 @@ def _run_requeue(p: SimParams, strategy: str, rng: random.Random, budget: StepBu
     notice_ckpt = strategy == "slurm-spot" and p.notice_s >= p.checkpoint_s
     down = p.downtime_s(strategy)
     t, saved = 0.0, 0.0
-    nxt = _next_gap(p, rng)
+    nxt = trace.next()
     while True:
         budget.take()
         seg = min(tau, job_s - saved)
@@ -246,7 +313,7 @@ def _run_requeue(p: SimParams, strategy: str, rng: random.Random, budget: StepBu
         # recover; another interruption during recovery starts it again (Daly's model)
         while True:
             budget.take()
-            nxt = t + _next_gap(p, rng)
+            nxt = trace.next()
             if nxt >= t + recovery:
                 t += recovery
                 break
@@ -257,7 +324,7 @@ def _run_requeue(p: SimParams, strategy: str, rng: random.Random, budget: StepBu
         result.marks.append((t, "resume"))
 
 
-def _run_elastic(p: SimParams, rng: random.Random, budget: StepBudget,
+def _run_elastic(p: SimParams, trace: TraceCursor, budget: StepBudget,
                  result: RunResult) -> RunResult:
     """Survivors continue at reduced speed; replacements join after their boot."""
     job_s = p.job_hours * 3600.0
@@ -265,7 +332,7 @@ def _run_elastic(p: SimParams, rng: random.Random, budget: StepBudget,
     t, done, since_ckpt = 0.0, 0.0, 0.0
     joins: list[float] = []  # wall times replacements join
     pause_until = 0.0
-    nxt = _next_gap(p, rng)
+    nxt = trace.next()
     ckpt_left = 0.0
     while done < job_s - EPS_S:
         budget.take()
@@ -294,7 +361,7 @@ def _run_elastic(p: SimParams, rng: random.Random, budget: StepBudget,
             result.marks.append((t, "interrupt"))
             joins.append(t + max(0.0, p.boot_s - p.notice_s))
             pause_until = max(pause_until, t) + p.restart_s
-            nxt = t + _next_gap(p, rng)
+            nxt = trace.next()
         while joins and t >= min(joins):
             joins.remove(min(joins))
             pause_until = max(pause_until, t) + p.restart_s
@@ -346,8 +413,9 @@ def on_demand_baseline(p: SimParams) -> Baseline:
 
 def simulate(p: SimParams, strategies: tuple[str, ...] = STRATEGIES, runs: int = 200,
              seed: int = 0) -> tuple[Baseline, list[StrategyResult]]:
-    """Run each strategy ``runs`` times with its own ``random.Random(seed)`` stream (the same
-    seed gives the same numbers).
+    """Run each strategy ``runs`` times; run ``i`` of every strategy sees the same interruption
+    times (one :class:`InterruptionTrace` per run, drawn from ``random.Random(f"{seed}:run{i}")``:
+    the same seed gives the same numbers, and the strategies differ only by how they recover).
 
     Raises:
         BadInputError: bad parameters, unknown strategy, ``runs < 2``, or an estimated
@@ -377,20 +445,22 @@ def simulate(p: SimParams, strategies: tuple[str, ...] = STRATEGIES, runs: int =
                             f"(limit {MAX_STEPS:,}): {fix}")
     budget = StepBudget(MAX_STEPS)
     base = on_demand_baseline(p)
+    walls: dict[str, list[float]] = {st: [] for st in strategies}
+    counts: dict[str, list[float]] = {st: [] for st in strategies}
+    for i in range(runs):
+        trace = InterruptionTrace(p.spot_rate_per_s, random.Random(f"{seed}:run{i}"))
+        for strategy in strategies:
+            r = simulate_run(p, strategy, trace, budget, keep_marks=False)
+            walls[strategy].append(r.wall_s)
+            counts[strategy].append(float(r.interruptions))
     out = []
     for strategy in strategies:
-        rng = random.Random(f"{seed}:{strategy}")
-        walls, counts = [], []
-        for _ in range(runs):
-            r = simulate_run(p, strategy, rng, budget, keep_marks=False)
-            walls.append(r.wall_s)
-            counts.append(float(r.interruptions))
-        wall = Estimate.of([w / 3600 for w in walls])
-        cost = Estimate.of([w / 3600 * p.cost_per_wall_h for w in walls])
+        wall = Estimate.of([w / 3600 for w in walls[strategy]])
+        cost = Estimate.of([w / 3600 * p.cost_per_wall_h for w in walls[strategy]])
         out.append(StrategyResult(
             strategy=strategy, interval_s=p.interval_for(strategy), wall_h=wall, cost_usd=cost,
-            goodput=Estimate.of([job_s / w for w in walls]),
-            interruptions=Estimate.of(counts),
+            goodput=Estimate.of([job_s / w for w in walls[strategy]]),
+            interruptions=Estimate.of(counts[strategy]),
             saving_vs_on_demand=(1 - cost.mean / base.cost_usd) if base.cost_usd > 0 else math.nan,
             extra_wall_vs_on_demand=wall.mean / base.wall_h - 1,
         ))
