@@ -20,6 +20,8 @@ from pathlib import Path
 
 from report import write_section  # benchmarks/report.py, beside this script
 
+from slurm_spot.jsonenvelope import read_envelope
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 BEGIN, END = "<!-- demo:begin -->", "<!-- demo:end -->"
 
@@ -57,14 +59,17 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.from_json:
-        result = json.loads(args.from_json.read_text())
+        recorded = json.loads(args.from_json.read_text())
+        # a result recorded before --json had its envelope (docs/cli.md) is the bare data
+        result = read_envelope(args.from_json.read_text(), "demo") if "meta" in recorded \
+            else recorded
     else:
         proc = subprocess.run([sys.executable, "-m", "slurm_spot", "demo", "--json"],
                               capture_output=True, text=True, timeout=1800, check=False)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
             return proc.returncode
-        result = json.loads(proc.stdout)
+        result = read_envelope(proc.stdout, "demo")
     text = section(result)
     print(text)
     if not args.no_write:

@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 from report import write_section  # noqa: E402 - benchmarks/report.py, beside this script
 
 from slurm_spot.hostlist import expand  # noqa: E402
+from slurm_spot.jsonenvelope import read_envelope  # noqa: E402
 from tests.cluster import Cluster, base_config, wait_for  # noqa: E402
 
 BEGIN, END = "<!-- elastic-vs-requeue:begin -->", "<!-- elastic-vs-requeue:end -->"
@@ -157,7 +158,7 @@ def measure(cluster: Cluster, mode: str, rendezvous: str) -> dict[str, object]:
          str(EXAMPLE), *TRAIN_ARGS], env=env, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"sbatch failed: {proc.stderr}")
-    job = int(json.loads(proc.stdout)["job_id"])
+    job = int(read_envelope(proc.stdout, "sbatch")["job_id"])
     log = EventLog(Path(str(out).replace("%j", str(job))))
     try:
         _until(log, lambda ev: any(e["step"] >= 15 for e in _steps(ev)), 300,

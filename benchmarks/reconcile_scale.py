@@ -210,7 +210,8 @@ def events_cli(tree: Path, folder: Path) -> tuple[float, float, int]:
     cpu, wall, out = _timed([sys.executable, "-m", "slurm_spot", "--config",
                              str(folder / "spot.yaml"), "events", "--since", "10m", "--json"],
                             env, tree)
-    return cpu, wall, len(json.loads(out))
+    doc = json.loads(out)  # the baseline tree prints a bare list; this one its envelope
+    return cpu, wall, len(doc["data"] if isinstance(doc, dict) else doc)
 
 
 def _timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, bytes]:

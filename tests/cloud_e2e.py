@@ -4,7 +4,6 @@ belong to a fake cloud, and helpers to run slurm-spot with extra environment."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from slurm_spot.jsonenvelope import read_envelope
 from tests.cluster import Cluster, base_config, wait_for
 
 #: The fields of every entry of ``slurm-spot instances --json``, whatever the provider.
@@ -53,7 +53,7 @@ def spot(cluster: Cluster, *args: str, env: Mapping[str, str] | None = None,
 
 def spot_json(cluster: Cluster, *args: str, env: Mapping[str, str] | None = None) -> Any:
     """``slurm-spot ARGS --json``, parsed."""
-    return json.loads(spot(cluster, *args, "--json", env=env).stdout)
+    return read_envelope(spot(cluster, *args, "--json", env=env).stdout)
 
 
 def alive_instances(cluster: Cluster) -> dict[str, dict[str, Any]]:

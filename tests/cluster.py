@@ -9,7 +9,6 @@ parallel workers) has a lock and a registry of its own: its clusters run beside 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typing import IO
 
 import yaml
 
+from slurm_spot.jsonenvelope import read_envelope
 from tests.netns import NETNS_ENV
 
 LOCK_PATH = Path("/tmp/slurm-spot-test-cluster.lock")
@@ -181,10 +181,10 @@ class Cluster:
         return [pid for pid, words in _live_processes("slurmd") if conf in words]
 
     def instances(self) -> list[dict]:
-        return json.loads(self.spot("instances", "--json").stdout)
+        return read_envelope(self.spot("instances", "--json").stdout)
 
     def events(self) -> list[dict]:
-        return json.loads(self.spot("events", "--json").stdout)
+        return read_envelope(self.spot("events", "--json").stdout)
 
 
 def acquire_cluster_lock(timeout: float | None = None) -> IO[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.hostlist import expand
+from slurm_spot.jsonenvelope import read_envelope
 from tests.cluster import Cluster, base_config, wait_for
 from tests.conftest import _slurm_available
 
@@ -61,7 +62,7 @@ def test_sacct_shows_the_interrupted_run_and_its_requeue(acct: Cluster) -> None:
     first, second = runs
     assert first["State"] in ("REQUEUED", "NODE_FAIL") and first["NodeList"] == victim
     assert "requeued: spot-interruption:reclaimed@" in second["AdminComment"]
-    report = json.loads(acct.spot("cost", "--job", str(job), "--json").stdout)[0]
+    report = read_envelope(acct.spot("cost", "--job", str(job), "--json").stdout)[0]
     assert report["source"] == "sacct" and report["interruptions"] == 1
     (line,) = report["lines"]
     assert line["market"] == "spot" and line["instance_type"] == "local"
@@ -143,7 +144,7 @@ def _lines(path: Path) -> list[str]:
 
 def test_local_down_stops_the_database_daemons(tmp_path: Path, acct: Cluster) -> None:
     record = json.loads((acct.state_dir / "local" / "cluster.json").read_text())
-    status = json.loads(acct.spot("local", "status", "--json", "--conf-dir",
+    status = read_envelope(acct.spot("local", "status", "--json", "--conf-dir",
                                   str(acct.conf_dir)).stdout)
     assert status["up"]
     for pid in (record["mysqld_pid"], record["slurmdbd_pid"]):
@@ -154,5 +155,5 @@ def test_local_down_stops_the_database_daemons(tmp_path: Path, acct: Cluster) ->
                  or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
                  timeout=30, what=f"pid {pid} gone")
     acct.start()  # the module fixture stops it again; a restart must work too
-    assert json.loads(acct.spot("local", "status", "--json", "--conf-dir",
+    assert read_envelope(acct.spot("local", "status", "--json", "--conf-dir",
                                 str(acct.conf_dir)).stdout)["up"]

@@ -4,7 +4,6 @@ does with a POSIX root (tests/test_jobs_e2e.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_spot.jsonenvelope import read_envelope
 from tests.cluster import acquire_cluster_lock
 from tests.fakes.s3_server import keys, moto_s3, new_bucket
 
@@ -30,7 +30,7 @@ def test_demo_with_an_s3_root_resumes_bit_exact(tmp_path: Path) -> None:
                 capture_output=True, text=True, timeout=900, env=dict(os.environ))
         stored = keys(endpoint, bucket)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout)
+    result = read_envelope(proc.stdout)
     assert result["state"] == "COMPLETED" and result["restarts"] == 2
     assert result["exact_resume"] is True
     assert result["final_loss"] == result["reference_loss"]

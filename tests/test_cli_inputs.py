@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.commands.events import parse_since
 from slurm_spot.events import Event, emit
+from slurm_spot.jsonenvelope import read_envelope
 from tests.test_reconcile_daemon import write_config
 
 
@@ -32,7 +33,7 @@ def test_events_since_with_z_filters(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--config", str(path), "events", "--json",
                                       "--since", "2026-03-01T08:20:00Z"])
     assert result.exit_code == 0, result.output
-    assert [e["action"] for e in json.loads(result.stdout)] == ["terminated"]
+    assert [e["action"] for e in read_envelope(result.stdout)] == ["terminated"]
     bad = CliRunner().invoke(cli, ["--config", str(path), "events", "--since", "08:20Zulu"])
     assert bad.exit_code == 2 and "--since" in bad.output
 
@@ -51,7 +52,7 @@ def test_local_commands_read_slurm_spot_config(tmp_path: Path,
     assert json.loads((tmp_path / "state" / "local" / "capacity.json").read_text()) == {"spot": 1}
     status = CliRunner().invoke(cli, ["local", "status", "--conf-dir", str(empty), "--json"])
     assert status.exit_code == 0, status.output
-    assert json.loads(status.stdout)["instances"] == []
+    assert read_envelope(status.stdout)["instances"] == []
     monkeypatch.delenv("SLURM_SPOT_CONFIG")
     without = CliRunner().invoke(cli, ["local", "status", "--conf-dir", str(empty)])
     assert without.exit_code == 2 and str(empty / "spot.yaml") in without.output
@@ -93,4 +94,4 @@ def test_local_capacity_still_takes_zero_and_options_after_the_count(tmp_path: P
     result = CliRunner().invoke(cli, ["local", "capacity", "spot", "0", "--json",
                                       "--config", str(path)])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == {"node_set": "spot", "limit": 0}
+    assert read_envelope(result.stdout) == {"node_set": "spot", "limit": 0}

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 from slurm_spot.commands.progress import waiting
+from slurm_spot.jsonenvelope import read_envelope
 from tests.netns import host_network
 from tests.terminal import run_in_terminal
 from tests.test_reconcile_daemon import write_config
@@ -69,11 +69,11 @@ def test_demo_json_keeps_progress_off_stdout_with_a_spinner_on_a_terminal(tmp_pa
     code, shown, out = run_in_terminal([sys.executable, "-c", _STUB_DEMO, "demo", "--json",
                                         "--workdir", str(tmp_path)], on_terminal=("stderr",))
     assert code == 0
-    assert json.loads(out) == {"state": "COMPLETED", "exact_resume": True, "job": 1}
+    assert read_envelope(out) == {"state": "COMPLETED", "exact_resume": True, "job": 1}
     assert "submitted job 1" in shown and "demo: job 1 finished" in shown  # line, then spinner
     piped = subprocess.run([sys.executable, "-c", _STUB_DEMO, "demo", "--json", "--workdir",
                             str(tmp_path)], capture_output=True, text=True, timeout=60,
                            check=False)
-    assert json.loads(piped.stdout)["state"] == "COMPLETED"
+    assert read_envelope(piped.stdout)["state"] == "COMPLETED"
     assert piped.stderr.splitlines() == ["starting the local spot cluster", "submitted job 1",
                                          "job 1 finished"]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -20,6 +19,7 @@ from slurm_spot.cli import cli
 from slurm_spot.commands import status as status_module
 from slurm_spot.commands.tables import Field, plain_lines
 from slurm_spot.events import Event, emit
+from slurm_spot.jsonenvelope import read_envelope
 from tests.terminal import run_in_terminal
 from tests.test_reconcile_daemon import write_config
 from tests.test_status import _invoke, world  # noqa: F401 - the fixture
@@ -66,7 +66,7 @@ def test_an_unknown_field_is_exit_2_naming_it(tmp_path: Path, command: list[str]
 def test_json_is_unchanged_by_the_table_options(world: tuple,  # noqa: F811
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     def without_uptime(text: str) -> dict:  # uptime_s counts on between the two calls
-        data = json.loads(text)
+        data = read_envelope(text)
         for row in data["nodes"]:
             row.pop("uptime_s")
         return data
@@ -121,7 +121,7 @@ def test_status_watch_refreshes_until_ctrl_c(world: tuple,  # noqa: F811
     naps.clear()
     default = _invoke(world, monkeypatch, "--json", "--watch")
     assert default.exit_code == 0 and naps == [2.0, 2.0, 2.0]
-    documents = [json.loads(line) for line in default.output.splitlines()]  # JSON Lines
+    documents = [read_envelope(line) for line in default.output.splitlines()]  # JSON Lines
     assert len(documents) == 3 and {r["node"] for r in documents[0]["nodes"]} >= {"spot-1"}
 
 

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.config import config_path, load_config
+from slurm_spot.jsonenvelope import read_envelope
 
 GOOD = {
     "cluster": "demo",
@@ -126,7 +127,6 @@ def test_config_option_works_after_the_command_name_too(tmp_path: Path) -> None:
 
 def test_sbatch_leaves_config_after_the_script_to_the_script(tmp_path: Path) -> None:
     """`slurm-spot sbatch train.py --config x.yaml`: that --config is the training script's."""
-    import json
 
     config = write(tmp_path, GOOD)
     train = tmp_path / "train.py"
@@ -134,7 +134,7 @@ def test_sbatch_leaves_config_after_the_script_to_the_script(tmp_path: Path) -> 
     result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--torchrun", "--dry-run",
                                       "--json", "-N", "1", str(train), "--config", "x.yaml"])
     assert result.exit_code == 0, result.output
-    assert f"{train} --config x.yaml" in json.loads(result.output)["script"]
+    assert f"{train} --config x.yaml" in read_envelope(result.output)["script"]
 
 
 @pytest.mark.parametrize("argv", [["--config=", "config", "check"], ["config", "check", "--config="]])

@@ -12,6 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from slurm_spot.cli import cli
+from slurm_spot.jsonenvelope import read_envelope
 from tests.test_cost_accounting import EVENTS, site
 
 
@@ -31,7 +32,7 @@ def test_plan_json_has_the_promised_fields() -> None:
     code, out = run("plan", "--checkpoint-s", "300", "--restart-s", "600", "--nodes", "1",
                     "--mtbf-h", "24", "--notice-s", "0", "--json")
     assert code == 0, out
-    data = json.loads(out)
+    data = read_envelope(out)
     assert data["mtbf_job_h"] == pytest.approx(24)
     assert data["young_interval_s"] == pytest.approx(math.sqrt(2 * 300 * 86400))
     assert data["daly_interval_s"] / 60 == pytest.approx(116.69, abs=0.01)  # Daly 2006, fig. 3
@@ -73,7 +74,7 @@ def test_plan_compare_ranks_by_expected_cost(tmp_path: Path) -> None:
                     "--work-steps", "360000", "--candidate", "g5.xlarge:1:<5%",
                     "--candidate", "p4d.24xlarge:40:>20%", "--json", "--deadline-h", "20")
     assert code == 0, out
-    ranked = json.loads(out)
+    ranked = read_envelope(out)
     assert [r["instance_type"] for r in ranked] == ["p4d.24xlarge", "g5.xlarge"]
     assert ranked[1]["meets_deadline"] is False
 
@@ -84,7 +85,7 @@ def test_simulate_json_and_plot(tmp_path: Path) -> None:
                     "--interruption-band", ">20%", "--spot-usd-h", "10", "--on-demand-usd-h",
                     "30", "--runs", "50", "--seed", "2", "--json", "--plot", str(png))
     assert code == 0, out
-    data = json.loads(out)
+    data = read_envelope(out)
     assert [s["strategy"] for s in data["strategies"]] == ["plain", "periodic", "slurm-spot",
                                                             "elastic"]
     for s in data["strategies"]:
@@ -98,6 +99,39 @@ def test_simulate_json_and_plot(tmp_path: Path) -> None:
     assert code == 2 and "must end in .png" in out
 
 
+def test_simulate_compares_like_with_like_and_says_how() -> None:
+    args = ["simulate", "--nodes", "20", "--on-demand-nodes", "1", "--job-hours", "72",
+            "--checkpoint-s", "60", "--interruption-band", ">20%", "--spot-usd-h", "9.8",
+            "--on-demand-usd-h", "21.96", "--runs", "40"]
+    code, out = run(*args)
+    assert code == 0, out
+    assert ("compared like with like: every strategy checkpoints at Daly's interval for the "
+            "job's MTBF (125.9 min); each run's interruption times are the same for every "
+            "strategy") in out
+    assert out.count("checkpoint every 125.9 min") == 4
+    data = read_envelope(run(*args, "--json")[1], "simulate")
+    assert {s["interval_s"] for s in data["strategies"]} == {data["strategies"][0]["interval_s"]}
+    assert "Daly's interval" in data["comparison"]["interval"]
+    code, out = run(*args, "--interval-s", "1200")
+    assert "every strategy checkpoints every 20.0 min (--interval-s)" in out
+    assert out.count("checkpoint every 20.0 min") == 4
+
+
+def test_a_plot_without_matplotlib_is_refused_before_any_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the plot extra were missing
+    # a simulation this long would be refused by its event budget: the plot check comes first
+    code, out = run("simulate", "--job-hours", "10000", "--checkpoint-s", "60", "--mtbf-h",
+                    "100", "--plot", str(tmp_path / "sim.png"))
+    assert code == 2, out
+    assert "--plot needs matplotlib, which is not installed" in out
+    assert "limit" not in out and not (tmp_path / "sim.png").exists()
+    code, out = run("cost", "--job", "7", "--plot", str(tmp_path / "job.png"))
+    assert code == 2 and "--plot needs matplotlib" in out
+
+
 def test_cost_of_recorded_jobs_from_events(tmp_path: Path) -> None:
     data = site(tmp_path)
     data["slurm_bin_dir"] = str(tmp_path / "no-slurm")  # no sacct here: the events are used
@@ -107,7 +141,7 @@ def test_cost_of_recorded_jobs_from_events(tmp_path: Path) -> None:
     (tmp_path / "log" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
     code, out = run("cost", "--json", config=config)
     assert code == 0, out
-    reports = {r["job_id"]: r for r in json.loads(out)}
+    reports = {r["job_id"]: r for r in read_envelope(out)}
     assert set(reports) == {7, 9}
     assert reports[7]["source"] == "events" and reports[7]["interruptions"] == 1
     assert reports[7]["compute_usd"] == pytest.approx(8 * 0.4 + (3 + 55 / 60))
@@ -132,7 +166,7 @@ def test_plan_with_the_rate_observed_in_the_event_log(tmp_path: Path) -> None:
     code, out = run("plan", "--checkpoint-s", "60", "--interruption-rate", "observed", "--json",
                     config=config)
     assert code == 0, out
-    plan = json.loads(out)
+    plan = read_envelope(out)
     assert plan["assumption"].startswith("observed: 1 interruptions in ")
     # the fixture's spot instances are still alive "now", so the rate is below 1 per 15.05 h
     assert 0 < plan["node_rate_per_h"] < 1 / 15.05
@@ -145,7 +179,7 @@ def test_plan_with_the_rate_observed_in_the_event_log(tmp_path: Path) -> None:
     code, again = run("plan", "--checkpoint-s", "60", "--interruption-rate", "observed", "--json",
                       config=config)
     assert code == 0, again
-    assert json.loads(again)["assumption"] == plan["assumption"]
+    assert read_envelope(again)["assumption"] == plan["assumption"]
 
 
 def _unverified_catalogue(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,7 +197,7 @@ def test_plan_says_when_it_used_an_unverified_price(monkeypatch: pytest.MonkeyPa
             "--job-hours", "10", "--instance-type", "g5.xlarge", "--spot-usd-h", "0.5"]
     code, out = run(*args, "--json")
     assert code == 0, out
-    data = json.loads(out)
+    data = read_envelope(out)
     assert data["on_demand_cost_usd"] == pytest.approx(10 * 2 * 1.25)
     assert data["unverified_prices"] == ["on-demand g5.xlarge: 1.25 USD/h"]
     assert "UNVERIFIED" in data["price_source"]
@@ -171,7 +205,7 @@ def test_plan_says_when_it_used_an_unverified_price(monkeypatch: pytest.MonkeyPa
     assert "warning: catalogue price(s) on-demand g5.xlarge: 1.25 USD/h not confirmed" in out
     code, out = run("plan", "--compare", "--checkpoint-s", "60", "--work-steps", "1000",
                     "--candidate", "a2-highgpu-1g:1:<5%", "--json")
-    assert "unverified_prices" not in json.loads(out)[0]  # sourced entries: no warning
+    assert "unverified_prices" not in read_envelope(out)[0]  # sourced entries: no warning
 
 
 def test_cost_says_when_it_used_an_unverified_price(tmp_path: Path,
@@ -186,7 +220,7 @@ def test_cost_says_when_it_used_an_unverified_price(tmp_path: Path,
     (tmp_path / "log" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
     code, out = run("cost", "--job", "9", "--json", config=config)
     assert code == 0, out
-    (report,) = json.loads(out)
+    (report,) = read_envelope(out)
     assert report["unverified_prices"] == ["on-demand g5.xlarge: 1.25 USD/h"]
     assert report["on_demand_usd"] == pytest.approx(0.5 * 1.25)
     code, out = run("cost", "--job", "9", config=config)
@@ -226,7 +260,7 @@ def test_plan_says_a_job_never_finishes_when_the_math_overflows() -> None:
     assert "expected wall time: never (infinite) without notice" in out
     assert "spot unbounded (never finishes)" in out and "the job never finishes on spot" in out
     code, out = run(*args, "--json")
-    data = json.loads(out)
+    data = read_envelope(out)
     assert data["never_finishes"] is True and data["waste_fraction"] == 1.0
     assert data["expected_wall_h"] is None and data["expected_spot_cost_usd"] is None
     # a job that does finish says nothing of the kind
@@ -356,7 +390,7 @@ def test_cost_works_on_the_local_cluster_with_the_example_config(tmp_path: Path)
     assert "job 7 (from events)" in out and "interruptions: 1" in out
     assert "spot      local" in out and "$0.4000/h" in out
     code, out = run("cost", "--job", "7", "--json", config=config)
-    (report,) = json.loads(out)
+    (report,) = read_envelope(out)
     assert report["on_demand_usd"] > report["compute_usd"] > 0
 
 
@@ -398,7 +432,7 @@ def test_simulate_without_prices_says_they_are_unknown() -> None:
     assert "$0.00" not in out
     assert "on-demand: 4.00 h, price unknown" in out
     assert out.count("cost unknown (no spot price)") == 4
-    data = json.loads(run(*args, "--json")[1])
+    data = read_envelope(run(*args, "--json")[1])
     assert data["on_demand"]["cost_usd"] is None
     assert all(s["cost_usd"] is None for s in data["strategies"])
     code, out = run(*args, "--spot-usd-h", "1")

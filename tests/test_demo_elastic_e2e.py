@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_spot.jsonenvelope import read_envelope
 from tests.cluster import acquire_cluster_lock
 
 pytestmark = pytest.mark.e2e
@@ -57,7 +58,7 @@ def test_elastic_demo_goes_on_through_two_reclaims_without_a_requeue(short_workd
              "--workdir", str(tmp_path)],
             capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout)
+    result = read_envelope(proc.stdout)
     assert result["state"] == "COMPLETED" and result["restarts"] == 0
     worlds = result["world_sizes"]
     assert worlds[0] == 3 and worlds[-1] == 3

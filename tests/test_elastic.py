@@ -29,6 +29,7 @@ from slurm_spot.cli import cli
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.rendezvous import ELASTIC_MARK, format_endpoint, parse_endpoint, serve
 from slurm_spot.jobs.torchrun_agent import ElasticSettings, elastic_torchrun_args, parse_nnodes
+from slurm_spot.jsonenvelope import read_envelope
 from tests.elastic_runs import rendezvous_service
 
 
@@ -207,7 +208,7 @@ def test_elastic_dry_run_one_step_per_node_no_kill(tmp_path: Path) -> None:
         "--rendezvous", "10.1.2.3:29390", "--join-timeout", "20", "--dry-run", "--json",
         "-p", "spot", str(train), "--lr", "1"])
     assert result.exit_code == 0, result.output
-    script = json.loads(result.output)["script"]
+    script = read_envelope(result.output)["script"]
     assert ELASTIC_MARK in script
     assert "#SBATCH --no-kill" in script and "#SBATCH --nodes=2-3" in script
     assert "#SBATCH --nodes=1" not in script and "#SBATCH --requeue" in script
@@ -236,7 +237,7 @@ def test_no_preload_reaches_every_agent_and_replacement(tmp_path: Path, hybrid: 
         "--config", str(config), "sbatch", "--torchrun", "--elastic", "2:3",
         *where, "--no-preload", "--dry-run", "--json", "-p", "spot", str(train)])
     assert result.exit_code == 0, result.output
-    script = json.loads(result.output)["script"]
+    script = read_envelope(result.output)["script"]
     assert "--join-timeout=60 --no-preload -- \\\n" in script, script
     check = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True,
                            timeout=30)
@@ -319,7 +320,7 @@ def test_elastic_nodes_within_min_max_are_kept(tmp_path: Path) -> None:
         "--elastic", "2:4", "--rendezvous", "[::1]:29390", "-N", "3", "--dry-run", "--json",
         str(train)])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    out = read_envelope(result.output)
     assert "-N" in out["argv"] and "3" in out["argv"]
     assert "--rendezvous='[::1]:29390'" in out["script"]
 
@@ -349,7 +350,7 @@ def test_rendezvous_variable_without_port_gets_the_services_port(
     result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", "--torchrun",
                                       "--elastic", "2:3", "--dry-run", "--json", str(train)])
     assert result.exit_code == 0, result.output
-    assert "--rendezvous=ctl:29390 " in json.loads(result.output)["script"]
+    assert "--rendezvous=ctl:29390 " in read_envelope(result.output)["script"]
 
 
 def test_no_option_value_breaks_a_line_of_the_script(tmp_path: Path,
@@ -366,7 +367,7 @@ def test_no_option_value_breaks_a_line_of_the_script(tmp_path: Path,
                                       "--elastic", "2:3", "--rendezvous", "ctl:1", "--dry-run",
                                       "--json", str(train), "a\nb", "--x=1\n2"])
     assert result.exit_code == 0, result.output
-    script = json.loads(result.output)["script"]
+    script = read_envelope(result.output)["script"]
     # The script's arguments stay inside single quotes: the only lines that hold them are the
     # srun command's, no comment line holds them.
     assert not [ln for ln in script.splitlines() if ln.startswith("#") and "touch" in ln]

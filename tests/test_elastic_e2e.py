@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.hostlist import expand
+from slurm_spot.jsonenvelope import read_envelope
 from tests.cluster import Cluster, base_config, wait_for
 from tests.elastic_runs import (
     EXAMPLE,
@@ -53,7 +54,7 @@ def _submit(cluster: Cluster, rendezvous: str, out: Path, *train_args: str) -> i
          "--json", "-p", "spot", "-N", "3", "-o", str(out), str(EXAMPLE), *train_args],
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    return int(json.loads(proc.stdout)["job_id"])
+    return int(read_envelope(proc.stdout)["job_id"])
 
 
 def test_survivors_continue_when_a_node_is_reclaimed_with_notice(

@@ -21,6 +21,7 @@ from slurm_spot.config import parse_config
 from slurm_spot.events import read_events
 from slurm_spot.jobs.rendezvous import ELASTIC_MARK, HETJOB_PORT_BASE
 from slurm_spot.jobs.sbatch import read_directives, take_option
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.slurm.client import CommandResult, SlurmClient
 from slurm_spot.watch import Watcher, source_for
 
@@ -63,7 +64,7 @@ def _dry_run(tmp_path: Path, *words: str) -> dict:
     result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--torchrun",
                                       *words, "--dry-run", "--json", str(train), "--lr", "1"])
     assert result.exit_code == 0, result.output
-    return dict(json.loads(result.output))
+    return dict(read_envelope(result.output))
 
 
 def _components(script: str) -> list[list[str]]:
@@ -188,7 +189,7 @@ def _run(tmp_path: Path, outcomes: dict[str, str], job: int) -> subprocess.Compl
                                       "--python", sys.executable, "--dry-run", "--json",
                                       str(train)])
     assert result.exit_code == 0, result.output
-    script = json.loads(result.output)["script"]
+    script = read_envelope(result.output)["script"]
     cases = "\n".join(f"  --nodelist={node}) {what} ;;" for node, what in outcomes.items())
     (tmp_path / "bin" / "srun").write_text(
         "#!/bin/bash\nfor a in \"$@\"; do case \"$a\" in\n" + cases + "\nesac; done\nexit 3\n")

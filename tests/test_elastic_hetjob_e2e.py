@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.hostlist import expand
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.slurm.states import parse_oneline
 from tests.cluster import Cluster, base_config, wait_for
 from tests.conftest import _slurm_available
@@ -61,7 +62,7 @@ def test_workers_go_on_around_an_on_demand_coordinator(hybrid: Cluster) -> None:
         env={**hybrid.env, "GLOO_SOCKET_IFNAME": "lo"}, capture_output=True, text=True,
         timeout=120)
     assert proc.returncode == 0, proc.stderr
-    job = int(json.loads(proc.stdout)["job_id"])
+    job = int(read_envelope(proc.stdout)["job_id"])
     log = Path(str(out).replace("%j", str(job)))
     wait_for(lambda: any(e["event"] == "step" and e["step"] >= 15 for e in training_events(log)), 240,
              what="3-worker training to reach step 15")

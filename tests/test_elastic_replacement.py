@@ -4,7 +4,6 @@ processes as agents, stand-ins for Slurm's commands)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from slurm_spot.jobs.elastic_replacement import (
     wanted,
 )
 from slurm_spot.jobs.torchrun_agent import ElasticSettings, elastic_torchrun_args
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.slurm.states import parse_oneline
 from tests.elastic_runs import rendezvous_service
 
@@ -301,7 +301,7 @@ def test_dry_run_starts_the_supervisor_unless_no_replacements(tmp_path: Path,
         "--rendezvous", "ctl:29390", *([] if replacements else ["--no-replacements"]),
         "--dry-run", "--json", str(train)])
     assert result.exit_code == 0, result.output
-    script = json.loads(result.output)["script"]
+    script = read_envelope(result.output)["script"]
     supervisor = "-m slurm_spot.jobs.elastic_replacement --target=\"${agents}\" --max=3"
     assert (supervisor in script) is replacements
     assert ("--pids=\"${pids[*]}\" --signal=USR2@120" in script) is replacements

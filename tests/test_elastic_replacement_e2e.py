@@ -13,6 +13,7 @@ import pytest
 
 from slurm_spot.events import read_events
 from slurm_spot.hostlist import expand
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.slurm.output import local_time
 from tests.cluster import Cluster, wait_for
 from tests.elastic_runs import (
@@ -74,7 +75,7 @@ def test_a_replacement_joins_after_a_node_is_reclaimed(cluster: Cluster, rendezv
          "--log-every", "5", "--sample-log", str(samples)],
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    job = int(json.loads(proc.stdout)["job_id"])
+    job = int(read_envelope(proc.stdout)["job_id"])
     log = Path(str(out).replace("%j", str(job)))
     wait_for(lambda: last_step(log) >= 15, 240, what="3-node training to reach step 15")
     fields = cluster.job(job)
@@ -138,7 +139,7 @@ def test_below_min_without_replacements_falls_back_to_requeue(cluster: Cluster,
          "20", "--log-every", "5"],
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    job = int(json.loads(proc.stdout)["job_id"])
+    job = int(read_envelope(proc.stdout)["job_id"])
     log = Path(str(out).replace("%j", str(job)))
     wait_for(lambda: any(e["event"] == "step" and e["step"] >= 15
                          for e in training_events(log)), 240,

@@ -4,7 +4,6 @@ the file's length."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -16,6 +15,7 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.events import EVENTS_FILE, Event, emit, read_events
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.reconcile.history import EventTail, read_tail
 from tests.fakes.fake_provider import FakeProvider
 from tests.fakes.fake_slurm import FakeSlurm
@@ -52,7 +52,7 @@ def test_events_command_skips_bad_lines_with_a_warning(tmp_path: Path,
     _emit(log_dir, "terminated", ago_s=10)
     result = CliRunner().invoke(cli, ["--config", str(path), "events", "--json"])
     assert result.exit_code == 0, result.output
-    assert [e["action"] for e in json.loads(result.stdout)] == ["launched", "terminated"]
+    assert [e["action"] for e in read_envelope(result.stdout)] == ["launched", "terminated"]
     with caplog.at_level(logging.WARNING):
         assert len(list(read_events(log_dir))) == 2
     assert "skipped 5 line(s)" in caplog.text

@@ -4,7 +4,6 @@ passing all along; the test cluster stops only processes it started."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.hostlist import expand
+from slurm_spot.jsonenvelope import read_envelope
 from tests.cluster import Cluster, base_config, wait_for
 from tests.conftest import _slurm_available
 
@@ -63,7 +63,7 @@ def test_odd_node_names_job_interrupted_reconciler_keeps_passing(
                      if e["source"] == "reconcile" and e["action"] == "reclaimed"]
         assert [(e["node"], e["job_ids"]) for e in reclaimed] == [(victim, [job])]
         # status reads the reason whole, and the reconciler left the admin's drain alone.
-        rows = {r["node"]: r for r in json.loads(c.spot("status", "--json").stdout)["nodes"]}
+        rows = {r["node"]: r for r in read_envelope(c.spot("status", "--json").stdout)["nodes"]}
         assert rows[f"{DOTTED}-2"]["reason"] == REASON
         assert job in rows[expand(c.job(job)["NodeList"])[0]]["jobs"]
         # Passes keep completing after the interruption, and none failed.

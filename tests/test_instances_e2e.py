@@ -5,7 +5,6 @@ command from one config with both providers. No Slurm is needed."""
 from __future__ import annotations
 
 import ipaddress
-import json
 import subprocess
 import sys
 from datetime import datetime
@@ -15,6 +14,7 @@ import pytest
 import yaml
 
 from slurm_spot.config import load_config
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import LaunchRequest
 from tests.cloud_e2e import INSTANCE_FIELDS, no_aws_env
@@ -59,7 +59,7 @@ def test_instances_json_has_the_same_fields_for_aws_and_gcp(tmp_path: Path) -> N
             [sys.executable, "-m", "slurm_spot", "--config", str(path), "instances", "--json"],
             env=no_aws_env(), capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    entries = {e["provider"]: e for e in json.loads(proc.stdout)}
+    entries = {e["provider"]: e for e in read_envelope(proc.stdout)}
     assert sorted(entries) == ["aws", "gcp"]
     assert set(entries["aws"]) == set(entries["gcp"]) == INSTANCE_FIELDS
     for provider, entry in entries.items():

@@ -26,6 +26,7 @@ from slurm_spot.commands import status as status_module
 from slurm_spot.commands.common import AppContext
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.events import EVENTS_FILE, Event, emit, read_events
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.providers.base import InstanceState
 from slurm_spot.providers.local.notices import LocalNoticeSource
 from slurm_spot.reconcile.reconciler import Reconciler
@@ -171,7 +172,7 @@ def test_status_shows_invalid_bytes_escaped(tmp_path: Path,
     assert row.endswith("disk \\xff replaced")
     shown = CliRunner().invoke(cli, ["--config", str(path), "status", "--json"])
     assert shown.exit_code == 0, shown.output
-    rows = {r["node"]: r for r in json.loads(shown.stdout)["nodes"]}
+    rows = {r["node"]: r for r in read_envelope(shown.stdout)["nodes"]}
     assert rows["spot-3"]["reason"] == "disk \\xff replaced"
     assert rows["spot-1"]["jobs"] == [9]
 
@@ -203,5 +204,5 @@ def test_events_file_and_events_command_stay_valid_utf8(tmp_path: Path) -> None:
 
     table = shown("events", "--format", "node,reason")
     assert "spot-3  disk \\xff replaced" in table and "spot-2  x\\xff" in table
-    assert [e["reason"] for e in json.loads(shown("events", "--json"))] == [
+    assert [e["reason"] for e in read_envelope(shown("events", "--json"))] == [
         "disk \\xff replaced", "x\\xff"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.recovery import PARTS
 from tests.cluster import Cluster, acquire_cluster_lock, wait_for
 
@@ -34,7 +35,7 @@ def test_demo_survives_two_interruptions_bit_exact(tmp_path: Path) -> None:
              "--steps", "170"],
             capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout)
+    result = read_envelope(proc.stdout)
     assert result["state"] == "COMPLETED"
     assert result["exact_resume"] is True
     assert result["final_loss"] == result["reference_loss"]
@@ -55,7 +56,7 @@ def test_array_task_requeues_alone_and_sigterm_alone_checkpoints(cluster: Cluste
     """Task 1's node is preempted: only task 1 restarts. Task 0 gets a bare SIGTERM (as from
     a time limit or scancel): it still checkpoints, requeues itself and finishes."""
     out = cluster.root / "array-%A_%a.out"
-    job = int(json.loads(cluster.spot(
+    job = int(read_envelope(cluster.spot(
         "sbatch", "--torchrun", "--json", "-p", "spot", "-N", "1", "--array=0-1",
         # 320 steps of 0.2 s: task 0 must still be running when task 1 has recovered (with
         # 200 it finished first on a loaded machine).

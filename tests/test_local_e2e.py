@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 
 import pytest
 
+from slurm_spot.jsonenvelope import read_envelope
 from tests.cluster import Cluster, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ def test_job_powers_nodes_up_runs_and_they_power_down(cluster: Cluster) -> None:
                   "--wrap", "srun hostname | sort", timeout=120)
     assert out.read_text().split() == ["spot-1", "spot-2"]
     # sbatch --wait polls with growing intervals, so the nodes may already be powering down.
-    launched = json.loads(cluster.spot("instances", "--all", "--json").stdout)
+    launched = read_envelope(cluster.spot("instances", "--all", "--json").stdout)
     assert {i["node"] for i in launched} == {"spot-1", "spot-2"}
     # SuspendTime=10 s, SuspendTimeout=10 s: idle nodes go idle% then idle~, slurmd gone.
     wait_for(lambda: all("POWERED_DOWN" in node_state(cluster, n) for n in ("spot-1", "spot-2")),

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from slurm_spot.checkpoint import Checkpointer
 from slurm_spot.checkpoint import commit as commit_protocol
 from slurm_spot.cli import cli
+from slurm_spot.jsonenvelope import read_envelope
 from tests.fakes.s3_server import moto_s3, new_bucket
 from tests.test_checkpoint import _state
 
@@ -49,7 +50,7 @@ def test_plan_takes_the_median_recorded_save_time(tmp_path: Path) -> None:
 
     code, out = run("plan", "--checkpoint-dir", str(job), "--mtbf-h", "24", "--json")
     assert code == 0, out
-    data = json.loads(out)
+    data = read_envelope(out)
     assert data["checkpoint_s"] == median
     source = data["checkpoint_source"]
     assert source["location"] == str(job) and source["median_save_s"] == median
@@ -58,7 +59,7 @@ def test_plan_takes_the_median_recorded_save_time(tmp_path: Path) -> None:
     assert all(c["size_bytes"] > 0 for c in source["checkpoints"])
     # the same plan as with C given by hand
     code, given = run("plan", "--checkpoint-s", repr(median), "--mtbf-h", "24", "--json")
-    assert json.loads(given)["daly_interval_s"] == data["daly_interval_s"]
+    assert read_envelope(given)["daly_interval_s"] == data["daly_interval_s"]
     assert data["young_interval_s"] == pytest.approx(math.sqrt(2 * median * 86400))
 
     code, text = run("plan", "--checkpoint-dir", str(job), "--mtbf-h", "24")
@@ -117,7 +118,7 @@ def test_plan_reads_the_save_times_of_checkpoints_on_s3(endpoint: str, tmp_path:
     _saved(url, [10, 20])
     code, out = run("plan", "--checkpoint-dir", url, "--mtbf-h", "24", "--json")
     assert code == 0, out
-    data = json.loads(out)
+    data = read_envelope(out)
     saves = data["checkpoint_source"]["checkpoints"]
     assert [c["step"] for c in saves] == [20, 10]
     assert data["checkpoint_s"] == statistics.median(c["save_s"] for c in saves)

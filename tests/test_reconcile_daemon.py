@@ -15,6 +15,7 @@ from slurm_spot.commands.common import AppContext
 from slurm_spot.config import load_config
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.events import EVENTS_FILE
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.providers.base import InstanceState
 from slurm_spot.reconcile.history import build_history, read_tail
 from slurm_spot.reconcile.loop import AlreadyRunning, ConfigSource, Loop, single_instance
@@ -71,7 +72,7 @@ def test_cli_once_json_reports_the_actions(tmp_path: Path, monkeypatch: pytest.M
     _patch(monkeypatch, slurm, provider)
     result = CliRunner().invoke(cli, ["--config", str(path), "reconcile", "--once", "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = read_envelope(result.output)
     assert data["verdicts"] == {"resume-failed": 1, "ok": 1}
     assert [(a["action"], a["node"]) for a in data["actions"]] == [("resume_failed", "spot-1")]
     assert slurm.nodes["spot-1"].state == "IDLE+CLOUD+POWERED_DOWN"

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from slurm_spot.hostlist import expand
+from slurm_spot.jsonenvelope import read_envelope
 from tests.cluster import Cluster, base_config, wait_for
 from tests.conftest import _slurm_available
 
@@ -96,7 +97,7 @@ def test_killed_instance_job_runs_again_well_before_slurmd_timeout(rc: Cluster) 
     assert reclaimed[0]["reason"].startswith("spot-interruption:reclaimed@")
     assert job in [j for e in reconcile_events(rc, "expedited") for j in e["job_ids"]]
     # status shows the job on the nodes that run it now, with the instance behind each.
-    rows = json.loads(rc.spot("status", "--json").stdout)["nodes"]
+    rows = read_envelope(rc.spot("status", "--json").stdout)["nodes"]
     running = [r for r in rows if job in r["jobs"]]
     assert len(running) == 2 and all(r["instance"] and r["market"] == "spot" for r in running)
     metrics = (rc.root / "metrics" / "slurm_spot.prom").read_text()
@@ -138,7 +139,7 @@ def test_instance_behind_slurms_back_is_terminated_after_the_grace_not_before(rc
          "spot-4", "--json", "--conf-dir", str(rc.conf_dir)],
         env={**rc.env, "SLURM_CONF": str(unreachable)}, capture_output=True, text=True,
         timeout=60, check=True)
-    out = json.loads(proc.stdout)
+    out = read_envelope(proc.stdout)
     launched = datetime.fromisoformat(out["launch_time"])
     time.sleep(GRACE_S - 6)
     assert out["instance_id"] in [i["instance_id"] for i in alive(rc)], "terminated too early"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from slurm_spot.jobs.sbatch import (
     read_directives,
     split_command_line,
 )
+from slurm_spot.jsonenvelope import read_envelope
 
 DATA = Path(__file__).parent / "data"
 CASE = (DATA / "sbatch-directives.sh").read_text()
@@ -99,7 +99,7 @@ def test_torchrun_dry_run_prints_agent_per_node(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--config", str(config), "sbatch", "--torchrun",
                                       "--dry-run", "--json", "-N", "2", str(train), "--lr", "1"])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    out = read_envelope(result.output)
     script = out["script"]
     assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --requeue" in script
     assert "srun --nodes=\"${SLURM_JOB_NUM_NODES}\" --ntasks-per-node=1" in script
@@ -179,7 +179,7 @@ def _job(tmp_path: Path, **config: object) -> tuple[Path, Path]:
 def _dry(path: Path, *words: str) -> dict:
     result = CliRunner().invoke(cli, ["--config", str(path), "sbatch", *words])
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return read_envelope(result.stdout)
 
 
 @pytest.mark.parametrize("order", [

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_spot.jsonenvelope import read_envelope
 from tests.cluster import Cluster, base_config, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -103,7 +104,7 @@ def test_each_job_gets_the_signal_it_handles_and_none_ends_failed(cluster: Clust
     }
     spot_script = script(cluster, "spot", f"srun {PY} {JOB} --handle USR2 --exit-code 85 {LONG} "
                                           f"--dir {work['spot']}")
-    jobs["spot"] = int(json.loads(cluster.spot(
+    jobs["spot"] = int(read_envelope(cluster.spot(
         "sbatch", "--json", "-p", "spot", "-N", "1", "-o", str(root / "s.out"),
         str(spot_script)).stdout)["job_id"])
     wait_for(lambda: all(step(w) >= 4 for w in work.values()), timeout=180,

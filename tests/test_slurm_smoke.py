@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.hostlist import expand
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.slurm.output import jobs_from_json, nodes_from_json
 from slurm_spot.slurm.version import SlurmVersion
 from tests.cluster import Cluster, base_config, wait_for
@@ -116,7 +117,7 @@ def test_interruption_with_notice_then_without(smoke: Cluster, tmp_path: Path) -
     script = tmp_path / "sleeper.sh"
     script.write_text("#!/bin/bash\nsrun sleep 600\n")
     # Through slurm-spot sbatch: --requeue, or --requeue=expedite on 25.11+.
-    submitted = json.loads(smoke.spot("sbatch", "--json", "-p", "spot", "-N", "2",
+    submitted = read_envelope(smoke.spot("sbatch", "--json", "-p", "spot", "-N", "2",
                                       "-o", "/dev/null", str(script)).stdout)
     job = int(submitted["job_id"])
     requeue = smoke.slurm("scontrol", "write", "batch_script", str(job), "-")

@@ -14,6 +14,7 @@ from slurm_spot.commands import status as status_module
 from slurm_spot.commands.common import AppContext
 from slurm_spot.commands.status import format_uptime, status_rows
 from slurm_spot.config import SpotConfig
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.providers.base import InstanceState
 from tests.fakes.fake_provider import FakeProvider
 from tests.fakes.fake_slurm import FakeSlurm
@@ -110,7 +111,7 @@ def test_piped_table_keeps_long_reasons_on_one_line(world: tuple,
 def test_cli_json_for_scripts(world: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     result = _invoke(world, monkeypatch, "--json")
     assert result.exit_code == 0
-    data = json.loads(result.output)
+    data = read_envelope(result.output)
     assert data["errors"] == []
     assert {r["node"]: r["jobs"] for r in data["nodes"]}["spot-1"] == [42]
 
@@ -126,7 +127,7 @@ def test_cli_uptime_is_counted_from_launch(world: tuple, monkeypatch: pytest.Mon
     provider = world[2]
     provider.instances.clear()
     provider.add("spot-1", 0, datetime.now(timezone.utc) - timedelta(seconds=125), ip="10.0.0.1")
-    data = json.loads(_invoke(world, monkeypatch, "--json").output)
+    data = read_envelope(_invoke(world, monkeypatch, "--json").output)
     assert 124 <= {r["node"]: r["uptime_s"] for r in data["nodes"]}["spot-1"] <= 140
 
 

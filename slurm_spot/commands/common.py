@@ -14,6 +14,7 @@ import click
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.errors import BadInputError
 from slurm_spot.events import EVENTS_FILE
+from slurm_spot.jsonenvelope import envelope
 from slurm_spot.rawtext import escaped_all
 from slurm_spot.slurm.client import SlurmClient
 
@@ -129,11 +130,28 @@ def add_config_option(command: click.Command) -> None:
 
 
 def json_option(func: F) -> F:
-    """Add ``--json``: machine-readable output on stdout."""
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)  # type: ignore[return-value]
+    """Add ``--json``: machine-readable output on stdout, in the envelope of
+    :mod:`slurm_spot.jsonenvelope`."""
+    return click.option("--json", "as_json", is_flag=True,  # type: ignore[return-value]
+                        help="Print JSON: {\"meta\": {schema, version, command}, \"data\": ...} "
+                             "(docs/cli.md).")(func)
 
 
-def print_json(data: object) -> None:
-    """Print ``data`` as indented JSON, valid UTF-8 whatever text it holds (an undecodable
-    byte of a job name or reason as ``\\xff``: :func:`slurm_spot.rawtext.escaped_all`)."""
-    click.echo(json.dumps(escaped_all(data), indent=2, sort_keys=True, default=str))
+def command_name(ctx: click.Context | None = None) -> str:
+    """The command being run without the program name: ``plan``, ``local status``; empty
+    outside a click command."""
+    ctx = ctx or click.get_current_context(silent=True)
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(reversed(names))
+
+
+def print_json(data: object, one_line: bool = False) -> None:
+    """Print ``data`` in the JSON envelope (:func:`slurm_spot.jsonenvelope.envelope`, for the
+    command being run), as indented JSON (``one_line``: one document per line, JSON Lines,
+    for a stream such as ``status --watch --json``), valid UTF-8 whatever text it holds (an
+    undecodable byte of a job name or reason as ``\\xff``: :func:`slurm_spot.rawtext.escaped_all`)."""
+    doc = escaped_all(envelope(data, command_name()))
+    click.echo(json.dumps(doc, indent=None if one_line else 2, sort_keys=True, default=str))

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -19,7 +18,6 @@ from slurm_spot.errors import BadInputError, SlurmCommandError, SlurmSpotError
 from slurm_spot.power import ProviderFactory, _controller_unreachable
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
-from slurm_spot.rawtext import escaped_all
 from slurm_spot.reconcile.reasons import short_state
 from slurm_spot.reconcile.rules import pick_kept
 from slurm_spot.slurm.client import Node, SlurmClient
@@ -152,8 +150,7 @@ def _show(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
     except SlurmCommandError as exc:
         raise explain_slurm_failure(exc) from None
     if as_json and one_line:  # --watch --json: one document per line (JSON Lines)
-        click.echo(json.dumps(escaped_all({"nodes": rows, "errors": errors}), sort_keys=True,
-                              default=str))
+        print_json({"nodes": rows, "errors": errors}, one_line=True)
     elif as_json:
         print_json({"nodes": rows, "errors": errors})
     else:

@@ -33,6 +33,7 @@ import yaml
 from slurm_spot.config import LOCAL_COST
 from slurm_spot.errors import SlurmSpotError
 from slurm_spot.events import read_events
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.recovery import PARTS, breakdown
 from slurm_spot.resources import example
 from slurm_spot.slurm.client import SlurmClient, run_command
@@ -339,11 +340,11 @@ class Demo:
 
     def _submit(self, steps: int) -> tuple[int, TrainingLog]:
         out = self.s.workdir / "train-%j.out"
-        submitted = json.loads(self.spot(
+        submitted = read_envelope(self.spot(
             "sbatch", "--torchrun", "--json", "-p", "spot", "-N", "2", "-o", str(out),
             str(example_script()), "--steps", str(steps), "--step-sleep", str(self.s.step_sleep_s),
             "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1",
-            "--timestamps"))
+            "--timestamps"), "sbatch")
         job = int(submitted["job_id"])
         self.say(f"submitted job {job}: 2 nodes, {steps} steps")
         return job, TrainingLog(Path(str(out).replace("%j", str(job))))
@@ -361,8 +362,9 @@ class Demo:
         self.wait(f"step {at_step}", lambda: log.last_step() >= at_step, log)
         node = self._job_nodes(job)[0]
         notice = self.s.notice_s if kind == "notice" else 0
-        answer = json.loads(self.spot("local", "preempt", node, "--notice", str(notice),
-                                      "--conf-dir", str(self.conf_dir), "--json"))
+        answer = read_envelope(self.spot("local", "preempt", node, "--notice", str(notice),
+                                         "--conf-dir", str(self.conf_dir), "--json"),
+                               "local preempt")
         interrupted_at = datetime.fromisoformat(answer["deadline"]).timestamp() - notice
         log.poll()
         event = Interruption(kind, node, log.last_step(), time.monotonic())

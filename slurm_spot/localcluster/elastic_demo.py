@@ -29,7 +29,6 @@ training job is a plain elastic job that both reclaims and replacements work wit
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -42,6 +41,7 @@ import yaml
 
 from slurm_spot.errors import SlurmSpotError
 from slurm_spot.jobs.torchrun_agent import node_addr
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.localcluster import elastic_report as report
 from slurm_spot.localcluster.demo import Demo, DemoSettings, TrainingLog, demo_config
 from slurm_spot.resources import example
@@ -274,13 +274,13 @@ class ElasticDemo(Demo):
 
     def _submit_elastic(self, rendezvous: str) -> tuple[int, TrainingLog]:
         out = self.s.workdir / "train-%j.out"
-        submitted = json.loads(self.spot(
+        submitted = read_envelope(self.spot(
             "sbatch", "--torchrun", "--elastic", "2:3", "--rendezvous", rendezvous,
             "--join-timeout", str(self.s.join_timeout_s), "--json", "-p", "spot", "-N", "3",
             "-J", "elastic-demo", "-o", str(out), str(elastic_script()),
             "--steps", str(self.s.steps), "--step-sleep", str(self.s.step_sleep_s),
             "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1",
-            "--sample-log", str(self.samples)))
+            "--sample-log", str(self.samples)), "sbatch")
         job = int(submitted["job_id"])
         self.say(f"submitted job {job}: elastic 2:3 on 3 spot workers, {self.s.steps} steps")
         return job, TrainingLog(Path(str(out).replace("%j", str(job))))
