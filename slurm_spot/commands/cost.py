@@ -59,7 +59,8 @@ def job_usage(config: SpotConfig, slurm: SlurmClient, job_id: int, events: list[
               help="Only this job (default: all in the events).")
 @click.option("--since", default=None, help="Only jobs with events after this (10m, 2h, 1d, ISO).")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The job's checkpoint directory (storage and lost steps); with --job.")
+              help="The job's checkpoint directory (storage and lost steps); with --job. "
+                   "Without it (and no checkpoint.root copy), lost compute is an upper bound.")
 @click.option("--plot", "plot_path", default=None, help="With --job: write its timeline as a PNG.")
 @json_option
 @pass_app
@@ -111,8 +112,13 @@ def _print_report(r: CostReport) -> None:
         echo(f"  {ln.node_hours:8.2f} node-h {ln.market:9} {ln.instance_type:16} "
              f"{ln.zone or '-':12} ${ln.usd_per_h:.4f}/h = ${ln.cost_usd:,.2f} ({ln.price_source})")
     steps = f", ~{r.recomputed_steps} steps recomputed" if r.recomputed_steps is not None else ""
-    echo(f"  interruptions: {r.interruptions}; lost compute {r.lost_compute_node_h:.2f} node-h"
-         f"{steps}; restarts took {r.restart_h:.2f} h")
+    bound = "at most " if r.lost_compute_upper_bound else ""
+    echo(f"  interruptions: {r.interruptions}; lost compute {bound}{r.lost_compute_node_h:.2f} "
+         f"node-h{steps}; restarts took {r.restart_h:.2f} h")
+    if r.lost_compute_upper_bound:
+        echo("  note: lost compute is an upper bound: no checkpoint of the job was read, so each "
+             "interruption counts everything since its run started; give --checkpoint-dir DIR "
+             "(the job's checkpoints) for the compute actually lost")
     echo(f"  checkpoints: {r.checkpoint_bytes / 1e9:.3f} GB kept, storage ${r.storage_usd:,.4f}, "
          f"egress ${r.egress_usd:,.4f}")
     for note in r.notes:
@@ -121,6 +127,8 @@ def _print_report(r: CostReport) -> None:
         from slurm_spot.commands.plan import UNVERIFIED_HINT
 
         echo(f"  warning: catalogue price(s) {'; '.join(r.unverified_prices)} {UNVERIFIED_HINT}")
+    for warning in r.price_warnings:
+        echo(f"  warning: {warning}")
 
 
 COMMANDS = [cost_command]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -86,12 +86,14 @@ def node_rate(app: AppContext, band: str | None, rate: str | None, mtbf_h: float
 
 
 def provider_of_type(config: SpotConfig | None, instance_type: str) -> tuple[str, str | None]:
-    """(provider type, zone or None) of an instance type: the node set that lists it, else
-    the catalogue section that prices it (``aws`` if none does)."""
+    """(provider type, region or None) of an instance type: the node set that lists it (its
+    provider's region), else the catalogue section that prices it (``aws`` if none does; the
+    region then comes from the site's first provider of that type, if any)."""
     if config is not None:
         for ns in config.node_sets:
             if instance_type in ns.instance_types or (ns.gcp and ns.gcp.machine_type == instance_type):
-                return config.providers[ns.provider].type, None
+                settings = config.providers[ns.provider]
+                return settings.type, getattr(settings, "region", None)
     for provider in ("aws", "gcp"):
         section = catalogue().get(provider) or {}
         if instance_type in (section.get("on_demand") or {}):
@@ -99,22 +101,31 @@ def provider_of_type(config: SpotConfig | None, instance_type: str) -> tuple[str
     return "aws", None
 
 
-def instance_prices(app: AppContext, instance_type: str, spot_usd_h: float | None,
-                    on_demand_usd_h: float | None) -> tuple[float, float, str]:
-    """(spot, on-demand) USD per node-hour of ``instance_type`` and their sources; explicit
-    options win (see :func:`checked_prices`, which also names unverified prices).
+@dataclass(frozen=True)
+class InstancePrices:
+    """What :func:`checked_prices` found for one instance type. USD per node-hour.
 
-    Raises:
-        UnknownPriceError: a price is found nowhere."""
-    spot, od, sources, _ = checked_prices(app, instance_type, spot_usd_h, on_demand_usd_h)
-    return spot, od, sources
+    ``sources`` names where each looked-up price came from (``given`` when both were given);
+    ``unverified`` the prices taken from catalogue entries no fetched source confirmed
+    (``"<market> <type>: <price> USD/h"``); ``warnings`` why a price may not be the region's
+    (:attr:`slurm_spot.cost.prices.Price.warning`); ``region`` the region priced for (None:
+    not known)."""
+
+    spot: float
+    on_demand: float
+    sources: str
+    unverified: list[str]
+    warnings: list[str]
+    region: str | None
 
 
 def checked_prices(app: AppContext, instance_type: str, spot_usd_h: float | None,
-                   on_demand_usd_h: float | None, spot_hint: str = "--spot-usd-h PRICE"
-                   ) -> tuple[float, float, str, list[str]]:
-    """:func:`instance_prices` plus the prices it used from catalogue entries no fetched
-    source confirmed (``"<market> <type>: <price> USD/h"``, empty when none).
+                   on_demand_usd_h: float | None, spot_hint: str = "--spot-usd-h PRICE",
+                   region: str | None = None) -> InstancePrices:
+    """The prices of ``instance_type`` for ``region`` (default: the region of the site's
+    provider of the type, else not known), the explicit ones as given, the rest looked up
+    (:meth:`slurm_spot.cost.prices.PriceBook.instance`), with their sources, unverified
+    catalogue entries and warnings.
 
     Raises:
         UnknownPriceError: a price is found nowhere; the message says why (for AWS spot: no
@@ -122,27 +133,30 @@ def checked_prices(app: AppContext, instance_type: str, spot_usd_h: float | None
             it (``--spot-usd-h``, or ``spot_hint`` where the price is given elsewhere)."""
     config = optional_config(app)
     book = site_prices(config) if config is not None else PriceBook(CostConfig())
-    provider, zone = provider_of_type(config, instance_type)
-    sources, unverified = [], []
-    if spot_usd_h is None:
+    provider, site_region = provider_of_type(config, instance_type)
+    region = region or site_region or book.regions.get(provider)
+    sources: list[str] = []
+    unverified: list[str] = []
+    warnings: list[str] = []
+    found: dict[str, float] = {}
+    for market, given, hint in (("spot", spot_usd_h, spot_hint),
+                                ("on-demand", on_demand_usd_h, "--on-demand-usd-h PRICE")):
+        if given is not None:
+            found[market] = given
+            continue
         try:
-            price = book.instance(provider, "spot", instance_type, zone)
+            price = book.instance(provider, market, instance_type,  # type: ignore[arg-type]
+                                  region=region)
         except UnknownPriceError as exc:
-            raise UnknownPriceError(f"{exc}, or give {spot_hint}") from None
-        spot_usd_h = price.usd_per_h
-        sources.append(f"spot: {price.source}" + (f" ({price.zone})" if price.zone else ""))
+            raise UnknownPriceError(f"{exc}, or give {hint}") from None
+        found[market] = price.usd_per_h
+        sources.append(f"{market}: {price.source}" + (f" ({price.zone})" if price.zone else ""))
         if not price.verified:
-            unverified.append(f"spot {instance_type}: {price.usd_per_h:g} USD/h")
-    if on_demand_usd_h is None:
-        try:
-            price = book.instance(provider, "on-demand", instance_type, zone)
-        except UnknownPriceError as exc:
-            raise UnknownPriceError(f"{exc}, or give --on-demand-usd-h PRICE") from None
-        on_demand_usd_h = price.usd_per_h
-        sources.append(f"on-demand: {price.source}")
-        if not price.verified:
-            unverified.append(f"on-demand {instance_type}: {price.usd_per_h:g} USD/h")
-    return spot_usd_h, on_demand_usd_h, "; ".join(sources) or "given", unverified
+            unverified.append(f"{market} {instance_type}: {price.usd_per_h:g} USD/h")
+        if price.warning:
+            warnings.append(price.warning)
+    return InstancePrices(found["spot"], found["on-demand"], "; ".join(sources) or "given",
+                          unverified, warnings, region)
 
 
 UNVERIFIED_HINT = ("not confirmed by any source (slurm_spot/cost/prices.yaml marks them "
@@ -260,7 +274,11 @@ def checkpoint_cost(app: AppContext, checkpoint_s: float | None, checkpoint_dir:
 @click.option("--job-hours", type=float, default=None, help="Compute hours of the job (L).")
 @click.option("--instance-type", default=None, help="Price the job on this type.")
 @click.option("--spot-usd-h", type=float, default=None, help="Spot USD per node-hour (else looked up).")
-@click.option("--on-demand-usd-h", type=float, default=None, help="On-demand USD per node-hour.")
+@click.option("--on-demand-usd-h", type=float, default=None,
+              help="On-demand USD per node-hour (else looked up).")
+@click.option("--region", default=None,
+              help="Price for this region (default: the region of spot.yaml's provider of the "
+                   "type); a price from another region or an old catalogue is warned about.")
 @click.option("--compare", is_flag=True, help="Rank --candidate types by expected cost to finish.")
 @click.option("--work-steps", type=float, default=None, help="With --compare: the job's steps.")
 @click.option("--candidate", "candidates", multiple=True,
@@ -274,10 +292,11 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
                  notice_s: float, band: str | None, rate: str | None, mtbf_h: float | None,
                  job_hours: float | None, instance_type: str | None, spot_usd_h: float | None,
                  on_demand_usd_h: float | None, compare: bool, work_steps: float | None,
-                 candidates: tuple[str, ...], deadline_h: float | None, as_json: bool) -> None:
+                 candidates: tuple[str, ...], deadline_h: float | None, region: str | None,
+                 as_json: bool) -> None:
     """Checkpoint interval (Young, Daly 2006), expected waste, run time and cost under spot
-    interruptions. Assumes a constant interruption hazard per node (see the JSON's
-    ``assumption``). C comes from ``--checkpoint-s`` or, with ``--checkpoint-dir``, from the
+    interruptions. Assumes a constant interruption hazard per node (the output says so; the
+    JSON's assumption field). C comes from --checkpoint-s or, with --checkpoint-dir, from the
     job's own recorded saves (the output says which checkpoints were read)."""
     check_number("--restart-s", restart_s, MAX_SECONDS, unit=" seconds")
     check_number("--notice-s", notice_s, MAX_SECONDS, unit=" seconds")
@@ -305,7 +324,7 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
     checkpoint_s, measured = checkpoint_cost(app, checkpoint_s, checkpoint_dir)
     if compare:
         _compare(app, checkpoint_s, restart_s, nodes, band, rate, mtbf_h, work_steps, candidates,
-                 deadline_h, as_json, measured)
+                 deadline_h, as_json, measured, region)
         return
     node_rate_h, source = node_rate(app, band, rate, mtbf_h)
     result = planner.plan(planner.PlanInput(checkpoint_s, restart_s, nodes, notice_s, node_rate_h,
@@ -315,10 +334,13 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
     if measured is not None:
         data["checkpoint_source"] = measured
     if instance_type is not None and job_hours is not None and result.expected_wall_h is not None:
-        spot, od, price_source, unverified = checked_prices(app, instance_type, spot_usd_h,
-                                                            on_demand_usd_h)
-        if unverified:
-            data["unverified_prices"] = unverified
+        found = checked_prices(app, instance_type, spot_usd_h, on_demand_usd_h, region=region)
+        spot, od, price_source = found.spot, found.on_demand, found.sources
+        data["region"] = found.region
+        if found.unverified:
+            data["unverified_prices"] = found.unverified
+        if found.warnings:
+            data["price_warnings"] = found.warnings
         wall = (result.expected_wall_h_with_notice if result.expected_wall_h_with_notice is not None
                 else result.expected_wall_h)
         spot_cost = wall * nodes * spot if math.isfinite(wall) else math.inf  # (inf * 0: NaN)
@@ -390,32 +412,43 @@ def _print_plan(d: dict[str, Any], nodes: int) -> None:
              f"on-demand {_usd(d['on_demand_cost_usd'])} ({saving}; {d['price_source']})")
     if d.get("unverified_prices"):
         echo(unverified_line(d["unverified_prices"]))
+    for warning in d.get("price_warnings", []):
+        echo(f"warning: {warning}")
 
 
 def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,
              band: str | None, rate: str | None, mtbf_h: float | None, work_steps: float | None,
              candidates: tuple[str, ...], deadline_h: float | None, as_json: bool,
-             measured: dict[str, Any] | None = None) -> None:
+             measured: dict[str, Any] | None = None, region: str | None = None) -> None:
     if work_steps is None:
         raise BadInputError("--compare needs --work-steps (the job's total steps)")
     default = node_rate(app, band, rate, mtbf_h) if (band or rate or mtbf_h) else None
     cands = []
     unverified: dict[str, list[str]] = {}
+    warnings: dict[str, list[str]] = {}
     for text in candidates:
         itype, steps, node_rate_h, given_spot = parse_candidate(text, default)
-        spot, od, _, unverified[itype] = checked_prices(
+        found = checked_prices(
             app, itype, given_spot, None,
-            spot_hint=f"it in the candidate: --candidate {itype}:STEPS_PER_S:BAND:SPOT_USD_H")
-        cands.append(planner.Candidate(itype, steps, spot, od, node_rate_h))
+            spot_hint=f"it in the candidate: --candidate {itype}:STEPS_PER_S:BAND:SPOT_USD_H",
+            region=region)
+        unverified[itype], warnings[itype] = found.unverified, found.warnings
+        cands.append(planner.Candidate(itype, steps, found.spot, found.on_demand, node_rate_h))
     ranked = planner.compare(cands, work_steps, nodes, checkpoint_s, restart_s, deadline_h)
     if as_json:
-        print_json(finite([{**asdict(r), **({"unverified_prices": unverified[r.instance_type]}
-                                             if unverified.get(r.instance_type) else {})}
+        print_json(finite([{**asdict(r),
+                            **({"unverified_prices": unverified[r.instance_type]}
+                               if unverified.get(r.instance_type) else {}),
+                            **({"price_warnings": warnings[r.instance_type]}
+                               if warnings.get(r.instance_type) else {})}
                            for r in ranked]))
         return
     flagged = [u for r in ranked for u in unverified.get(r.instance_type, [])]
     if flagged:
         click.echo(unverified_line(flagged))
+    for r in ranked:
+        for warning in warnings.get(r.instance_type, []):
+            click.echo(f"warning: {warning}")
     if measured is not None:
         click.echo(_measured_line(measured))
     for i, r in enumerate(ranked, 1):

@@ -15,8 +15,8 @@ from slurm_spot.commands.plan import (
     MAX_SECONDS,
     MAX_USD_H,
     check_number,
+    checked_prices,
     finite,
-    instance_prices,
     node_rate,
 )
 from slurm_spot.cost.simulator import STRATEGIES, SimParams, simulate
@@ -58,6 +58,9 @@ SAME_TRACE = "each run's interruption times are the same for every strategy"
               help="Spot USD per node-hour (else looked up for --instance-type).")
 @click.option("--on-demand-usd-h", type=float, default=None,
               help="On-demand USD per node-hour (else looked up for --instance-type).")
+@click.option("--region", default=None,
+              help="Price for this region (default: the region of spot.yaml's provider of the "
+                   "type); a price from another region or an old catalogue is warned about.")
 @click.option("--strategy", "strategies", multiple=True, type=click.Choice(STRATEGIES),
               help="Only these strategies (repeat; default all).")
 @click.option("--runs", type=int, default=200, show_default=True,
@@ -75,7 +78,8 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
                      boot_s: float, slurmd_timeout_s: float, requeue_delay_s: float,
                      band: str | None, rate: str | None, mtbf_h: float | None,
                      instance_type: str | None, spot_usd_h: float | None,
-                     on_demand_usd_h: float | None, strategies: tuple[str, ...], runs: int,
+                     on_demand_usd_h: float | None, region: str | None,
+                     strategies: tuple[str, ...], runs: int,
                      seed: int, plot_path: str | None, as_json: bool) -> None:
     """Simulate plain Slurm, periodic checkpoints + expedited requeue, slurm-spot (notice
     checkpoint, prewarmed replacement) and elastic training; report completion time, cost and
@@ -106,8 +110,11 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
     price_source = "no prices (give --instance-type or --spot-usd-h/--on-demand-usd-h)"
     spot = od = 0.0
     spot_known = od_known = instance_type is not None  # (instance_prices raises if not found)
+    price_warnings: list[str] = []
     if instance_type is not None:
-        spot, od, price_source = instance_prices(app, instance_type, spot_usd_h, on_demand_usd_h)
+        found = checked_prices(app, instance_type, spot_usd_h, on_demand_usd_h, region=region)
+        spot, od, price_source = found.spot, found.on_demand, found.sources
+        price_warnings = found.warnings
     elif spot_usd_h is not None or on_demand_usd_h is not None:
         spot, od, price_source = spot_usd_h or 0.0, on_demand_usd_h or 0.0, "given"
         spot_known, od_known = spot_usd_h is not None, on_demand_usd_h is not None
@@ -129,7 +136,8 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
     data: dict[str, Any] = {"params": asdict(params), "rate_source": source,
                             "comparison": {"interval": params.interval_policy(),
                                            "interruptions": SAME_TRACE},
-                            "price_source": price_source, "runs": runs, "seed": seed,
+                            "price_source": price_source, "price_warnings": price_warnings,
+                            "runs": runs, "seed": seed,
                             "on_demand": asdict(base), "strategies": [asdict(r) for r in results]}
     if not od_known:  # unknown, not free: null in the JSON
         data["on_demand"]["cost_usd"] = None
@@ -143,6 +151,8 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
     click.echo(f"{nodes} nodes ({on_demand_nodes} on-demand), {job_hours:g} h of compute; "
                f"{source}; {price_source}; {runs} runs, seed {seed}")
     click.echo(f"compared like with like: {params.interval_policy()}; {SAME_TRACE}")
+    for warning in price_warnings:
+        click.echo(f"warning: {warning}")
     od_cost = f"${base.cost_usd:,.2f}" if od_known else "price unknown"
     click.echo(f"on-demand: {base.wall_h:.2f} h, {od_cost}")
     for r in results:

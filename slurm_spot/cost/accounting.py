@@ -327,6 +327,11 @@ class CostReport:
     notes: list[str]
     # prices taken from catalogue entries no fetched source confirmed: "<market> <type>: <USD/h>"
     unverified_prices: list[str] = field(default_factory=list)
+    # why a price used may not be the cluster's region's (prices.Price.warning), each once
+    price_warnings: list[str] = field(default_factory=list)
+    # True when no checkpoint of the job was read: each interruption then counts all the
+    # compute since its run started as lost, an upper bound of what was lost
+    lost_compute_upper_bound: bool = False
 
 
 def cost_report(usage: JobUsage, prices: PriceBook, now: datetime) -> CostReport:
@@ -345,6 +350,7 @@ def cost_report(usage: JobUsage, prices: PriceBook, now: datetime) -> CostReport
         groups[(seg.provider, seg.market, seg.instance_type, seg.zone)] += seg.hours
     lines = []
     unverified: list[str] = []
+    warnings: list[str] = []
     for (provider_name, market, itype, zone), hours in sorted(groups.items(), key=str):
         ptype = _provider_type(prices, provider_name)
         price = prices.instance(ptype, "spot" if market == "spot" else "on-demand", itype, zone)
@@ -353,6 +359,8 @@ def cost_report(usage: JobUsage, prices: PriceBook, now: datetime) -> CostReport
             text = f"{kind} {itype}: {used.usd_per_h:g} USD/h"
             if not used.verified and text not in unverified:
                 unverified.append(text)
+            if used.warning and used.warning not in warnings:
+                warnings.append(used.warning)
         lines.append(CostLine(provider_name, market, itype, zone, hours, price.usd_per_h,
                               price.source, hours * price.usd_per_h, od.usd_per_h,
                               hours * od.usd_per_h))
@@ -368,7 +376,8 @@ def cost_report(usage: JobUsage, prices: PriceBook, now: datetime) -> CostReport
         interruptions=len(usage.interruptions), lost_compute_node_h=lost_h,
         recomputed_steps=recomputed, restart_h=restart_h, checkpoint_bytes=ckpt_bytes,
         storage_usd=storage, egress_usd=egress, total_usd=compute + storage + egress,
-        notes=list(usage.notes), unverified_prices=unverified)
+        notes=list(usage.notes), unverified_prices=unverified, price_warnings=warnings,
+        lost_compute_upper_bound=bool(usage.interruptions) and not usage.checkpoints)
 
 
 def _provider_type(prices: PriceBook, provider_name: str) -> str:
