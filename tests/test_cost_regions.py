@@ -57,8 +57,8 @@ def test_the_price_list_answer_gives_the_instances_own_row() -> None:
     items = json.loads(ANSWER.read_text())["PriceList"]
     # the SQL Server row (25.023) and the capacity-reservation row are skipped
     assert parse_price_list(items, "p4d.24xlarge", "eu-west-1") == (24.1534, "2026-11-20")
-    with pytest.raises(UnknownPriceError, match="no hourly Linux on-demand price for "
-                                                "p4d.24xlarge in eu-central-1"):
+    with pytest.raises(UnknownPriceError, match=r"no hourly Linux on-demand price for "
+                                                r"p4d\.24xlarge in eu-central-1"):
         parse_price_list(items, "p4d.24xlarge", "eu-central-1")
 
 
