@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from slurm_spot.commands import LazyGroup
-from slurm_spot.commands.common import AppContext, check_config_path
+from slurm_spot.commands.common import AppContext, check_config_path, log_level
 from slurm_spot.errors import BadInputError, SlurmSpotError
 from slurm_spot.rawtext import use_escaped_output
 
@@ -51,14 +51,15 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
               callback=lambda _ctx, _param, value: check_config_path(value),
               help="spot.yaml to use (default: $SLURM_SPOT_CONFIG, spot.yaml beside "
                    "$SLURM_CONF, /etc/slurm/spot.yaml).")
-@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option("-v", "--verbose", count=True,
+              help="More log output (-vv for debug); also after the command.")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
     """Spot GPU instances as a Slurm cloud partition, with jobs that survive interruptions."""
     use_escaped_output()  # a user's invalid UTF-8 byte in a job name prints as \xff
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    ctx.obj = AppContext(config_path)
+    logging.basicConfig(level=log_level(verbose),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    ctx.obj = AppContext(config_path, verbose)
 
 
 

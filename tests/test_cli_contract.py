@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -48,3 +50,57 @@ def test_a_subcommand_of_a_group_is_named_whole(tmp_path: Path,
         read_envelope(result.stdout, "status")
     with pytest.raises(ValueError, match="not a slurm-spot --json envelope"):
         read_envelope("[1, 2]")
+
+
+def _all_commands() -> list[tuple[str, click.Command]]:
+    """Every command and group subcommand, by its full name (``local status``)."""
+    ctx = click.Context(cli)
+    found = []
+    for name in cli.list_commands(ctx):
+        command = cli.get_command(ctx, name)
+        assert command is not None, name
+        found.append((name, command))
+        if isinstance(command, click.Group):
+            found += [(f"{name} {sub}", command.commands[sub]) for sub in command.commands]
+    return found
+
+
+RAW_MARKUP = re.compile(r"``|:(?:func|class|meth|mod|data|attr):|\*\*|^\s*(?:Args|Raises|Returns):",
+                        re.M)
+
+
+def _cut(text: str) -> str | None:
+    """Why ``text`` reads as cut off, or None: unbalanced brackets or quotes, or no full stop
+    or closing bracket at its end."""
+    if text.count("(") != text.count(")") or text.count("[") != text.count("]"):
+        return "unbalanced brackets"
+    if text.count("'") % 2 and "'s" not in text and "s'" not in text:
+        return "unbalanced quotes"
+    return None
+
+
+@pytest.mark.parametrize(("name", "command"), _all_commands(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_help_text_is_whole_plain_and_not_empty(name: str, command: click.Command) -> None:
+    result = CliRunner().invoke(cli, [*name.split(), "--help"])
+    assert result.exit_code == 0, result.output
+    assert not RAW_MARKUP.search(result.output), f"{name} --help shows markup:\n{result.output}"
+    short = command.get_short_help_str(limit=1000)
+    assert short and _cut(short) is None, f"{name}: short help {short!r} is {_cut(short)}"
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.hidden:
+            continue
+        text = (param.help or "").strip()
+        assert text, f"{name} {'/'.join(param.opts)} has no help text"
+        assert not RAW_MARKUP.search(text), f"{name} {param.opts}: {text!r}"
+        assert _cut(text) is None, f"{name} {param.opts}: {text!r} is {_cut(text)}"
+
+
+def test_verbose_is_taken_after_the_command_too(tmp_path: Path) -> None:
+    args = ["plan", "--checkpoint-s", "60", "--mtbf-h", "24"]
+    for argv in ([*args, "-v"], ["-v", *args], [*args, "-vv"], ["-v", *args, "--verbose"]):
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 0, (argv, result.output)
+        assert "checkpoint every: Young" in result.output
+    # sbatch passes -v on to Slurm's sbatch, as before
+    sbatch = cli.get_command(click.Context(cli), "sbatch")
+    assert sbatch is not None and not any("-v" in p.opts for p in sbatch.params)

@@ -11,7 +11,7 @@ import importlib
 
 import click
 
-from slurm_spot.commands.common import add_config_option
+from slurm_spot.commands.common import add_shared_options
 
 #: command name -> module of ``slurm_spot.commands`` that defines it.
 COMMAND_MODULES: dict[str, str] = {
@@ -53,7 +53,7 @@ COMMAND_SECTIONS: dict[str, tuple[str, ...]] = {
 
 def load_command(name: str) -> click.Command | None:
     """The command called ``name`` (None if there is none), importing its module now. It also
-    takes ``--config`` after its own name (``slurm-spot render --config F``).
+    takes ``--config`` and ``-v`` after its own name (``slurm-spot render --config F -v``).
 
     Raises:
         LookupError: :data:`COMMAND_MODULES` names a module that does not define ``name``.
@@ -64,7 +64,7 @@ def load_command(name: str) -> click.Command | None:
     module = importlib.import_module(f"slurm_spot.commands.{module_name}")
     for command in module.COMMANDS:
         if command.name == name:
-            add_config_option(command)
+            add_shared_options(command)
             return command
     raise LookupError(f"slurm_spot.commands.{module_name} defines no command {name!r}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 from collections.abc import Callable
@@ -24,8 +25,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 class AppContext:
     """Built once per invocation by the group; loads the config on first use."""
 
-    def __init__(self, config_path: str | None) -> None:
+    def __init__(self, config_path: str | None, verbose: int = 0) -> None:
         self.config_path = config_path
+        self.verbose = verbose  # -v count given before the command
         self._config: SpotConfig | None = None
 
     def use_config(self, config_path: str) -> None:
@@ -112,21 +114,39 @@ def _set_config(ctx: click.Context, _param: click.Parameter, value: str | None) 
         app.use_config(path)
 
 
-def add_config_option(command: click.Command) -> None:
-    """``--config F`` on ``command`` (a group too) and its subcommands, same meaning as before
-    the command name (the later one wins). Not on commands that pass unknown options through
-    (``sbatch``: ``--config`` after the script belongs to the training script)."""
+def log_level(verbose: int) -> int:
+    """The logging level of ``-v`` given ``verbose`` times: WARNING, INFO, DEBUG (-vv)."""
+    return logging.WARNING - 10 * min(verbose, 2)
+
+
+def _add_verbose(ctx: click.Context, _param: click.Parameter, value: int) -> None:
+    app = ctx.find_object(AppContext)
+    if value and app is not None:
+        app.verbose += value
+        logging.getLogger().setLevel(log_level(app.verbose))
+
+
+def add_shared_options(command: click.Command) -> None:
+    """``--config F`` and ``-v/--verbose`` on ``command`` (a group too) and its subcommands,
+    same meaning as before the command name (``--config``: the later one wins; ``-v``: the
+    counts add up). Not on commands that pass unknown options through (``sbatch``: options
+    after the script belong to the training script, and ``-v`` is sbatch's own)."""
     if isinstance(command, click.Group):
         for sub in command.commands.values():
-            add_config_option(sub)
+            add_shared_options(sub)
     if command.context_settings.get("ignore_unknown_options"):
         return
-    if any("--config" in param.opts for param in command.params):
-        return
-    command.params.append(click.Option(
-        ["--config"], type=click.Path(dir_okay=False), expose_value=False, is_eager=True,
-        callback=_set_config, allow_from_autoenv=False,
-        help="spot.yaml to use (same as 'slurm-spot --config F COMMAND')."))
+    taken = {opt for param in command.params for opt in param.opts}
+    if "--config" not in taken:
+        command.params.append(click.Option(
+            ["--config"], type=click.Path(dir_okay=False), expose_value=False, is_eager=True,
+            callback=_set_config, allow_from_autoenv=False,
+            help="spot.yaml to use (same as 'slurm-spot --config F COMMAND')."))
+    if not taken & {"-v", "--verbose"}:
+        command.params.append(click.Option(
+            ["-v", "--verbose"], count=True, expose_value=False, allow_from_autoenv=False,
+            callback=_add_verbose,
+            help="More log output (-vv for debug); same as 'slurm-spot -v COMMAND'."))
 
 
 def json_option(func: F) -> F:

@@ -55,7 +55,9 @@ class _Seconds(click.FloatRange):
               help="Keep the job's checkpoints in S3 (credentials: boto3's standard chain).")
 @click.option("--s3-endpoint-url", default=None, help="S3 endpoint (MinIO, moto, ...).")
 @click.option("--s3-addressing-style", type=click.Choice(["auto", "path", "virtual"]),
-              default="auto", show_default=True)
+              default="auto", show_default=True,
+              help="With an s3:// --checkpoint-root: bucket in the path or in the host name "
+                   "(path for most S3-compatible stores).")
 @json_option
 @click.pass_context
 def demo_command(ctx: click.Context, elastic: bool, workdir: Path | None, steps: int | None,

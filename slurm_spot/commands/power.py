@@ -64,7 +64,7 @@ _detach_option = click.option(
 @json_option
 @pass_app
 def resume_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) -> None:
-    """ResumeProgram: launch instances for HOSTLIST (e.g. 'gpu-[1-4]').
+    """ResumeProgram: launch instances for HOSTLIST such as 'gpu-[1-4]'.
 
     SLURM_RESUME_FILE (set by slurmctld) is read first, while it exists: with
     power.all_or_nothing, a job that cannot get all its nodes has the launched ones given back.
