@@ -344,6 +344,14 @@ def test_every_readme_cost_command_works_without_cloud_credentials(
                  "expected waste at Daly's interval, no notice: 1.10%",
                  "with a checkpoint at each notice: 0.57% (saves 0.53% of wall time)"):
         assert line in out and line in readme
+    # and the simulation's: the same interval and interruptions for every strategy
+    code, out = run(*[a for a in commands[2] if a not in ("--plot", "sim.png")])
+    rows = [ln for ln in readme.splitlines() if ln.startswith(("compared like", "     plain:",
+                                                               "slurm-spot: wall"))]
+    assert len(rows) == 3
+    for row in rows:
+        head, _, tail = row.partition("...")
+        assert any(ln.startswith(head) and ln.endswith(tail) for ln in out.splitlines()), row
 
 
 def test_a_missing_spot_price_says_why_and_names_spot_usd_h(
