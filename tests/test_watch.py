@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
 from slurm_spot.events import read_events
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.providers.local.notices import LocalNoticeSource
 from slurm_spot.providers.notices import Notice
 from slurm_spot.slurm.client import CommandResult, SlurmClient
@@ -177,7 +178,7 @@ def test_instance_id_is_recorded_in_the_watchers_events(tmp_path: Path,
     result = CliRunner().invoke(cli, ["--config", str(path), "watch", "--node", "spot-1",
                                       "--once", "--instance-id", "loc-0123abcd", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["notice"]["action"] == "terminate"
+    assert read_envelope(result.stdout, "watch")["notice"]["action"] == "terminate"
     found = list(read_events(tmp_path / "log"))
     assert [(e["action"], e["instance"]) for e in found] == [
         ("notice", "loc-0123abcd"), ("powered_down", "loc-0123abcd")]
