@@ -9,7 +9,7 @@ import click
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.config import credentials_file_problems, slurm_bin_problems
 from slurm_spot.errors import BadInputError, ConfigError
-from slurm_spot.providers import check_config
+from slurm_spot.providers import check_config, check_online
 from slurm_spot.render import render, slurm_version, write_rendered
 from slurm_spot.slurm.version import SlurmVersion
 
@@ -20,15 +20,29 @@ def config_group() -> None:
 
 
 @config_group.command("check")
+@click.option("--online", is_flag=True,
+              help="Also ask each cloud (read-only calls, DryRun launches) about the subnets, "
+                   "templates, zones, machine types, images, quotas and permissions spot.yaml "
+                   "names. A check the credentials may not make is a warning.")
 @json_option
 @pass_app
-def check_command(app: AppContext, as_json: bool) -> None:
-    """Validate spot.yaml: exit 0 if good, 2 with every problem (file, field, reason) if not."""
+def check_command(app: AppContext, online: bool, as_json: bool) -> None:
+    """Validate spot.yaml: exit 0 if good, 2 with every problem (file, line, field, reason)
+    if not."""
     config = app.config
     problems = (check_config(config) + slurm_bin_problems(config)
                 + credentials_file_problems(config))
     if problems:
         raise ConfigError(str(config.source_path), config.with_lines(problems))
+    warnings: list[str] = []
+    if online:
+        findings = check_online(config)
+        warnings = config.with_lines([str(f) for f in findings if f.severity != "error"])
+        errors = config.with_lines([str(f) for f in findings if f.severity == "error"])
+        for warning in warnings:
+            click.echo(f"slurm-spot: warning: {config.source_path}: {warning}", err=True)
+        if errors:
+            raise ConfigError(str(config.source_path), errors)
     summary = {
         "config": str(config.source_path),
         "cluster": config.cluster,
@@ -37,11 +51,14 @@ def check_command(app: AppContext, as_json: bool) -> None:
         "nodes": len(config.all_nodes()),
     }
     if as_json:
-        print_json({"ok": True, **summary})
+        print_json({"ok": True, **summary, **({"online": True, "warnings": warnings}
+                                              if online else {})})
     else:
-        click.echo(f"{config.source_path}: OK ({summary['nodes']} nodes in "
+        checked = " checked online" if online else ""
+        click.echo(f"{config.source_path}: OK{checked} ({summary['nodes']} nodes in "
                    f"{len(config.node_sets)} node set(s), partitions: "
-                   f"{', '.join(summary['partitions'])})")  # type: ignore[arg-type]
+                   f"{', '.join(summary['partitions'])})"  # type: ignore[arg-type]
+                   + (f", {len(warnings)} warning(s)" if warnings else ""))
 
 
 def _dir_given(_ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
