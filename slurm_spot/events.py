@@ -310,43 +310,77 @@ def parse_line(line: bytes | None) -> dict[str, object] | None:
 ORDER_SLACK_S = 600.0
 
 
-def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[str, object]]:
-    """Events from the file, oldest first.
+def rotated_files(log_dir: Path) -> list[Path]:
+    """The rotated copies of the events file, oldest first: ``events.jsonl.N`` and
+    ``events.jsonl.N.gz`` as logrotate names them without ``dateext`` (the Ansible role's
+    snippet, templates/slurm-spot.logrotate.j2: ``.1`` is the newest and stays uncompressed
+    with ``delaycompress``). Other names beside it are ignored."""
+    found: list[tuple[int, Path]] = []
+    try:
+        entries = list(log_dir.iterdir())
+    except OSError:
+        return []
+    for path in entries:
+        suffix = path.name.removeprefix(EVENTS_FILE + ".")
+        number = suffix.removesuffix(".gz")
+        if path.name.startswith(EVENTS_FILE + ".") and number.isdigit() and path.is_file():
+            found.append((int(number), path))
+    return [path for _, path in sorted(found, reverse=True)]
 
-    With ``since``, reading starts near the end: :func:`start_offset` seeks backwards to the
+
+def _open_events(path: Path) -> BinaryIO:
+    """``path`` for reading, decompressed if it ends in ``.gz``."""
+    if path.name.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def read_events(log_dir: Path, since: datetime | None = None) -> Iterator[dict[str, object]]:
+    """Events from the file and its rotated copies (:func:`rotated_files`), oldest first, so
+    history survives log rotation.
+
+    With ``since``, a rotated copy last written before ``since`` minus :data:`ORDER_SLACK_S`
+    is skipped whole (its modification time: logrotate renames, and gzip keeps the time), and
+    reading of a plain file starts near its end: :func:`start_offset` seeks backwards to the
     first line older than ``since`` minus :data:`ORDER_SLACK_S`, so the cost follows the
-    events asked for, not the file's length.
+    events asked for, not the files' length.
 
     Lines that are not events (not JSON, or JSON of another shape: :func:`is_event`), longer
     than :data:`MAX_LINE_BYTES`, or whose time cannot be read when ``since`` is given, are
     skipped; how many is logged as one warning at the end. A missing or unreadable file reads
     as no events (the commands check it first: ``commands.common.require_events_file``).
     """
-    path = log_dir / EVENTS_FILE
-    try:
-        fh = open(path, "rb")
-    except OSError:
-        return
     skipped = 0
-    with fh:
-        if since is not None:
-            fh.seek(start_offset(fh, since.timestamp() - ORDER_SLACK_S))
-        for _, line in read_lines(fh):
-            data = parse_line(line)
-            if data is None:
-                skipped += 1 if line is None or line.strip() else 0
+    for path in [*rotated_files(log_dir), log_dir / EVENTS_FILE]:
+        try:
+            if since is not None and path.name != EVENTS_FILE and \
+                    path.stat().st_mtime < since.timestamp() - ORDER_SLACK_S:
                 continue
-            if since is not None:
-                when = event_time(data)
-                if when is None:
-                    skipped += 1
+            fh = _open_events(path)
+        except OSError:
+            continue
+        with fh:
+            if since is not None and not path.name.endswith(".gz"):
+                fh.seek(start_offset(fh, since.timestamp() - ORDER_SLACK_S))
+            for _, line in read_lines(fh):
+                data = parse_line(line)
+                if data is None:
+                    skipped += 1 if line is None or line.strip() else 0
                     continue
-                if when < since:
-                    continue
-            yield data
+                if since is not None:
+                    when = event_time(data)
+                    if when is None:
+                        skipped += 1
+                        continue
+                    if when < since:
+                        continue
+                yield data
     if skipped:
         log.warning("%s: skipped %d line(s) that are not events (malformed, not of an event's "
-                    "shape, or longer than %d bytes)", path, skipped, MAX_LINE_BYTES)
+                    "shape, or longer than %d bytes)", log_dir / EVENTS_FILE, skipped,
+                    MAX_LINE_BYTES)
 
 
 def event_time(data: dict[str, object]) -> datetime | None:

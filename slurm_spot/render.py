@@ -7,6 +7,7 @@ templates under ``templates/``. Keys and their meaning: slurm.conf(5) and gres.c
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def render_template(name: str, **context: object) -> str:
 
 
 def systemd_unit(name: str, header: str, exec_start: str, user: str,
-                 environment: dict[str, str] | None = None) -> str:
+                 environment: dict[str, str] | None = None,
+                 write_paths: Sequence[Path] = ()) -> str:
     """A slurm-spot systemd unit from ``templates/<name>.service.j2``, the copy the Ansible role
     renders too (same variables; the role passes its ``ansible_managed`` header).
 
@@ -67,10 +69,13 @@ def systemd_unit(name: str, header: str, exec_start: str, user: str,
         exec_start: the ``ExecStart=`` command line.
         user: the ``User=`` of the service.
         environment: ``Environment=`` variables (``SLURM_CONF``).
+        write_paths: the directories the daemon writes (``ReadWritePaths=``; the rest of the
+            file system is read-only to it, ``ProtectSystem=strict``).
     """
     return render_template(f"{name}.service.j2", __slurm_spot_unit_header=header,
                            __slurm_spot_unit_exec_start=exec_start, __slurm_spot_unit_user=user,
-                           __slurm_spot_unit_environment=environment or {})
+                           __slurm_spot_unit_environment=environment or {},
+                           __slurm_spot_unit_write_paths=[str(p) for p in dict.fromkeys(write_paths)])
 
 
 def hook_paths(hooks_dir: Path | None = None) -> dict[str, str]:

@@ -63,6 +63,7 @@ from slurm_spot.jobs.requeue import requeue_ended, requeued_since
 from slurm_spot.jobs.signal_choice import JobSignaller
 from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
 from slurm_spot.providers.notices import Notice, NoticeSource
+from slurm_spot.sdnotify import Notifier
 from slurm_spot.slurm.client import Job, SlurmClient
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,9 @@ class Watcher:
         clock, sleep: injectable for tests (seconds, time.time-like).
         instance_id: this instance's provider id, written as the ``instance`` of every event
             the watcher emits (None: left empty).
+        notifier: systemd's ``Type=notify`` socket (:mod:`slurm_spot.sdnotify`): ``READY=1``
+            when polling starts, ``WATCHDOG=1`` at every poll and every wait while a notice is
+            handled. Default: from this process's environment (does nothing outside systemd).
     """
 
     def __init__(
@@ -123,15 +127,17 @@ class Watcher:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         instance_id: str | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
+        self.notifier = notifier or Notifier()
         self.instance_id = instance_id
         self.node = node
         self.slurm = slurm
         self.source = source
         self.margin_s = margin_s
         self.clock = clock
-        self.sleep = sleep
+        self._sleep = sleep
         self.signaller = JobSignaller(slurm, node, config.preemption.signal, self._event)
         # Per job whose signal time has come: when/why now, for its ``signalled`` event.
         self._when: dict[int, dict[str, object]] = {}
@@ -141,6 +147,11 @@ class Watcher:
         self._restarts_at_notice: dict[int, int] = {}
         # Per job requeued since the notice (by itself, or here before the power-down): why.
         self._requeued: dict[int, str] = {}
+
+    def sleep(self, seconds: float) -> None:
+        """Waits ``seconds`` (the injected sleep), pinging systemd's watchdog first."""
+        self.notifier.watchdog()
+        self._sleep(seconds)
 
     def _event(self, action: events.Action, **fields: object) -> None:
         job_ids = fields.get("job_ids") or ()
@@ -406,7 +417,9 @@ class Watcher:
         it). With ``once``, poll a single time and return None if there is no notice.
         """
         drained_for_rebalance = False
+        self.notifier.ready(f"watching node {self.node} for interruption notices")
         while True:
+            self.notifier.watchdog()
             notice = self.source.poll()
             if notice is not None and notice.kind == "interruption":
                 return self.handle(notice)

@@ -7,6 +7,9 @@ give the same unit (tests/test_ansible.py runs the role itself).
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import jinja2
@@ -18,9 +21,12 @@ from slurm_spot.render import template_env
 from slurm_spot.resources import templates
 
 ROOT = Path(__file__).resolve().parent.parent
-HARDENING = ["NoNewPrivileges=true", "PrivateTmp=true", "ProtectSystem=full",
+HARDENING = ["NoNewPrivileges=true", "PrivateTmp=true",
              "ProtectHome=read-only", "ProtectKernelTunables=true", "ProtectKernelModules=true",
              "ProtectControlGroups=true", "RestrictSUIDSGID=true", "LockPersonality=true"]
+DAEMONS = ["slurm-spot-reconcile.service.j2", "slurm-spot-watch.service.j2"]
+# The issue's bar (issue 28): `systemd-analyze security` below 5 ("OK"), Type=notify + watchdog.
+MAX_EXPOSURE = 5.0
 UNITS = ["slurm-spot-reconcile.service.j2", "slurm-spot-watch.service.j2",
          "slurm-spot-node.service.j2"]
 CONTEXT = {"__slurm_spot_unit_header": "Managed by test", "__slurm_spot_unit_user": "slurm",
@@ -81,3 +87,59 @@ def test_cli_units_are_the_shared_hardened_templates(tmp_path: Path) -> None:
         assert f" --config {path} {command}\n" in result.output
         for setting in HARDENING:
             assert f"\n{setting}\n" in result.output
+
+
+def _sandbox(text: str) -> list[str]:
+    """The unit's sandbox lines (from "# Sandbox" to the end of [Service])."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# Sandbox"))
+    return [line for line in lines[start:lines.index("[Install]")] if line and
+            not line.startswith("#")]
+
+
+def test_daemons_are_notify_services_with_a_watchdog_and_a_strict_sandbox() -> None:
+    context = {**CONTEXT, "__slurm_spot_unit_write_paths": ["/var/lib/ss", "/var/log/ss"]}
+    texts = {u: template_env().get_template(u).render(**context) for u in DAEMONS}
+    for unit, text in texts.items():
+        lines = text.splitlines()
+        for setting in ("Type=notify", "NotifyAccess=main", "ProtectSystem=strict",
+                        "ReadWritePaths=-/var/lib/ss", "ReadWritePaths=-/var/log/ss",
+                        "SystemCallFilter=@system-service", "MemoryDenyWriteExecute=true"):
+            assert setting in lines, (unit, setting)
+        assert any(line.startswith("WatchdogSec=") for line in lines), unit
+    # The same sandbox in both, but for what only one needs (capabilities, /proc).
+    reconcile, watch = (_sandbox(texts[u]) for u in DAEMONS)
+    differ = {line for line in set(reconcile) ^ set(watch)}
+    assert differ == {"ProtectProc=invisible", "CapabilityBoundingSet=",
+                      "CapabilityBoundingSet=CAP_KILL CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH "
+                      "CAP_SYS_PTRACE"}
+
+
+def test_cli_units_may_write_only_the_configured_directories(tmp_path: Path) -> None:
+    path = config(tmp_path)
+    path.write_text(path.read_text() + f"state_dir: {tmp_path}/st\nlog_dir: {tmp_path}/lg\n"
+                    f"reconcile: {{metrics_file: {tmp_path}/prom/slurm_spot.prom}}\n")
+    runner = CliRunner()
+    reconcile = runner.invoke(cli, ["--config", str(path), "reconcile", "--systemd-unit"])
+    watch = runner.invoke(cli, ["--config", str(path), "watch", "--systemd-unit"])
+    assert [line for line in reconcile.output.splitlines() if line.startswith("ReadWritePaths")] \
+        == [f"ReadWritePaths=-{tmp_path}/st", f"ReadWritePaths=-{tmp_path}/lg",
+            f"ReadWritePaths=-{tmp_path}/prom"]
+    assert [line for line in watch.output.splitlines() if line.startswith("ReadWritePaths")] \
+        == [f"ReadWritePaths=-{tmp_path}/st", f"ReadWritePaths=-{tmp_path}/lg"]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+@pytest.mark.parametrize(("unit", "user"), [(DAEMONS[0], "slurm"), (DAEMONS[0], "root"),
+                                            (DAEMONS[1], "root")])
+def test_exposure_measured_by_systemd_analyze_is_below_5(tmp_path: Path, unit: str,
+                                                         user: str) -> None:
+    context = {**CONTEXT, "__slurm_spot_unit_user": user,
+               "__slurm_spot_unit_write_paths": ["/var/lib/slurm-spot", "/var/log/slurm-spot"]}
+    file = tmp_path / unit.removesuffix(".j2")
+    file.write_text(template_env().get_template(unit).render(**context))
+    done = subprocess.run(["systemd-analyze", "security", "--offline=true", str(file)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout + done.stderr)
+    assert match, done.stdout + done.stderr
+    assert float(match.group(1)) < MAX_EXPOSURE, done.stdout

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
+import yaml
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.config import credentials_file_problems, slurm_bin_problems
+from slurm_spot.config import SpotConfig, credentials_file_problems, slurm_bin_problems
 from slurm_spot.errors import BadInputError, ConfigError
-from slurm_spot.providers import check_config
+from slurm_spot.providers import check_config, check_online
 from slurm_spot.render import render, slurm_version, write_rendered
 from slurm_spot.slurm.version import SlurmVersion
 
@@ -20,15 +22,29 @@ def config_group() -> None:
 
 
 @config_group.command("check")
+@click.option("--online", is_flag=True,
+              help="Also ask each cloud (read-only calls, DryRun launches) about the subnets, "
+                   "templates, zones, machine types, images, quotas and permissions spot.yaml "
+                   "names. A check the credentials may not make is a warning.")
 @json_option
 @pass_app
-def check_command(app: AppContext, as_json: bool) -> None:
-    """Validate spot.yaml: exit 0 if good, 2 with every problem (file, field, reason) if not."""
+def check_command(app: AppContext, online: bool, as_json: bool) -> None:
+    """Validate spot.yaml: exit 0 if good, 2 with every problem (file, line, field, reason)
+    if not."""
     config = app.config
     problems = (check_config(config) + slurm_bin_problems(config)
                 + credentials_file_problems(config))
     if problems:
         raise ConfigError(str(config.source_path), config.with_lines(problems))
+    warnings: list[str] = []
+    if online:
+        findings = check_online(config)
+        warnings = config.with_lines([str(f) for f in findings if f.severity != "error"])
+        errors = config.with_lines([str(f) for f in findings if f.severity == "error"])
+        for warning in warnings:
+            click.echo(f"slurm-spot: warning: {config.source_path}: {warning}", err=True)
+        if errors:
+            raise ConfigError(str(config.source_path), errors)
     summary = {
         "config": str(config.source_path),
         "cluster": config.cluster,
@@ -37,11 +53,84 @@ def check_command(app: AppContext, as_json: bool) -> None:
         "nodes": len(config.all_nodes()),
     }
     if as_json:
-        print_json({"ok": True, **summary})
+        print_json({"ok": True, **summary, **({"online": True, "warnings": warnings}
+                                              if online else {})})
     else:
-        click.echo(f"{config.source_path}: OK ({summary['nodes']} nodes in "
+        checked = " checked online" if online else ""
+        click.echo(f"{config.source_path}: OK{checked} ({summary['nodes']} nodes in "
                    f"{len(config.node_sets)} node set(s), partitions: "
-                   f"{', '.join(summary['partitions'])})")  # type: ignore[arg-type]
+                   f"{', '.join(summary['partitions'])})"  # type: ignore[arg-type]
+                   + (f", {len(warnings)} warning(s)" if warnings else ""))
+
+
+@config_group.command("iam")
+@click.option("--provider", "provider_name", default=None,
+              help="Only this provider of spot.yaml (a key under 'providers:').")
+@json_option
+@pass_app
+def iam_command(app: AppContext, provider_name: str | None, as_json: bool) -> None:
+    """The permissions slurm-spot's cloud calls need: the IAM policies (AWS) for the
+    controller and the checkpoint store, the permissions and roles (GCP) for the controller.
+    Derived from the calls the code makes (slurm_spot/providers/*/iam.py)."""
+    config = app.config
+    clouds: dict[str, str] = {name: p.type for name, p in config.providers.items()
+                              if p.type in ("aws", "gcp")}
+    if provider_name is not None:
+        if provider_name not in config.providers:
+            raise BadInputError(f"--provider {provider_name}: not a provider of "
+                                f"{config.source_path} (it has: "
+                                f"{', '.join(sorted(config.providers))})")
+        clouds = {provider_name: config.providers[provider_name].type}
+    out: dict[str, object] = {}
+    for name, kind in clouds.items():
+        out[name] = _aws_iam(config) if kind == "aws" else _gcp_iam(config, name)
+    if as_json:
+        print_json(out)
+        return
+    if not out:
+        click.echo(f"{config.source_path}: no cloud provider (aws, gcp): no permissions needed")
+    for name, grants in out.items():
+        assert isinstance(grants, dict)
+        for who, what in grants.items():
+            click.echo(f"# {name} ({clouds[name]}), {who}: {what['attach']}")
+            if what.get("policy"):
+                click.echo(json.dumps(what["policy"], indent=2))
+            elif what.get("custom_role"):
+                click.echo(f"# gcloud iam roles create slurmSpotController --project "
+                           f"{getattr(config.providers[name], 'project', 'PROJECT')} --file ROLE.yaml, "
+                           f"ROLE.yaml being:")
+                click.echo(yaml.safe_dump(what["custom_role"], sort_keys=False), nl=False)
+
+
+def _aws_iam(config: SpotConfig) -> dict[str, dict[str, object]]:
+    from slurm_spot.providers.aws.iam import policies
+
+    documents = policies(config)
+    store = ("the compute nodes' instance profile (jobs write their checkpoints) and the "
+             "controller's role (cost reads them)" if config.checkpoint.is_s3 else
+             "only if a job uses an s3:// checkpoint root (--checkpoint-root): the compute "
+             "nodes' instance profile, narrowed to that bucket")
+    return {
+        "controller": {"attach": "the controller's IAM role or user (the hooks, the "
+                       "reconciler, config check --online)", "policy": documents["controller"]},
+        "checkpoint_store": {"attach": store, "policy": documents["store"]},
+        "nodes": {"attach": "the compute nodes need nothing else (the watcher reads only the "
+                  "instance metadata service)", "policy": None},
+    }
+
+
+def _gcp_iam(config: SpotConfig, name: str) -> dict[str, dict[str, object]]:
+    from slurm_spot.providers.gcp.iam import PREDEFINED_ROLES, custom_role, permissions
+
+    project = getattr(config.providers[name], "project", None)
+    return {
+        "controller": {"attach": f"the controller's service account, on project {project}: "
+                       f"the custom role below, or {' and '.join(PREDEFINED_ROLES)}",
+                       "permissions": permissions(), "predefined_roles": list(PREDEFINED_ROLES),
+                       "custom_role": custom_role(project)},
+        "nodes": {"attach": "the compute nodes need no permission (the watcher reads the "
+                  "metadata server)", "permissions": []},
+    }
 
 
 def _dir_given(_ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:

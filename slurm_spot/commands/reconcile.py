@@ -52,7 +52,10 @@ def render_unit(
                f"on the Slurm controller, then\n  systemctl daemon-reload && systemctl enable "
                f"--now {UNIT_NAME}",
         exec_start=f"{folder / 'slurm-spot'} --config {config.source_path} reconcile{port}",
-        user=user, environment={"SLURM_CONF": slurm_conf} if slurm_conf else {})
+        user=user, environment={"SLURM_CONF": slurm_conf} if slurm_conf else {},
+        write_paths=[config.state_dir, config.log_dir,
+                     *([config.reconcile.metrics_file.parent] if config.reconcile.metrics_file
+                       else [])])
 
 
 def _print_pass(result: PassResult, as_json: bool) -> None:

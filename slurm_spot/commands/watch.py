@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -38,7 +39,9 @@ def watch_command(app: AppContext, node: str | None, wait_s: float, instance_id:
                   once: bool, margin_s: float, systemd_unit: bool, as_json: bool) -> None:
     """Watch for a spot interruption notice; drain, signal, requeue when one comes."""
     if systemd_unit:
-        click.echo(render_unit(app.config.source_path, node), nl=False)
+        config = app.config
+        click.echo(render_unit(config.source_path, node,
+                               write_paths=[config.state_dir, config.log_dir]), nl=False)
         return
     config = app.config
     name = resolve_node_name(config, app.slurm(), explicit=node, wait_s=wait_s)
@@ -66,10 +69,12 @@ def watch_command(app: AppContext, node: str | None, wait_s: float, instance_id:
             click.echo(f"slurm-spot: error: {error}", err=True)
 
 
-def render_unit(config_path: Path, node: str | None = None, user: str = "root") -> str:
+def render_unit(config_path: Path, node: str | None = None, user: str = "root",
+                write_paths: Sequence[Path] = ()) -> str:
     """The systemd unit for the watcher (templates/slurm-spot-watch.service.j2, which the
     Ansible role renders too; pure). Without ``node`` the watcher uses the host name, as on a
-    cloud node named after its Slurm node."""
+    cloud node named after its Slurm node. ``write_paths``: the directories it may write
+    (state_dir, log_dir)."""
     from slurm_spot.render import systemd_unit
 
     slurm_conf = os.environ.get("SLURM_CONF", "")
@@ -82,7 +87,8 @@ def render_unit(config_path: Path, node: str | None = None, user: str = "root") 
                "slurm-spot-watch\nThe Ansible role (ansible/roles/slurm_spot) writes this unit "
                "for the compute group.",
         exec_start=f"{executable} --config {config_path} watch" + (f" --node {node}" if node else ""),
-        user=user, environment={"SLURM_CONF": slurm_conf} if slurm_conf else {})
+        user=user, environment={"SLURM_CONF": slurm_conf} if slurm_conf else {},
+        write_paths=write_paths)
 
 
 COMMANDS = [watch_command]

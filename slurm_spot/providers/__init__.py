@@ -19,7 +19,7 @@ from typing import cast
 
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import ConfigError
-from slurm_spot.providers.base import Provider, ProviderPackage
+from slurm_spot.providers.base import Finding, Provider, ProviderPackage
 
 #: provider type (``providers.<name>.type`` in spot.yaml) -> package implementing it.
 PROVIDER_TYPES: dict[str, str] = {
@@ -76,6 +76,21 @@ def check_config(config: SpotConfig) -> list[str]:
     for index, ns in enumerate(config.node_sets):
         problems.extend(package_for(config, ns.provider).check_node_set(config, index))
     return problems
+
+
+def check_online(config: SpotConfig) -> list[Finding]:
+    """``config check --online``: every provider that one of the node sets uses is asked
+    about them (:meth:`ProviderPackage.check_online`), in the order of ``providers:``.
+
+    Raises:
+        ConfigError: a node set's provider has an unknown type.
+    """
+    used = {ns.provider for ns in config.node_sets}
+    findings: list[Finding] = []
+    for name in config.providers:
+        if name in used:
+            findings.extend(package_for(config, name).check_online(config, name))
+    return findings
 
 
 def capacity_codes() -> frozenset[str]:

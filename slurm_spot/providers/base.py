@@ -215,6 +215,26 @@ class Provider(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One result of ``config check --online`` (:func:`slurm_spot.providers.check_online`).
+
+    Attributes:
+        field: the spot.yaml field it is about, as a dotted path (``node_sets.0.aws.subnets.1``,
+            ``providers.aws``); the command adds the line the file has it on.
+        message: what is wrong and what to do.
+        severity: ``error`` (a launch would fail: exit code 2) or ``warning`` (could not be
+            checked, or only some launches would fail).
+    """
+
+    field: str
+    message: str
+    severity: str = "error"
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
 class ProviderPackage(Protocol):
     """What the package of one provider type (``providers/<type>/__init__.py``) offers the
     rest of slurm-spot; the registry in :mod:`slurm_spot.providers` finds it by type. Each
@@ -249,6 +269,13 @@ class ProviderPackage(Protocol):
     def capacity_codes(self) -> frozenset[str]:
         """This provider's error codes that mean "no capacity in this pool now", normalized
         with :func:`normalize_code` (from its error table)."""
+        ...
+
+    def check_online(self, config: SpotConfig, name: str) -> list[Finding]:
+        """Ask the cloud, read-only (and with DryRun where the API has it), about everything
+        the node sets of provider ``name`` name: what would make a launch fail is an error,
+        what could not be checked (a refused permission, an API the endpoint lacks) a
+        warning. Never raises for a cloud error: it becomes a finding."""
         ...
 
     def instance_identity(self, config: SpotConfig, node: str,

@@ -32,13 +32,28 @@ INTERRUPTION_ACTIONS = (Action.RECLAIMED, Action.BOOT_LOST, Action.REQUEUED, Act
 
 
 def read_tail(log_dir: Path, max_bytes: int = TAIL_BYTES) -> list[dict[str, object]]:
-    """The last ``max_bytes`` of the events file as parsed events, oldest first.
+    """The last ``max_bytes`` of the events, oldest first: of the events file, and of its
+    newest rotated copy (``events.jsonl.1``, kept uncompressed by the role's logrotate
+    snippet) when the file is shorter, so a rotation just before a restart loses no history.
 
     A partial first line, lines that are not JSON objects and lines longer than
     :data:`~slurm_spot.events.MAX_LINE_BYTES` are skipped; a missing file gives no events.
     """
     try:
         with open(log_dir / EVENTS_FILE, "rb") as fh:
+            current = [e for _, e in _read_from(fh, max_bytes)]
+            left = max_bytes - os.fstat(fh.fileno()).st_size
+    except OSError:
+        current, left = [], max_bytes
+    return _rotated_tail(log_dir, left) + current
+
+
+def _rotated_tail(log_dir: Path, max_bytes: int) -> list[dict[str, object]]:
+    """Events of the last ``max_bytes`` of ``events.jsonl.1`` (none if 0 or absent)."""
+    if max_bytes <= 0:
+        return []
+    try:
+        with open(log_dir / f"{EVENTS_FILE}.1", "rb") as fh:
             return [e for _, e in _read_from(fh, max_bytes)]
     except OSError:
         return []
@@ -124,6 +139,7 @@ class EventTail:
             found = _read_from(fh, self.first_read_bytes)
             self.bytes_read += min(size, self.first_read_bytes)
             self._offset = found[-1][0] if found else fh.tell()
+            self._add(_rotated_tail(self.path.parent, self.first_read_bytes - size))
             self._add(e for _, e in found)
 
     def _consume(self, fh: BinaryIO) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.errors import SlurmSpotError
 from slurm_spot.reconcile.reconciler import PassResult, Reconciler
+from slurm_spot.sdnotify import Notifier
 from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
 
 log = logging.getLogger(__name__)
@@ -110,13 +111,19 @@ class Loop:
         source: the config and its reloads.
         make: builds a reconciler for a config (called again after each reload).
         stop: set to end the loop (SIGTERM/SIGINT set it, see :meth:`install_signals`).
+        notifier: systemd's ``Type=notify`` socket (:mod:`slurm_spot.sdnotify`): ``READY=1``
+            when the loop starts, a ``STATUS=`` line after each pass, ``WATCHDOG=1`` before and
+            after each pass and while waiting (at least every half ``WatchdogSec=``), and
+            ``STOPPING=1`` at the end. Default: from this process's environment (does nothing
+            outside systemd).
     """
 
     def __init__(self, source: ConfigSource, make: Callable[[SpotConfig], Reconciler],
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, notifier: Notifier | None = None) -> None:
         self.source = source
         self.make = make
         self.stop = stop or threading.Event()
+        self.notifier = notifier or Notifier()
         self._reload_requested = False
         self._signals: SignalWait | None = None
 
@@ -130,21 +137,31 @@ class Loop:
         """Pass, reload if needed, wait out the interval; returns the number of passes."""
         reconciler = self.make(self.source.config)
         passes = 0
+        self.notifier.ready(f"reconciling every {self.source.config.reconcile.interval_s:g} s")
         while not self.stop.is_set() and (max_passes is None or passes < max_passes):
             started = time.monotonic()
-            self.one_pass(reconciler)
+            self.notifier.watchdog()
+            result = self.one_pass(reconciler)
             passes += 1
+            self.notifier.watchdog()
+            self.notifier.status(summarize(result) if result is not None else "last pass failed")
             if self.source.reload(force=self._reload_requested):
                 reconciler = self.make(self.source.config)
             self._reload_requested = False
             interval = self.source.config.reconcile.interval_s
             if max_passes is None or passes < max_passes:
                 self._wait_until(started + interval)
+        self.notifier.stopping()
         return passes
 
     def _wait_until(self, deadline: float) -> None:
-        """Sleeps until ``deadline`` (time.monotonic) or a stop; a SIGHUP asks for a reload."""
+        """Sleeps until ``deadline`` (time.monotonic) or a stop; a SIGHUP asks for a reload.
+        Wakes at least every half watchdog period to ping systemd's watchdog."""
+        ping_every = self.notifier.ping_every_s
         while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            self.notifier.watchdog()
+            if ping_every is not None:
+                left = min(left, ping_every)
             if self._signals is None:
                 self.stop.wait(left)
                 continue

@@ -21,6 +21,14 @@ exist in zone 'Z'." for a machine type, HTTP 404 ``notFound`` "The resource
 request is refused when any zone it ALLOWs lacks the type (the first in name order is named):
 the stricter of the two things GCE might do, so a caller must cope with it.
 
+Read-only resources for ``config check --online`` (zones, regions with quotas, machine and
+accelerator types, images and image families of any project, networks, subnetworks, instance
+templates) answer ``get`` from :attr:`FakeCompute.machine_types`, :attr:`~FakeCompute.images`
+... (404 ``notFound`` when absent, or when the type is :meth:`~FakeCompute.unoffer`-ed in the
+zone); Cloud Resource Manager's ``projects.testIamPermissions`` (``POST
+/v1/projects/P:testIamPermissions`` on the same server) grants what
+:attr:`FakeCompute.granted` holds (None: everything asked).
+
 Errors: :meth:`FakeCompute.fail_operation` makes the next matching bulk insert end with
 ``error.errors`` (codes in order); :meth:`FakeCompute.fail_http` makes the next calls of a
 method fail with an HTTP error; :attr:`FakeCompute.capacity` caps how many instances a zone
@@ -76,6 +84,26 @@ class FakeCompute:
     capacity: dict[str, int] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     not_offered: set[tuple[str, str]] = field(default_factory=set)  # (type, zone)
+    machine_types: dict[str, dict[str, Any]] = field(default_factory=lambda: {
+        "n1-standard-8": {"guestCpus": 8, "memoryMb": 30720},
+        "g2-standard-4": {"guestCpus": 4, "memoryMb": 16384, "accelerators": [
+            {"guestAcceleratorType": "nvidia-l4", "guestAcceleratorCount": 1}]},
+        "a2-highgpu-1g": {"guestCpus": 12, "memoryMb": 87040, "accelerators": [
+            {"guestAcceleratorType": "nvidia-tesla-a100", "guestAcceleratorCount": 1}]}})
+    accelerator_types: set[str] = field(default_factory=lambda: {
+        "nvidia-tesla-t4", "nvidia-l4", "nvidia-tesla-a100", "nvidia-tesla-v100"})
+    images: set[tuple[str, str]] = field(default_factory=lambda: {("test-project", "slurm-node")})
+    image_families: set[tuple[str, str]] = field(
+        default_factory=lambda: {("debian-cloud", "debian-12")})
+    networks: set[str] = field(default_factory=lambda: {"default"})
+    subnetworks: set[tuple[str, str]] = field(default_factory=set)  # (region, name)
+    quotas: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {
+        region: [{"metric": "CPUS", "limit": 1000.0, "usage": 0.0},
+                 {"metric": "PREEMPTIBLE_CPUS", "limit": 1000.0, "usage": 0.0},
+                 {"metric": "NVIDIA_T4_GPUS", "limit": 16.0, "usage": 0.0},
+                 {"metric": "PREEMPTIBLE_NVIDIA_T4_GPUS", "limit": 16.0, "usage": 0.0}]
+        for region in ("us-central1", "europe-west4")})
+    granted: set[str] | None = None
     clock_offset_s: float = 0.0
     polls_until_done: int = 1
     latency_s: float = 0.0  # each request waits this long before it is handled (API latency)
@@ -328,6 +356,20 @@ class _Handler(BaseHTTPRequestHandler):
         ("DELETE", r"zones/([^/]+)/instances/([^/]+)", "delete"),
         ("GET", r"(zones|regions)/([^/]+)/operations/([^/]+)", "getOperation"),
         ("POST", r"(zones|regions)/([^/]+)/operations/([^/]+)/wait", "wait"),
+        ("GET", r"zones/([^/]+)", "zones.get"),
+        ("GET", r"regions/([^/]+)", "regions.get"),
+        ("GET", r"zones/([^/]+)/machineTypes/([^/]+)", "machineTypes.get"),
+        ("GET", r"zones/([^/]+)/acceleratorTypes/([^/]+)", "acceleratorTypes.get"),
+        ("GET", r"global/networks/([^/]+)", "networks.get"),
+        ("GET", r"regions/([^/]+)/subnetworks/([^/]+)", "subnetworks.get"),
+        ("GET", r"global/instanceTemplates/([^/]+)", "instanceTemplates.get"),
+    ]
+    #: Routes of any project (public images) and of Cloud Resource Manager.
+    OTHER_ROUTES = [
+        ("GET", r"/compute/v1/projects/([^/]+)/global/images/family/([^/]+)",
+         "images.getFromFamily"),
+        ("GET", r"/compute/v1/projects/([^/]+)/global/images/([^/]+)", "images.get"),
+        ("POST", r"/v1/projects/([^/:]+):testIamPermissions", "projects.testIamPermissions"),
     ]
 
     def log_message(self, *args: object) -> None:  # keep test output quiet
@@ -348,10 +390,12 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}") if length else {}
         prefix = f"{BASE}{self.fake.project}/"
-        if not url.path.startswith(prefix):
+        routes = [(v, p, m, url.path) for v, p, m in self.OTHER_ROUTES]
+        if url.path.startswith(prefix):
+            routes += [(v, p, m, url.path[len(prefix):]) for v, p, m in self.ROUTES]
+        elif not any(re.fullmatch(p, url.path) for _, p, _ in self.OTHER_ROUTES):
             return self._error(404, "notFound", f"unknown project in {url.path}")
-        rest = url.path[len(prefix):]
-        for method_verb, pattern, method in self.ROUTES:
+        for method_verb, pattern, method, rest in routes:
             match = re.fullmatch(pattern, rest)
             if method_verb == verb and match:
                 with self.fake._lock:
@@ -366,7 +410,8 @@ class _Handler(BaseHTTPRequestHandler):
                         failure = self.fake.take_http_failure(method)
                         if failure is not None:
                             return self._error(failure.status, failure.reason, "injected")
-                        return getattr(self, "_" + method)(query, body, *match.groups())
+                        handler = "_" + method.replace(".", "_")
+                        return getattr(self, handler)(query, body, *match.groups())
                 finally:
                     with self.fake._lock:
                         self.fake._in_flight -= 1
@@ -439,6 +484,64 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _wait(self, query: dict, body: dict, kind: str, where: str, name: str) -> None:
         self._getOperation(query, body, kind, where, name)
+
+    # -- read-only resources (config check --online) -----------------------------------------
+    def _found(self, kind: str, name: str, resource: dict[str, Any] | None) -> None:
+        if resource is None:
+            return self._error(404, "notFound", f"The resource '{kind}/{name}' was not found")
+        self._send({"name": name, "selfLink": f"{SELF}{self.fake.project}/{kind}/{name}",
+                    **resource})
+
+    def _all_zones(self) -> dict[str, str]:
+        return {z: r for r, zones in self.fake.regions.items() for z in zones}
+
+    def _zones_get(self, query: dict, body: dict, zone: str) -> None:
+        region = self._all_zones().get(zone)
+        self._found("zones", zone, None if region is None else {
+            "status": "UP", "region": f"{SELF}{self.fake.project}/regions/{region}"})
+
+    def _regions_get(self, query: dict, body: dict, region: str) -> None:
+        self._found("regions", region, None if region not in self.fake.regions else {
+            "status": "UP", "quotas": self.fake.quotas.get(region, [])})
+
+    def _machineTypes_get(self, query: dict, body: dict, zone: str, name: str) -> None:
+        known = self.fake.machine_types.get(name)
+        offered = zone in self._all_zones() and (name, zone) not in self.fake.not_offered
+        self._found(f"zones/{zone}/machineTypes", name, known if known and offered else None)
+
+    def _acceleratorTypes_get(self, query: dict, body: dict, zone: str, name: str) -> None:
+        offered = (name in self.fake.accelerator_types and zone in self._all_zones()
+                   and (name, zone) not in self.fake.not_offered)
+        self._found(f"zones/{zone}/acceleratorTypes", name,
+                    {"maximumCardsPerInstance": 8} if offered else None)
+
+    def _images_get(self, query: dict, body: dict, project: str, name: str) -> None:
+        self._found("global/images", name,
+                    {"status": "READY"} if (project, name) in self.fake.images else None)
+
+    def _images_getFromFamily(self, query: dict, body: dict, project: str, family: str) -> None:
+        self._found("global/images", f"{family}-v1", {"status": "READY", "family": family}
+                    if (project, family) in self.fake.image_families else None)
+
+    def _networks_get(self, query: dict, body: dict, name: str) -> None:
+        self._found("global/networks", name, {} if name in self.fake.networks else None)
+
+    def _subnetworks_get(self, query: dict, body: dict, region: str, name: str) -> None:
+        self._found(f"regions/{region}/subnetworks", name,
+                    {} if (region, name) in self.fake.subnetworks else None)
+
+    def _instanceTemplates_get(self, query: dict, body: dict, name: str) -> None:
+        template = self.fake.templates.get(name)
+        self._found("global/instanceTemplates", name,
+                    None if template is None else {"properties": template})
+
+    def _projects_testIamPermissions(self, query: dict, body: dict, project: str) -> None:
+        if project != self.fake.project:
+            return self._error(403, "forbidden", f"no access to project {project}")
+        asked = list(body.get("permissions") or [])
+        granted = asked if self.fake.granted is None else \
+            [p for p in asked if p in self.fake.granted]
+        self._send({"permissions": granted} if granted else {})
 
 
 def gcp_config(fake: FakeCompute, node_sets: list[dict[str, Any]], cluster: str = "demo",

@@ -14,7 +14,7 @@ from slurm_spot.config import AwsProviderConfig, NodeSetConfig, ProviderSettings
 from slurm_spot.providers.base import ErrorClass, expect_settings, normalize_code
 
 if TYPE_CHECKING:
-    from slurm_spot.providers.base import Provider
+    from slurm_spot.providers.base import Finding, Provider
     from slurm_spot.providers.notices import NoticeSource
 
 
@@ -30,6 +30,14 @@ def check_node_set(config: SpotConfig, index: int) -> list[str]:
     from slurm_spot.providers.aws.checks import check_aws_node_set
 
     return check_aws_node_set(config.node_sets[index], f"node_sets.{index}")
+
+
+def check_online(config: SpotConfig, name: str) -> list[Finding]:
+    """Subnets and their zones, the launch template and version, instance types offered
+    per zone, vCPU quotas, a DryRun launch and the credentials' permissions (:mod:`.online`)."""
+    from slurm_spot.providers.aws.online import check_aws_online
+
+    return check_aws_online(config, name)
 
 
 def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:

@@ -16,7 +16,7 @@ from slurm_spot.config import GcpProviderConfig, NodeSetConfig, ProviderSettings
 from slurm_spot.providers.base import ErrorClass, expect_settings, normalize_code
 
 if TYPE_CHECKING:
-    from slurm_spot.providers.base import Provider
+    from slurm_spot.providers.base import Finding, Provider
     from slurm_spot.providers.notices import NoticeSource
 
 
@@ -34,6 +34,14 @@ def check_node_set(config: SpotConfig, index: int) -> list[str]:
     ns = config.node_sets[index]
     settings = expect_settings(config.providers[ns.provider], GcpProviderConfig, ns.provider)
     return check_gcp_node_set(ns, settings, f"node_sets.{index}", cluster=config.cluster)
+
+
+def check_online(config: SpotConfig, name: str) -> list[Finding]:
+    """Zones, machine and accelerator types per zone, image, network and subnetwork,
+    instance template, regional quotas and the credentials' permissions (:mod:`.online`)."""
+    from slurm_spot.providers.gcp.online import check_gcp_online
+
+    return check_gcp_online(config, name)
 
 
 def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:

@@ -229,6 +229,118 @@ class ComputeApi:
         return operation_from_resource(self._dict(op))
 
 
+#: The read-only resource getters of :class:`ResourceReader`: kind -> (google-cloud-compute
+#: client class, REST method name as in the Compute Engine API reference).
+READ_KINDS: Mapping[str, tuple[str, str]] = {
+    "zone": ("ZonesClient", "zones.get"),
+    "region": ("RegionsClient", "regions.get"),
+    "machine_type": ("MachineTypesClient", "machineTypes.get"),
+    "accelerator_type": ("AcceleratorTypesClient", "acceleratorTypes.get"),
+    "image": ("ImagesClient", "images.get"),
+    "image_family": ("ImagesClient", "images.getFromFamily"),
+    "network": ("NetworksClient", "networks.get"),
+    "subnetwork": ("SubnetworksClient", "subnetworks.get"),
+    "instance_template": ("InstanceTemplatesClient", "instanceTemplates.get"),
+}
+RESOURCE_MANAGER = "https://cloudresourcemanager.googleapis.com"
+
+
+class ResourceReader:
+    """Read-only ``get`` calls for ``config check --online`` (zones, machine and accelerator
+    types, images, networks, regions with their quotas, instance templates) and the project's
+    ``testIamPermissions`` (Cloud Resource Manager v1, through google-auth's authorized
+    session: no other library). Clients are built on first use of each kind.
+
+    Args:
+        settings: project, ``api_endpoint``, ``credentials_file`` (as :class:`ComputeApi`).
+        call_timeout_s: HTTP timeout of each call, seconds; reads are not retried (a check
+            reports what it sees).
+
+    Raises:
+        ProviderError: (``auth``) the credentials file cannot be read.
+    """
+
+    def __init__(self, settings: GcpProviderConfig, call_timeout_s: float = 20.0) -> None:
+        from google.api_core import exceptions
+        from google.api_core.client_options import ClientOptions
+        from google.auth import exceptions as auth_errors
+        from google.cloud import compute_v1
+
+        self._v1 = compute_v1
+        self._exceptions = exceptions
+        self._auth_errors = auth_errors
+        self.settings = settings
+        self.project = settings.project
+        self.call_timeout_s = call_timeout_s
+        self._credentials = _credentials(settings)
+        self._kwargs: dict[str, Any] = {"transport": "rest", "credentials": self._credentials}
+        if settings.api_endpoint:
+            self._kwargs["client_options"] = ClientOptions(api_endpoint=settings.api_endpoint)
+        self._clients: dict[str, Any] = {}
+
+    def get(self, kind: str, **names: str) -> dict[str, Any] | None:
+        """The resource (REST JSON) of ``kind`` (a key of :data:`READ_KINDS`) named by
+        ``names`` (``project`` defaults to the provider's; e.g. ``zone=``,
+        ``machine_type=``), or None when the API answers 404.
+
+        Raises:
+            GceCallError: any other refusal (403: not allowed), or the API is unreachable.
+        """
+        class_name, _ = READ_KINDS[kind]
+        if class_name not in self._clients:
+            self._clients[class_name] = getattr(self._v1, class_name)(**self._kwargs)
+        client = self._clients[class_name]
+        method = client.get_from_family if kind == "image_family" else client.get
+        try:
+            found = method(**{"project": self.project, **names}, retry=None,
+                           timeout=self.call_timeout_s)
+        except self._exceptions.NotFound:
+            return None
+        except self._exceptions.GoogleAPICallError as exc:
+            raise _call_error(exc) from None
+        except self._auth_errors.GoogleAuthError as exc:
+            error = GceError("AUTH_ERROR", f"credentials refused: {type(exc).__name__}")
+            raise GceCallError(None, (error,), error.message) from None
+        except OSError as exc:
+            error = GceError("ENDPOINT_UNREACHABLE", f"cannot reach the Compute API: {exc}")
+            raise GceCallError(None, (error,), error.message) from None
+        return type(found).to_dict(  # type: ignore[no-any-return]
+            found, use_integers_for_enums=False, preserving_proto_field_name=False)
+
+    def granted(self, permissions: list[str]) -> set[str]:
+        """Which of ``permissions`` the credentials hold on the project (Cloud Resource
+        Manager v1 ``projects.testIamPermissions``; its endpoint is ``api_endpoint`` when that
+        is a plain-http loopback URL, as in tests, else the public one).
+
+        Raises:
+            GceCallError: the call was refused (the API disabled, no network).
+        """
+        import google.auth
+        from google.auth.transport.requests import AuthorizedSession
+
+        endpoint = urlparse(self.settings.api_endpoint or "")
+        base = self.settings.api_endpoint.rstrip("/") if (
+            self.settings.api_endpoint and endpoint.scheme == "http"
+            and endpoint.hostname in LOOPBACK_HOSTS) else RESOURCE_MANAGER
+        credentials = self._credentials
+        try:
+            if credentials is None:
+                credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+            session = AuthorizedSession(credentials)
+            reply = session.post(f"{base}/v1/projects/{self.project}:testIamPermissions",
+                                 json={"permissions": permissions}, timeout=self.call_timeout_s)
+        except self._auth_errors.GoogleAuthError as exc:
+            error = GceError("AUTH_ERROR", f"credentials refused: {type(exc).__name__}")
+            raise GceCallError(None, (error,), error.message) from None
+        except OSError as exc:
+            error = GceError("ENDPOINT_UNREACHABLE", f"cannot reach {base}: {exc}")
+            raise GceCallError(None, (error,), error.message) from None
+        if reply.status_code != 200:
+            error = GceError(f"HTTP_{reply.status_code}", reply.text[:300])
+            raise GceCallError(reply.status_code, (error,), error.message)
+        return set(reply.json().get("permissions", []))
+
+
 def _environment_once(client: Any) -> None:
     """Read the proxy and CA-bundle variables once for ``client``'s HTTP session instead of on
     every request.

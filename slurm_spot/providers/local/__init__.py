@@ -12,7 +12,7 @@ from slurm_spot.config import LocalProviderConfig, NodeSetConfig, ProviderSettin
 from slurm_spot.providers.base import expect_settings, normalize_code
 
 if TYPE_CHECKING:
-    from slurm_spot.providers.base import Provider
+    from slurm_spot.providers.base import Finding, Provider
     from slurm_spot.providers.notices import NoticeSource
 
 
@@ -25,6 +25,11 @@ def make_provider(config: SpotConfig, name: str, settings: ProviderSettings) -> 
 
 def check_node_set(config: SpotConfig, index: int) -> list[str]:
     """Nothing beyond the schema."""
+    return []
+
+
+def check_online(config: SpotConfig, name: str) -> list[Finding]:
+    """Nothing to ask: the local provider has no cloud (``slurmd`` is checked offline)."""
     return []
 
 
