@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_spot.cli import cli
+from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.providers.aws import iam as aws_iam
 from slurm_spot.providers.gcp import iam as gcp_iam
 
@@ -43,7 +44,7 @@ def iam_json(tmp_path: Path, root: str = "s3://ckpt-bucket/runs", *args: str) ->
         "partitions: [{name: gpu, node_sets: [gpu]}]\n")
     result = CliRunner().invoke(cli, ["--config", str(path), "config", "iam", "--json", *args])
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return read_envelope(result.stdout, "config iam")
 
 
 def granted(printed: dict[str, Any]) -> list[str]:

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.config import SLURM_COMMANDS
+from slurm_spot.jsonenvelope import read_envelope
 from tests.fakes.aws_harness import moto_world
 from tests.fakes.ec2 import REGION, World
 
@@ -84,7 +85,7 @@ def test_a_correct_setup_passes_with_warnings_for_what_moto_cannot_say(aws, tmp_
 def test_json_lists_the_warnings(aws, tmp_path) -> None:
     result = check(write(tmp_path, aws, types=("g5.xlarge",)), "--json")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = read_envelope(result.stdout, "config check")
     assert data["ok"] is True and data["online"] is True
     assert any(w.startswith("line 6: providers.aws: cannot check the permissions")
                for w in data["warnings"])

@@ -5,7 +5,6 @@ and testIamPermissions, each finding with its spot.yaml line; exit 2 on an error
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.config import SLURM_COMMANDS
+from slurm_spot.jsonenvelope import read_envelope
 from tests.fakes.gce_api import FakeCompute
 
 
@@ -64,7 +64,7 @@ def check(path: Path, *extra: str) -> Any:
 def test_a_correct_setup_passes(gce, tmp_path) -> None:
     result = check(write(tmp_path, gce), "--json")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = read_envelope(result.stdout, "config check")
     assert data["ok"] is True and data["warnings"] == []
     asked = {r["method"] for r in gce.requests}
     assert {"regions.get", "zones.get", "machineTypes.get", "acceleratorTypes.get",
