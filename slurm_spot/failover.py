@@ -395,5 +395,6 @@ def resume_and_fail_over(config: SpotConfig, hostlist: str, slurm: SlurmClient,
     from slurm_spot import power
 
     result = power.resume(config, hostlist, slurm, jobs=jobs)
-    result.errors += fail_over(config, slurm, result, jobs).errors
+    if config.power.failover:
+        result.errors += fail_over(config, slurm, result, jobs).errors
     return result
