@@ -83,6 +83,9 @@ BENCHMARKS: tuple[Bench, ...] = (
           what="recovery without notice, reconciler (plain Slurm: run the script alone, ~12 min)"),
     Bench("elastic_vs_requeue", ("--runs", "2"), cluster=True, limit_s=900,
           what="training time lost per interruption with notice, elastic vs requeue"),
+    Bench("capacity_failover", ("--runs", "3", "--baseline-runs", "1"), cluster=True,
+          limit_s=900, what="capacity error -> the job on the next node set, failover vs "
+                            "Slurm's requeue hold"),
     Bench("demo_recovery", cluster=True, limit_s=600, what="the demo job interrupted twice"),
     Bench("prewarm_recovery", ("--reps", "1", "--only", "5s-on",
                                "--keep", "benchmarks/prewarm_recovery.json"),

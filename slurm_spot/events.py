@@ -76,6 +76,12 @@ class Action(str, enum.Enum):
     # warning: a node had several alive instances; extra.kept and extra.terminated name them
     DUPLICATE_INSTANCE = "duplicate_instance"
     EXPEDITED = "expedited"
+    # the resume hook's worker (slurm_spot.failover): a job whose nodes got no capacity had
+    # its requeue hold cleared (extra.expedited) so that it runs on another node set of its
+    # partition (extra.candidates) while extra.from_node_set cools down; reason says why
+    FAILOVER = "failover"
+    # ... and where it started: extra.node_set, extra.nodes, extra.seconds_from_error
+    FAILOVER_STARTED = "failover_started"
     # a job requeued by the requeue exit code too often (reconcile.max_fast_requeues within
     # reconcile.fast_requeue_window_s): left to Slurm's requeue hold; extra.restarts
     EXPEDITE_WITHHELD = "expedite_withheld"

@@ -151,13 +151,16 @@ def _resume_jobs() -> dict[int, tuple[str, ...]] | None:
 def power_action(config: SpotConfig, name: str, hostlist: str,
                  jobs: Mapping[int, Sequence[str]] | None = None) -> Callable[[], PowerResult]:
     """The work of power hook ``name`` on ``hostlist``, to be called (in the worker).
-    ``jobs``: job id -> its nodes, from ``SLURM_RESUME_FILE`` (all-or-nothing per job)."""
+    ``jobs``: job id -> its nodes, from ``SLURM_RESUME_FILE`` (all-or-nothing per job, and
+    the jobs a failover moves: :mod:`slurm_spot.failover`)."""
     from slurm_spot import power
     from slurm_spot.slurm.client import SlurmClient
 
     if name == "resume":
-        return lambda: power.resume(config, hostlist, SlurmClient(config.slurm_bin_dir),
-                                    jobs=jobs)
+        from slurm_spot.failover import resume_and_fail_over
+
+        return lambda: resume_and_fail_over(config, hostlist, SlurmClient(config.slurm_bin_dir),
+                                            jobs)
     if name == "suspend":
         return lambda: power.suspend(config, hostlist)
     return lambda: power.resume_fail(config, hostlist)

@@ -73,6 +73,26 @@ def wait_powered_down(cluster: Cluster, node: str, timeout: float = 60) -> None:
              timeout=timeout, what=f"{node} idle~")
 
 
+def wait_node_set_cooled(cluster: Cluster, failed: str, others: list[str], code: str) -> None:
+    """After ``failed`` got no capacity: each of ``others`` (the node set's other nodes) that
+    is powered down is DOWN with ``(Code:<code>)Temporarily disabled until <T>``,
+    so its jobs try the partition's next node set, not this one again (issue 24); the nodes
+    that are up keep their jobs."""
+    from slurm_spot.reconcile.reasons import COOLDOWN_TEXT
+
+    def cooled() -> bool:
+        for node in others:
+            flags = state_flags(cluster, node)
+            if "POWERED_DOWN" in flags and not (
+                    cluster.node(node).get("Reason", "").startswith(
+                        f"(Code:{code}){COOLDOWN_TEXT}") and "DOWN" in flags):
+                return False
+        return True
+
+    wait_for(cooled, timeout=20, what=f"the node set of {failed} cooled down")
+    assert not cluster.node(failed).get("Reason", "").startswith(f"(Code:{code}){COOLDOWN_TEXT}")
+
+
 def forget_addresses(cluster: Cluster, *nodes: str) -> None:
     """Point ``nodes`` back at their own names, as slurmctld does when it powers a cloud node
     down: a CLI-only suspend leaves the instance's (here unreachable) address in Slurm."""

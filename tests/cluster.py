@@ -180,6 +180,22 @@ class Cluster:
         conf = os.fsencode(str(self.conf_dir / "slurm.conf"))
         return [pid for pid, words in _live_processes("slurmd") if conf in words]
 
+    def end_cooldowns(self) -> list[str]:
+        """End every node set's capacity cooldown the way docs/admin.md tells an admin to when
+        capacity is back (``scontrol update nodename=... state=resume`` on the nodes whose
+        reason is a cooldown), so the next test's jobs can use them; returns those nodes."""
+        from slurm_spot.reconcile.reasons import parse_cooldown
+        from slurm_spot.slurm.output import split_reason
+
+        cooled = []
+        for line in self.slurm("scontrol", "-o", "show", "node").splitlines():
+            rest, reason = split_reason(line.strip())
+            if line.startswith("NodeName=") and reason and parse_cooldown(reason) is not None:
+                cooled.append(rest.split()[0].removeprefix("NodeName="))
+        if cooled:
+            self.slurm("scontrol", "update", f"nodename={','.join(cooled)}", "state=resume")
+        return cooled
+
     def instances(self) -> list[dict]:
         return read_envelope(self.spot("instances", "--json").stdout)
 

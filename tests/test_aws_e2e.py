@@ -34,6 +34,7 @@ from tests.cloud_e2e import (
     spot,
     spot_json,
     state_flags,
+    wait_node_set_cooled,
 )
 from tests.cluster import Cluster, wait_for
 from tests.fakes.boot_simulator import BootSimulator
@@ -199,9 +200,12 @@ def test_no_capacity_anywhere_sets_code_reason_then_powers_down(aws: AwsCloud) -
                  what="gpu-4 back to idle~")
         assert "DOWN" not in state_flags(cluster, "gpu-4")
         assert "gpu-4" not in aws.by_node("pending", "running")
+        wait_node_set_cooled(cluster, "gpu-4", ["gpu-1", "gpu-2", "gpu-3"],
+                             "InsufficientInstanceCapacity")
     finally:
         cancel_all(cluster)
         proxy.clear()
+        cluster.end_cooldowns()  # capacity is back: as an admin would (docs/admin.md)
 
 
 def test_slurmctld_resumes_aws_node_and_a_job_runs_there(aws: AwsCloud) -> None:

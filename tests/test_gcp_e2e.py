@@ -31,6 +31,7 @@ from tests.cloud_e2e import (
     spot,
     spot_json,
     state_flags,
+    wait_node_set_cooled,
 )
 from tests.cluster import Cluster, wait_for
 from tests.fakes.boot_simulator import BootSimulator
@@ -217,9 +218,11 @@ def test_everything_exhausted_nodes_go_down_then_idle_never_plain_down(gcp: GcpC
         assert gcp.by_node() == {}
         failed = [e for e in cluster.events() if e["action"] == "launch_failed"]
         assert failed and failed[-1]["node"] == "gpu-4"
+        wait_node_set_cooled(cluster, "gpu-4", ["gpu-1", "gpu-2", "gpu-3"], EXHAUSTED)
     finally:
         cancel_all(cluster)
         fake.capacity.clear()
+        cluster.end_cooldowns()  # capacity is back: as an admin would (docs/admin.md)
     print("gpu-4 states seen:", ["+".join(sorted(s)) for s in dict.fromkeys(map(frozenset, seen))])
 
 

@@ -168,3 +168,23 @@ def test_a_controller_that_does_not_answer_is_named(world: tuple, tmp_path: Path
     assert result.exit_code == 1, result.output
     assert f"no Slurm controller answered (SLURM_CONF={conf}): is slurmctld running?" \
         in result.output
+
+
+def test_cli_shows_each_node_sets_capacity(world: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24 part 6: a node set in cooldown says until when and why, in the table and
+    in --json; --noheader (for awk over node rows) prints node rows only."""
+    _, slurm, _, _ = world
+    until = (datetime.now(timezone.utc) + timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    slurm.nodes["spot-3"].reason = f"(Code:InsufficientInstanceCapacity)Temporarily disabled until {until}"
+    assert not [line for line in _invoke(world, monkeypatch).output.splitlines()
+                if line.startswith("spot ")]  # piped: node rows only, for awk
+    text = _invoke(world, monkeypatch, "--capacity")
+    assert text.exit_code == 0, text.output
+    (row,) = [line for line in text.output.splitlines() if line.startswith("spot ")]
+    assert "cooldown" in row and until in row and "InsufficientInstanceCapacity" in row
+    data = read_envelope(_invoke(world, monkeypatch, "--json").output, "status")
+    (only,) = data["node_sets"]
+    assert (only["node_set"], only["capacity"], only["code"]) == (
+        "spot", "cooldown", "InsufficientInstanceCapacity")
+    bare = _invoke(world, monkeypatch, "--noheader", "--capacity")
+    assert not [line for line in bare.output.splitlines() if line.startswith("spot ")]

@@ -67,11 +67,14 @@ def resume_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) 
     """ResumeProgram: launch instances for HOSTLIST such as 'gpu-[1-4]'.
 
     SLURM_RESUME_FILE (set by slurmctld) is read first, while it exists: with
-    power.all_or_nothing, a job that cannot get all its nodes has the launched ones given back.
+    power.all_or_nothing, a job that cannot get all its nodes has the launched ones given back;
+    a job whose nodes got no capacity runs on another node set at once (slurm_spot.failover).
     """
+    from slurm_spot.failover import resume_and_fail_over
+
     jobs = read_resume_file()
     _run_hook(app, "resume", hostlist, detach, as_json,
-              lambda: power.resume(app.config, hostlist, app.slurm(), jobs=jobs))
+              lambda: resume_and_fail_over(app.config, hostlist, app.slurm(), jobs))
 
 
 @click.command("suspend")

@@ -1,5 +1,6 @@
 """``slurm-spot status [--json]``: one row per cloud node: Slurm state, the instance behind it
-(id, market, type, zone, uptime) and its current job; plus alive instances no node knows."""
+(id, market, type, zone, uptime) and its current job; plus alive instances no node knows; then
+each node set's capacity state (ok, or cooldown until when and why: issue 24)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from slurm_spot.errors import BadInputError, SlurmCommandError, SlurmSpotError
 from slurm_spot.power import ProviderFactory, _controller_unreachable
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
-from slurm_spot.reconcile.reasons import short_state
+from slurm_spot.reconcile.reasons import parse_cooldown, reason_code, short_state, utc_stamp
 from slurm_spot.reconcile.rules import pick_kept
 from slurm_spot.slurm.client import Node, SlurmClient
 
 COLUMNS = ("node", "state", "instance", "market", "type", "zone", "uptime", "job", "reason")
+NODE_SET_COLUMNS = ("node_set", "provider", "weight", "capacity", "until", "why")
 
 
 def format_uptime(seconds: float | None) -> str:
@@ -65,9 +67,11 @@ def status_rows(
     slurm: SlurmClient,
     providers: ProviderFactory = get_provider,
     now: datetime | None = None,
+    slurm_nodes: Sequence[Node] | None = None,
 ) -> tuple[list[dict[str, object]], list[str]]:
     """Rows for every node of every node set, then for alive instances of unknown nodes;
-    and one error line per provider that could not be listed.
+    and one error line per provider that could not be listed. ``slurm_nodes``: Slurm's
+    nodes if already read (else read here).
 
     Raises:
         SlurmCommandError: Slurm's nodes cannot be read.
@@ -87,12 +91,58 @@ def status_rows(
                 alive.setdefault(inst.node or "?", []).append(inst)
                 provider_of[inst.instance_id] = name
     set_of = {n: ns.name for ns in config.node_sets for n in ns.node_names}
-    nodes = {n.name: n for n in slurm.nodes() if n.name in set_of}
+    read = slurm.nodes() if slurm_nodes is None else slurm_nodes
+    nodes = {n.name: n for n in read if n.name in set_of}
     rows = [_row(nodes[n], n, set_of[n], alive.get(n, []), provider_of, now)
             for n in set_of if n in nodes]
     for name in sorted(set(alive) - set(nodes)):
         rows.append(_row(None, name, set_of.get(name), alive[name], provider_of, now))
     return rows, errors
+
+
+def node_set_rows(config: SpotConfig, nodes: Sequence[Node],
+                  now: datetime) -> list[dict[str, object]]:
+    """One row per node set: its capacity state, read from Slurm's node reasons (Slurm is
+    the record; :mod:`slurm_spot.reconcile.reasons`). Pure.
+
+    ``capacity`` is ``cooldown`` while a node of the set is DOWN with ``(Code:X)Temporarily
+    disabled until T`` and T (``until``, ISO 8601 UTC) is after ``now`` (aware); else ``ok``.
+    ``code`` is the provider code of the cooldown; ``why`` says it in words, with the launch
+    error's message where a node of the set still shows it (``(Code:X)<message>``).
+    """
+    rows: list[dict[str, object]] = []
+    for ns in config.node_sets:
+        members = set(ns.node_names)
+        mine = [n for n in nodes if n.name in members]
+        running = [c for n in mine if n.state.is_down
+                   and (c := parse_cooldown(n.reason)) is not None and c[1] > now]
+        row: dict[str, object] = {"node_set": ns.name, "provider": ns.provider,
+                                  "weight": ns.weight, "capacity": "ok", "until": None,
+                                  "code": None, "why": ""}
+        if running:
+            code, until = max(running, key=lambda c: c[1])
+            messages = [n.reason.split(")", 1)[1] for n in mine
+                        if reason_code(n.reason) == code and parse_cooldown(n.reason) is None
+                        and ")" in n.reason]
+            why = f"no capacity ({code})"
+            if messages and messages[0].strip():
+                why += f": {messages[0].strip()}"
+            row.update(capacity="cooldown", until=until.isoformat(), code=code, why=why)
+        rows.append(row)
+    return rows
+
+
+def _node_set_cells(rows: list[dict[str, object]]) -> list[dict[str, str]]:
+    """The text of each node set row (:data:`NODE_SET_COLUMNS`)."""
+    cells = []
+    for r in rows:
+        until = str(r["until"] or "")
+        if until:
+            until = utc_stamp(datetime.fromisoformat(until))
+        cells.append({"node_set": str(r["node_set"]), "provider": str(r["provider"]),
+                      "weight": str(r["weight"]), "capacity": str(r["capacity"]),
+                      "until": until or "-", "why": str(r["why"] or "-")})
+    return cells
 
 
 def _cells(rows: list[dict[str, object]]) -> list[dict[str, str]]:
@@ -138,30 +188,42 @@ def explain_slurm_failure(exc: SlurmCommandError) -> SlurmSpotError:
 
 
 def _show(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
-          one_line: bool = False) -> list[str]:
+          one_line: bool = False, capacity: bool = False) -> list[str]:
     """Print the status once; returns the providers' errors (also printed on stderr).
+
+    The node sets' capacity table follows the node rows on a terminal, or in a pipe with
+    ``capacity`` (``--capacity``): piped rows stay one node per line for awk. ``--json``
+    always has it (``node_sets``).
 
     Raises:
         BadInputError, SlurmSpotError: Slurm's nodes cannot be read
             (:func:`explain_slurm_failure`).
     """
+    now = datetime.now(timezone.utc)
     try:
-        rows, errors = status_rows(app.config, app.slurm(), providers=get_provider)
+        slurm = app.slurm()
+        nodes = slurm.nodes()
+        rows, errors = status_rows(app.config, slurm, providers=get_provider, now=now,
+                                   slurm_nodes=nodes)
     except SlurmCommandError as exc:
         raise explain_slurm_failure(exc) from None
+    sets = node_set_rows(app.config, nodes, now)
     if as_json and one_line:  # --watch --json: one document per line (JSON Lines)
-        print_json({"nodes": rows, "errors": errors}, one_line=True)
+        print_json({"nodes": rows, "node_sets": sets, "errors": errors}, one_line=True)
     elif as_json:
-        print_json({"nodes": rows, "errors": errors})
+        print_json({"nodes": rows, "node_sets": sets, "errors": errors})
     else:
         print_table(_cells(rows), fields, header=not noheader)
+        if not noheader and (capacity or is_terminal()):
+            click.echo("")
+            print_table(_node_set_cells(sets), [Field(c) for c in NODE_SET_COLUMNS])
     for error in errors:
         click.echo(f"slurm-spot: error: {error}", err=True)
     return errors
 
 
 def _watch(app: AppContext, interval_s: float, as_json: bool, fields: list[Field],
-           noheader: bool) -> None:
+           noheader: bool, capacity: bool = False) -> None:
     """Refresh every ``interval_s`` seconds until Ctrl-C (then exit 0), as ``squeue -i``: on
     a terminal the screen is redrawn; in a pipe each refresh is appended, after a time line."""
     terminal = is_terminal() and not as_json
@@ -173,7 +235,7 @@ def _watch(app: AppContext, interval_s: float, as_json: bool, fields: list[Field
                 click.echo(f"{datetime.now().astimezone():%a %b %d %H:%M:%S %Y}"
                            f"  (every {interval_s:g} s; Ctrl-C to stop)")
             try:
-                _show(app, as_json, fields, noheader, one_line=True)
+                _show(app, as_json, fields, noheader, one_line=True, capacity=capacity)
             except SlurmSpotError as exc:  # Slurm unreachable for a moment: keep watching
                 click.echo(f"slurm-spot: error: {exc}", err=True)
             sys.stdout.flush()
@@ -188,16 +250,20 @@ def _watch(app: AppContext, interval_s: float, as_json: bool, fields: list[Field
 @click.option("-i", "--watch", "watch_s", type=click.FloatRange(min=0.1), is_flag=False,
               flag_value=2.0, default=None, metavar="[SECONDS]",
               help="Refresh every SECONDS (default 2) until Ctrl-C, as squeue -i.")
+@click.option("--capacity", is_flag=True,
+              help="After the nodes, each node set's capacity (ok, or cooldown until when and "
+                   "why) in a pipe too; a terminal always shows it.")
 @pass_app
 def status_command(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
-                   watch_s: float | None) -> None:
-    """Show every cloud node: Slurm state, instance (market, type, zone, uptime), job.
+                   watch_s: float | None, capacity: bool) -> None:
+    """Show every cloud node: Slurm state, instance (market, type, zone, uptime), job; then
+    each node set's capacity state (ok, or cooldown until when and why).
 
     Plain columns when stdout is not a terminal (for awk, grep); --json for scripts."""
     if watch_s is not None:
-        _watch(app, watch_s, as_json, fields, noheader)
+        _watch(app, watch_s, as_json, fields, noheader, capacity)
         return
-    if _show(app, as_json, fields, noheader):
+    if _show(app, as_json, fields, noheader, capacity=capacity):
         raise SystemExit(1)
 
 

@@ -343,6 +343,11 @@ class PowerConfig(_Model):
         True, description="when a multi-node job's resume could not launch all its nodes, "
         "give back at once the nodes of that job that were launched (SLURM_RESUME_FILE says "
         "which nodes are whose), instead of letting them idle until SuspendTime")
+    failover: bool = Field(
+        True, description="when a node set has no capacity (or quota), cool the whole node "
+        "set down and clear Slurm's requeue hold of the jobs it failed, so they start on "
+        "another node set of their partition within seconds (slurm_spot/failover.py); false: "
+        "the failed node alone goes DOWN and its job waits out Slurm's ~121 s requeue hold")
 
 
 class ReconcileConfig(_Model):

@@ -28,7 +28,9 @@ INTERRUPTION_MEMORY_S = 900.0  # a requeued job waits ~121 s; keep its id well b
 # provider's error table (providers/<type>/errors.py), so the two never disagree.
 KNOWN_CAPACITY_CODES = capacity_codes()
 FAILURE_ACTIONS = (Action.RESUME_FAILED, Action.BOOT_LOST)
-INTERRUPTION_ACTIONS = (Action.RECLAIMED, Action.BOOT_LOST, Action.REQUEUED, Action.NOTICE)
+# jobs of these events that still pend on BeginTime get their requeue hold cleared (safety net)
+INTERRUPTION_ACTIONS = (Action.RECLAIMED, Action.BOOT_LOST, Action.REQUEUED, Action.NOTICE,
+                        Action.FAILOVER)
 
 
 def read_tail(log_dir: Path, max_bytes: int = TAIL_BYTES) -> list[dict[str, object]]:

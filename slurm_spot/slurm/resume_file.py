@@ -9,7 +9,9 @@ slurm.conf(5) (22.05), ResumeProgram: slurmctld sets ``SLURM_RESUME_FILE`` to a 
                "reservation": "resv_1234"}]}
 
 ``nodes_alloc`` is the job's whole allocation (nodes already up included); ``nodes_resume``
-the part this call powers up. Read tolerantly: unknown keys are ignored, a job whose node list
+the part this call powers up. slurmctld 22.05.8 itself writes only ``{"jobs": [{"job_id": 1,
+"nodes": "cheap-1"}], "all_nodes": "cheap-1"}`` (seen on the local cluster), so ``nodes`` is
+read where ``nodes_alloc`` is absent. Read tolerantly: unknown keys are ignored, a job whose node list
 cannot be read is skipped (logged), and a missing or unreadable file means "unknown" (None).
 """
 
@@ -42,7 +44,8 @@ def parse_resume_file(text: str) -> dict[int, tuple[str, ...]]:
             continue
         try:
             job_id = int(entry["job_id"])
-            nodes = str(entry.get("nodes_alloc") or entry.get("nodes_resume") or "")
+            nodes = str(entry.get("nodes_alloc") or entry.get("nodes")
+                        or entry.get("nodes_resume") or "")
             jobs[job_id] = tuple(expand(nodes, allow_duplicates=True)) if nodes else ()
         except (KeyError, TypeError, ValueError, HostlistError) as exc:
             log.warning("SLURM_RESUME_FILE: skipping job entry %r: %s", entry, exc)

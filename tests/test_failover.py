@@ -1,0 +1,246 @@
+"""Failover after a capacity error (issue 24, part 1; slurm_spot.failover) with fakes: when the
+requeue hold is cleared, which nodes are cooled down, what is recorded; and the node sets'
+capacity state of ``slurm-spot status``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from slurm_spot.commands.status import node_set_rows
+from slurm_spot.config import SpotConfig, load_config
+from slurm_spot.failover import (
+    HoldStep,
+    candidate_node_sets,
+    cooldown_targets,
+    fail_over,
+    hold_step,
+    note_text,
+)
+from slurm_spot.power import PowerResult
+from slurm_spot.providers.base import ErrorClass, LaunchFailure
+from slurm_spot.reconcile.history import INTERRUPTION_ACTIONS
+from slurm_spot.slurm.client import Job, Node
+from slurm_spot.slurm.states import parse_job_state, parse_node_state
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+ICE = "InsufficientInstanceCapacity"
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> SpotConfig:
+    path = tmp_path / "spot.yaml"
+    path.write_text(json.dumps({
+        "cluster": "test",
+        "node_sets": [{"name": "cheap", "provider": "local", "count": 3, "weight": 1},
+                      {"name": "other", "provider": "local", "count": 2, "weight": 10},
+                      {"name": "mid", "provider": "local", "count": 1, "weight": 5}],
+        "partitions": [{"name": "spot", "node_sets": ["cheap", "other", "mid"]}],
+        "reconcile": {"cooldown_s": 300},
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log"),
+    }))
+    return load_config(path)
+
+
+def job(state: str, nodes: str = "", reason: str = "", job_id: int = 7,
+        restarts: int = 0) -> Job:
+    return Job(job_id, parse_job_state(state), reason=reason, nodes=nodes, partition="spot",
+               restarts=restarts)
+
+
+def node(name: str, state: str, reason: str = "") -> Node:
+    return Node(name, parse_node_state(state), reason=reason)
+
+
+# -- when to clear the hold ----------------------------------------------------------------
+@pytest.mark.parametrize(("found", "step"), [
+    (None, HoldStep.GONE),                                        # slurmctld forgot it
+    (job("CONFIGURING", "cheap-1"), HoldStep.WAIT),               # not requeued yet
+    (job("RUNNING", "cheap-1"), HoldStep.WAIT),
+    (job("PENDING", reason="BeginTime", restarts=1), HoldStep.EXPEDITE),  # requeue hold
+    (job("PENDING", reason="None", restarts=1), HoldStep.EXPEDITE),  # harmless: now anyway
+    (job("PENDING", reason="JobHeldAdmin"), HoldStep.LEAVE),      # beyond quota: held
+    (job("PENDING", reason="JobHeldUser"), HoldStep.LEAVE),
+    (job("CONFIGURING", "other-1"), HoldStep.GONE),               # already elsewhere
+    (job("COMPLETED", "cheap-1"), HoldStep.GONE),
+    (job("CANCELLED"), HoldStep.GONE),
+])
+def test_hold_step(found: Job | None, step: HoldStep) -> None:
+    assert hold_step(found, ["cheap-1"]) is step
+
+
+# -- what is cooled down -------------------------------------------------------------------
+def test_the_failed_node_sets_free_nodes_are_cooled_down(config: SpotConfig) -> None:
+    failure = LaunchFailure(("cheap-1",), ICE, "no capacity", ErrorClass.CAPACITY)
+    nodes = [node("cheap-1", "DOWN+CLOUD+POWERING_DOWN", f"(Code:{ICE})no capacity"),
+             node("cheap-2", "IDLE+CLOUD+POWERED_DOWN"),
+             node("cheap-3", "IDLE+CLOUD+POWERED_DOWN+DRAIN", "disk swap"),  # admin's
+             node("other-1", "IDLE+CLOUD+POWERED_DOWN")]
+    (cool,) = cooldown_targets(config, [failure], nodes, NOW)
+    assert (cool.node_set, cool.code, cool.nodes) == ("cheap", ICE, ("cheap-2",))
+    assert cool.until == NOW + timedelta(seconds=300)
+    assert cool.reason == f"(Code:{ICE})Temporarily disabled until 2026-03-01T12:05:00Z"
+
+
+def test_a_longer_running_cooldown_is_kept(config: SpotConfig) -> None:
+    failure = LaunchFailure(("cheap-1",), ICE, "no capacity", ErrorClass.CAPACITY)
+    running = f"(Code:{ICE})Temporarily disabled until 2026-03-01T13:00:00Z"
+    nodes = [node("cheap-2", "DOWN+CLOUD+POWERED_DOWN", running),
+             node("cheap-3", "IDLE+CLOUD+POWERED_DOWN")]
+    (cool,) = cooldown_targets(config, [failure], nodes, NOW)
+    assert cool.reason == running and cool.nodes == ("cheap-3",)
+
+
+def test_no_cooldown_when_cooldowns_are_off(config: SpotConfig) -> None:
+    off = config.model_copy(update={"reconcile": config.reconcile.model_copy(
+        update={"cooldown_s": 0})})
+    failure = LaunchFailure(("cheap-1",), ICE, "no capacity", ErrorClass.CAPACITY)
+    assert cooldown_targets(off, [failure], [node("cheap-2", "IDLE+CLOUD+POWERED_DOWN")],
+                            NOW) == []
+
+
+def test_candidates_are_the_partitions_other_node_sets_by_weight(config: SpotConfig) -> None:
+    assert candidate_node_sets(config, "spot", ["cheap"]) == ("mid", "other")
+    assert candidate_node_sets(config, "spot", ["cheap", "mid"]) == ("other",)
+    assert candidate_node_sets(config, "elsewhere", []) == ()
+
+
+def test_failover_jobs_get_the_reconcilers_safety_net() -> None:
+    assert "failover" in INTERRUPTION_ACTIONS
+
+
+# -- the whole step, against a fake Slurm ---------------------------------------------------
+class FakeClient:
+    """The few calls fail_over makes; each ``jobs`` call moves the script one step on."""
+
+    def __init__(self, nodes: list[Node], script: list[list[Job]]) -> None:
+        self._nodes = nodes
+        self.script = script
+        self.calls: list[tuple[str, object]] = []
+
+    def nodes(self, names: Iterable[str] | None = None, with_jobs: bool = True) -> list[Node]:
+        return self._nodes
+
+    def jobs(self, job_ids: Iterable[int] | None = None) -> list[Job]:
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+    def set_state(self, names: Sequence[str], state: str, reason: str | None = None) -> None:
+        self.calls.append(("set_state", (tuple(names), state, reason)))
+
+    def expedite_many(self, job_ids: Iterable[int]) -> tuple[list[int], list[str]]:
+        self.calls.append(("expedite", tuple(job_ids)))
+        return list(job_ids), []
+
+    def record_interruptions(self, notes: Sequence[tuple[int, str]]) -> list[str]:
+        self.calls.append(("admin_comment", tuple(notes)))
+        return []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _events(config: SpotConfig) -> list[dict]:
+    path = config.log_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_hold_is_cleared_once_the_job_is_requeued_and_where_it_went_is_recorded(
+        config: SpotConfig) -> None:
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    slurm = FakeClient(
+        [node("cheap-1", "DOWN+CLOUD", f"(Code:{ICE})no capacity"),
+         node("cheap-2", "IDLE+CLOUD+POWERED_DOWN"), node("other-1", "IDLE+CLOUD+POWERED_DOWN")],
+        [[job("CONFIGURING", "cheap-1")],                       # not requeued yet: wait
+         [job("PENDING", reason="BeginTime", restarts=1)],      # requeued: StartTime=now
+         [job("PENDING", reason="Priority", restarts=1)],
+         [job("CONFIGURING", "other-1", restarts=1)]])          # started on other
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep)
+    assert run.errors == []
+    names = [c[0] for c in slurm.calls]
+    assert names == ["set_state", "expedite", "admin_comment"]
+    assert slurm.calls[0][1][:2] == (("cheap-2",), "DOWN")  # type: ignore[index]
+    assert slurm.calls[1][1] == (7,)
+    move = run.moves[7]
+    assert (move.node_set, move.nodes, move.candidates) == ("other", ("other-1",),
+                                                           ("mid", "other"))
+    assert move.expedited_at == 1000.5  # one poll after the error, not 121 s
+    (note,) = slurm.calls[2][1]  # type: ignore[misc]
+    assert note[0] == 7 and "no capacity on node set cheap" in note[1]
+    assert "started on node set other (other-1)" in note[1]
+    by_action = {e["action"]: e for e in _events(config)}
+    assert by_action["cooldown"]["extra"]["node_set"] == "cheap"
+    assert by_action["failover"]["job_ids"] == [7]
+    assert by_action["failover"]["extra"]["expedited"] is True
+    assert by_action["failover"]["extra"]["restarts"] == 1
+    assert by_action["failover_started"]["extra"]["node_set"] == "other"
+
+
+def test_a_job_never_requeued_in_time_is_left_to_the_reconciler(config: SpotConfig) -> None:
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    slurm = FakeClient([], [[job("CONFIGURING", "cheap-1")]])
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep, requeue_wait_s=3)
+    assert "expedite" not in [c[0] for c in slurm.calls]
+    assert 1003 <= clock.now <= 1004  # gave up after the wait
+    (failover,) = [e for e in _events(config) if e["action"] == "failover"]
+    assert failover["extra"]["expedited"] is False and failover["job_ids"] == [7]
+    assert run.moves == {}
+
+
+def test_other_failures_and_other_jobs_are_left_alone(config: SpotConfig) -> None:
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), "AuthFailure", "bad key",
+                                               ErrorClass.AUTH)])
+    slurm = FakeClient([], [[]])
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)})  # type: ignore[arg-type]
+    assert slurm.calls == [] and run.moves == {}
+
+
+def test_note_before_the_start_names_the_candidates(config: SpotConfig) -> None:
+    from slurm_spot.failover import Failover
+
+    move = Failover(7, "cheap", ICE, ("other",), NOW, 0.0)
+    assert note_text(move) == (
+        f"slurm-spot: failover: no capacity on node set cheap (Code:{ICE}), cooled down until "
+        "2026-03-01T12:00:00Z; requeued at once, eligible now on other")
+
+
+# -- status --------------------------------------------------------------------------------
+def test_status_shows_each_node_sets_capacity(config: SpotConfig) -> None:
+    nodes = [node("cheap-1", "IDLE+CLOUD+POWERED_DOWN", f"(Code:{ICE})no spot capacity in a"),
+             node("cheap-2", "DOWN+CLOUD+POWERED_DOWN",
+                  f"(Code:{ICE})Temporarily disabled until 2026-03-01T12:05:00Z"),
+             node("other-1", "IDLE+CLOUD+POWERED_DOWN"),
+             node("mid-1", "DOWN+CLOUD+POWERED_DOWN",  # over: the reconciler re-enables it
+                  f"(Code:{ICE})Temporarily disabled until 2026-03-01T11:55:00Z")]
+    rows = {r["node_set"]: r for r in node_set_rows(config, nodes, NOW)}
+    assert rows["cheap"]["capacity"] == "cooldown"
+    assert rows["cheap"]["until"] == "2026-03-01T12:05:00+00:00"
+    assert rows["cheap"]["why"] == f"no capacity ({ICE}): no spot capacity in a"
+    assert (rows["other"]["capacity"], rows["other"]["until"]) == ("ok", None)
+    assert rows["mid"]["capacity"] == "ok"
+
+
+def test_the_resume_file_of_slurm_22_05_names_the_jobs_nodes() -> None:
+    """slurmctld 22.05.8 writes ``nodes`` (not ``nodes_alloc``): without it a failover
+    would not know which job to move."""
+    from slurm_spot.slurm.resume_file import parse_resume_file
+
+    text = '{"jobs":[{"job_id":1,"nodes":"cheap-[1-2]"}],"all_nodes":"cheap-[1-2]"}'
+    assert parse_resume_file(text) == {1: ("cheap-1", "cheap-2")}
