@@ -177,3 +177,28 @@ def test_job_figure_has_its_elements_and_is_a_png(tmp_path: Path) -> None:
     save_png(fig, out)
     assert _png_size(out) == (1000, 700)
     assert out.stat().st_size > 20_000
+
+
+def test_cost_finds_an_array_tasks_checkpoints_in_its_own_directory(tmp_path: Path) -> None:
+    """Issue 23: ``cost --job`` looked in ``<root>/<user>/<raw job id>``, but an array task's
+    checkpoints live in ``<root>/<user>/<array job>_<task>`` (the key the prolog uses), so an
+    array task's storage and lost steps were never read."""
+    from slurm_spot.commands.cost import job_usage
+    from slurm_spot.slurm.client import SlurmClient
+
+    config = parse_config(site(tmp_path))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sacct = bin_dir / "sacct"  # what sacct -X -D -P prints for array task 1234_2 (raw id 1237)
+    sacct.write_text("#!/bin/sh\necho '1237|1234_2|alice|2026-03-01T10:00:00|"
+                     "2026-03-01T12:00:00|gpu-1|COMPLETED|'\n")
+    sacct.chmod(0o755)
+    for key, step in (("1234_2", 10), ("1237", 99)):  # 1237: where cost looked before
+        folder = tmp_path / "ckpt" / "alice" / key / f"step_{step}"
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps(
+            {"step": step, "created_unix_s": at("11:00").timestamp(),
+             "files": {"model.pt": {"size": 123}}}))
+    usage = job_usage(config, SlurmClient(str(bin_dir)), 1237, [], None, at("16:00"))
+    assert usage.user == "alice"
+    assert [(c.step, c.size_bytes) for c in usage.checkpoints] == [(10, 123)]

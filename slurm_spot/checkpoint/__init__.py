@@ -13,6 +13,8 @@ ones import it:
   the writer thread); :mod:`.verify`: restore-side checks (sha256 while loading, shapes);
 - :mod:`.store`: :class:`CheckpointStore` (where checkpoints live), :class:`LocalStore`
   (a POSIX directory, the default) and :func:`open_store`;
+- :mod:`.location`: which store a root names (a directory, or an ``s3://`` URL kept as a
+  string) and the per-job layout ``<root>/<user>/<key>`` (no torch);
 - :mod:`.s3`: :class:`S3Store` (``s3://bucket/prefix``, boto3; no torch);
 - :mod:`.files`: the on-disk layout, validation, :func:`find_latest_valid`; :mod:`.commit`: the
   commit protocol (manifest last, rename, retention); :mod:`.diskerrors`: a failed save's

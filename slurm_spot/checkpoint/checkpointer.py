@@ -79,6 +79,7 @@ from slurm_spot.checkpoint.files import (
     find_latest_valid,
     validate,
 )
+from slurm_spot.checkpoint.location import Location, as_location
 from slurm_spot.checkpoint.s3 import CommitOutcomeUnknown
 from slurm_spot.checkpoint.snapshot import PendingCopies, Snapshotter, step_tensors, wait_for
 from slurm_spot.checkpoint.store import CheckpointStore, open_store
@@ -176,7 +177,7 @@ class Checkpointer:
             self.store: CheckpointStore = open_store(directory)
         else:
             self.store = directory
-        self.directory = Path(self.store.location)
+        self.directory: Location = as_location(self.store.location)
         self.keep = keep
         self.group = process_group
         self.verify_checksums = verify_checksums

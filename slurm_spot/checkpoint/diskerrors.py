@@ -9,6 +9,8 @@ import errno
 import os
 from pathlib import Path
 
+from slurm_spot.checkpoint.location import is_s3
+
 #: Free space (bytes) under which a failed write is reported as a full device even when the
 #: error itself does not say so.
 NEARLY_FULL_BYTES = 1 << 20
@@ -51,7 +53,7 @@ def describe_write_error(exc: BaseException, path: str | os.PathLike[str] | None
             code = cause.errno
             break
         cause = cause.__cause__ or cause.__context__
-    if path is None or str(path).startswith("s3://"):
+    if path is None or is_s3(path):
         free = None
     else:
         free = _free_bytes(Path(path))

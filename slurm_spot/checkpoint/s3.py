@@ -85,7 +85,7 @@ ENV_ENDPOINT_URL = "SLURM_SPOT_S3_ENDPOINT_URL"
 ENV_ADDRESSING_STYLE = "SLURM_SPOT_S3_ADDRESSING_STYLE"
 ENV_STAGING_DIR = "SLURM_SPOT_STAGING_DIR"
 _MiB = 1 << 20
-__all__ = ["INFLIGHT", "INFLIGHT_STALE_S", "CommitOutcomeUnknown", "S3Store", "is_s3_url",
+__all__ = ["INFLIGHT", "INFLIGHT_STALE_S", "CommitOutcomeUnknown", "S3Store",
            "parse_s3_url"]
 
 
@@ -93,11 +93,6 @@ class CommitOutcomeUnknown(CheckpointError):
     """The manifest PUT failed and S3 could not be read back to tell whether it was stored:
     the step may or may not be committed. Its data is kept (a stored manifest may name it);
     the next save or restore finds out (a manifest that does not verify is never used)."""
-
-
-def is_s3_url(value: str | os.PathLike[str]) -> bool:
-    """True for ``s3://...`` (what selects :class:`S3Store` over a directory)."""
-    return str(value).startswith("s3://")
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:

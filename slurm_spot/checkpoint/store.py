@@ -43,6 +43,7 @@ from slurm_spot.checkpoint.files import (
     symlinked_steps,
     validate,
 )
+from slurm_spot.checkpoint.location import is_s3
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class CheckpointStore(Protocol):
 def open_store(root: str | os.PathLike[str], **s3_options: Any) -> CheckpointStore:
     """The store for a checkpoint root: :class:`~slurm_spot.checkpoint.s3.S3Store` for
     ``s3://bucket/prefix`` (``s3_options`` go to it), else :class:`LocalStore`."""
-    if str(root).startswith("s3://"):
+    if is_s3(root):
         from slurm_spot.checkpoint.s3 import S3Store
 
         return S3Store(str(root), **s3_options)

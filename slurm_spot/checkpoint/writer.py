@@ -19,6 +19,7 @@ import torch
 
 from slurm_spot.checkpoint.files import CheckpointError
 from slurm_spot.checkpoint.hashing import HashingWriter
+from slurm_spot.checkpoint.location import as_location
 from slurm_spot.checkpoint.snapshot import PendingCopies
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class SaveHandle:
         if self._error is not None:
             raise CheckpointError(self._error)
         assert self._result is not None
-        return self._result if self._result.startswith("s3://") else Path(self._result)
+        return as_location(self._result)
 
 
 class _WriterThread:

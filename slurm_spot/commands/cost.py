@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from slurm_spot.checkpoint.location import Location, is_job_key, is_s3, job_directory
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.commands.completion import complete_jobs
 from slurm_spot.commands.events import parse_since
@@ -32,7 +33,10 @@ from slurm_spot.slurm.client import SlurmClient
 def job_usage(config: SpotConfig, slurm: SlurmClient, job_id: int, events: list[dict[str, Any]],
               checkpoint_dir: Path | None, now: datetime) -> JobUsage:
     """The job's usage: sacct's runs where accounting answers, else the events; checkpoints
-    from ``checkpoint_dir`` or ``<checkpoint.root>/<user>/<job id>`` when sacct names the user.
+    from ``checkpoint_dir``, or from the job's own directory under ``checkpoint.root``
+    (:func:`~slurm_spot.checkpoint.location.job_directory`: ``<root>/<user>/<key>``, the key
+    ``<array job>_<task>`` for an array task) when sacct names the user. Checkpoints under an
+    ``s3://`` root are not listed here (their storage then counts 0).
 
     Raises:
         BadInputError: neither source knows the job."""
@@ -45,12 +49,13 @@ def job_usage(config: SpotConfig, slurm: SlurmClient, job_id: int, events: list[
         usage = usage_from_sacct(job_id, rows, events, config, now)
     else:
         usage = usage_from_events(job_id, events, config)
-    folder = checkpoint_dir
-    if folder is None and usage.user and isinstance(config.checkpoint.root, Path):
-        # An s3:// root is not read here (no listing of the bucket): storage then counts 0.
-        folder = config.checkpoint.root / usage.user / str(job_id)
-    if folder is not None:
-        usage.checkpoints = read_checkpoints(folder)
+    folder: Location | None = checkpoint_dir
+    if folder is None and usage.user:
+        shown = rows[0].get("JobID", "") if rows else ""
+        key = shown if "_" in shown and is_job_key(shown) else str(job_id)
+        folder = job_directory(config.checkpoint.root, usage.user, key)
+    if folder is not None and not is_s3(folder):
+        usage.checkpoints = read_checkpoints(Path(folder))
     return usage
 
 

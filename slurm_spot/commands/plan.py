@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from slurm_spot.checkpoint.location import is_s3
 from slurm_spot.commands.common import (
     AppContext,
     json_option,
@@ -245,7 +246,7 @@ def checkpoint_cost(app: AppContext, checkpoint_s: float | None, checkpoint_dir:
 
     assert checkpoint_dir is not None
     options: dict[str, Any] = {}
-    config = optional_config(app) if checkpoint_dir.startswith("s3://") else None
+    config = optional_config(app) if is_s3(checkpoint_dir) else None
     if config is not None and config.checkpoint.s3.endpoint_url:
         options["endpoint_url"] = config.checkpoint.s3.endpoint_url
     if config is not None and config.checkpoint.s3.addressing_style != "auto":

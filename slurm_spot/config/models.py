@@ -330,7 +330,9 @@ class CheckpointConfig(_Model):
     @property
     def is_s3(self) -> bool:
         """True when ``root`` is an ``s3://`` URL."""
-        return isinstance(self.root, str)
+        from slurm_spot.checkpoint.location import is_s3
+
+        return is_s3(self.root)
 
 
 class PowerConfig(_Model):

@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_spot.checkpoint.location import is_s3
 from slurm_spot.errors import BadInputError
 
 #: ``save_s`` values outside [0, MAX_SAVE_S) are not believed (the manifest is the job's).
@@ -63,7 +64,7 @@ def recorded_saves(location: str | os.PathLike[str], **s3_options: Any) -> list[
 
     text = os.fspath(location)
     found: list[RecordedSave] = []
-    if text.startswith("s3://"):
+    if is_s3(text):
         for step, manifest in _s3_manifests(text, s3_options):
             if (save := _recorded(step, manifest)) is not None:
                 found.append(save)

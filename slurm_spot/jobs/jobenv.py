@@ -24,8 +24,8 @@ import shutil
 import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
+from slurm_spot.checkpoint.location import Location, as_location
 from slurm_spot.errors import BadInputError
 
 ENV_PREEMPT_SIGNAL = "SLURM_SPOT_PREEMPT_SIGNAL"
@@ -268,10 +268,8 @@ def requeue_exit_code(env: Env, default: int = DEFAULT_REQUEUE_EXIT_CODE) -> int
     return int(raw)
 
 
-def checkpoint_dir(env: Env) -> Path | str | None:
+def checkpoint_dir(env: Env) -> Location | None:
     """The job's checkpoint directory from ``SLURM_SPOT_CHECKPOINT_DIR``, or None if unset; an
     ``s3://bucket/prefix`` URL is returned as the string it is (a Path would fold its ``//``)."""
     raw = env.get(ENV_CHECKPOINT_DIR, "").strip()
-    if raw.startswith("s3://"):
-        return raw
-    return Path(raw) if raw else None
+    return as_location(raw) if raw else None

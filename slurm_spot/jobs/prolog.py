@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_spot import events
+from slurm_spot.checkpoint.location import job_directory
 from slurm_spot.config import S3_ROOT_PATTERN, SpotConfig
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.jobenv import ENV_SLURM_BIN_DIR, checkpoint_key, find_scontrol, restart_count
@@ -74,10 +75,7 @@ def checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path | str:
     key = checkpoint_key(env)
     if not _KEY.fullmatch(key):
         raise BadInputError(f"checkpoint key {key!r} from the job environment is not a job id")
-    root = checkpoint_root(config, env)
-    if isinstance(root, str):
-        return f"{root.rstrip('/')}/{user}/{key}"
-    return root / user / key
+    return job_directory(checkpoint_root(config, env), user, key)
 
 
 def _open_dir(name: str, parent_fd: int) -> int:

@@ -294,12 +294,14 @@ class SlurmQueries:
 
     def sacct_runs(self, job_id: int) -> list[dict[str, str]] | None:
         """Every run of ``job_id`` as ``sacct -X -D`` reports it (one row per requeue):
-        dicts with JobIDRaw, User, Start, End, NodeList, State and AdminComment.
+        dicts with JobIDRaw, JobID (``<array job>_<task>`` for an array task), User, Start,
+        End, NodeList, State and AdminComment.
         Returns None when accounting is not available (sacct fails: no slurmdbd).
 
         Raises:
             SlurmCommandError: sacct could not be run at all (missing, timeout)."""
-        fields = ("JobIDRaw", "User", "Start", "End", "NodeList", "State", "AdminComment")
+        fields = ("JobIDRaw", "JobID", "User", "Start", "End", "NodeList", "State",
+                  "AdminComment")
         result = self.run("sacct", "-j", str(job_id), "-X", "-D", "-n", "-P",
                           f"--format={','.join(fields)}", check=False)
         if result.returncode != 0:

@@ -1,0 +1,68 @@
+"""Where checkpoints live: which store a checkpoint root names, and the per-job layout.
+
+The one home of two facts the prolog, the job environment, the Checkpointer, ``cost``,
+``plan`` and ``sbatch`` share (docs/DESIGN.md, "Contract"):
+
+- a *root* (or any checkpoint location) is either a directory of a POSIX file system, kept as a
+  :class:`~pathlib.Path`, or an ``s3://bucket/prefix`` URL, kept as the string it is (a
+  ``Path`` would fold its ``//`` into ``s3:/bucket``);
+- a job's checkpoints live in ``<root>/<user>/<key>``, where the key is the job id, or
+  ``<array job id>_<task id>`` for an array task: the same across requeues, never the restart
+  count.
+
+Nothing here touches a file system or the network.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+#: A checkpoint location: a directory, or an ``s3://`` URL as a string.
+Location = Path | str
+
+S3_SCHEME = "s3://"
+_KEY = re.compile(r"[0-9]+(_[0-9]+)?")
+
+
+def is_s3(location: str | os.PathLike[str]) -> bool:
+    """True when ``location`` is an ``s3://bucket/prefix`` URL (it selects the S3 store)."""
+    return os.fspath(location).startswith(S3_SCHEME)
+
+
+def as_location(text: str | os.PathLike[str]) -> Location:
+    """``text`` as a location: an ``s3://`` URL stays the string it is, anything else is a
+    :class:`~pathlib.Path`."""
+    raw = os.fspath(text)
+    return raw if is_s3(raw) else Path(raw)
+
+
+def job_key(job_id: int | str, array_job_id: int | str | None = None,
+            array_task_id: int | str | None = None) -> str:
+    """The key of a job's checkpoint directory: ``"<array job id>_<task id>"`` for an array
+    task (both given), else the job id.
+
+    Raises:
+        ValueError: an id that is not a decimal number, or only one of the two array ids.
+    """
+    if (array_job_id is None) != (array_task_id is None):
+        raise ValueError("an array task needs both its array job id and its task id")
+    key = f"{array_job_id}_{array_task_id}" if array_job_id is not None else str(job_id)
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"checkpoint key {key!r} is not a job id or <array job>_<task>")
+    return key
+
+
+def is_job_key(text: str) -> bool:
+    """True for a job id or ``<array job id>_<task id>``."""
+    return _KEY.fullmatch(text) is not None
+
+
+def job_directory(root: Location, user: str, key: str) -> Location:
+    """``<root>/<user>/<key>``: where the job's checkpoints live (an ``s3://`` URL under an
+    S3 root). ``user`` and ``key`` are taken as given: the caller checks them (the prolog
+    refuses names that are not plain, :mod:`slurm_spot.jobs.prolog`)."""
+    if isinstance(root, str) or is_s3(root):
+        return f"{os.fspath(root).rstrip('/')}/{user}/{key}"
+    return root / user / key
