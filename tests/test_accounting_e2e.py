@@ -138,6 +138,64 @@ def test_a_submitit_job_given_a_notice_is_requeued_once_and_its_client_sees_succ
                 and job in e["job_ids"]]  # the watcher never requeued it a second time
 
 
+@pytest.mark.parametrize(("requeue_signal", "spare"), [("USR1", True), ("USR2", False)],
+                         ids=["usr1-spare-capacity", "usr2-no-spare-capacity"])
+def test_a_lightning_job_given_a_notice_is_requeued_once_and_resumes(
+        acct: Cluster, requeue_signal: str, spare: bool) -> None:
+    """Issue 25: a Lightning job (``SLURMEnvironment(auto_requeue=True)``, SIGUSR1 by default,
+    or the SIGUSR2 its user chose) on a cluster with slurmdbd, given a 20 s notice with a
+    spare node for the replacement and without one. Lightning saves its hpc checkpoint and
+    runs ``scontrol requeue`` itself; the watcher must not requeue it again: one requeue for
+    one notice, no NODE_FAIL or FAILED record, and the job resumes from its checkpoint."""
+    pytest.importorskip("lightning")
+    from tests.test_signals_e2e import job_events, last, script, step
+
+    work = acct.root / f"lightning-{requeue_signal}"
+    work.mkdir()
+    job = acct.sbatch("-p", "spot", "-N", "1", "--ntasks-per-node=1", "-o",
+                      str(work / "job.out"), str(script(
+                          acct, f"lightning-{requeue_signal}",
+                          f"srun {sys.executable} {FRAMEWORKS / 'lightning_job.py'} {work} 100"
+                          + (" USR2" if requeue_signal == "USR2" else ""),  # USR1: the default
+                          f"#SBATCH --signal=SIG{requeue_signal}@90\n#SBATCH --requeue\n")))
+    others: list[str] = []
+    try:
+        wait_for(lambda: step(work) >= 6, timeout=180, what="the Lightning job training")
+        victim = acct.job(job)["NodeList"]
+        if not spare:
+            others = [n for n in expand(acct.slurm("sinfo", "-h", "-p", "spot", "-o", "%N")
+                                        .strip()) if n != victim]
+            acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=DRAIN",
+                       "reason=test: no spare capacity")
+        acct.spot("local", "preempt", victim, "--notice", "20", "--conf-dir",
+                  str(acct.conf_dir))
+        wait_for(lambda: acct.job(job).get("Restarts", "0") != "0", timeout=90, interval=0.25,
+                 what="the job requeued")
+        if others:  # capacity comes back once the job has left: it runs again
+            acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=RESUME")
+            others = []
+        wait_for(lambda: last(work, "done"), timeout=240, what="the job done after its requeue")
+        wait_for(lambda: acct.job(job).get("JobState") == "COMPLETED", timeout=60,
+                 what="the job COMPLETED")
+    finally:
+        if others:
+            acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=RESUME")
+        subprocess.run(["scancel", str(job)], env=acct.env, check=False)
+    runs = wait_for(lambda: (rows := sacct(acct, job)) and rows[-1]["State"] == "COMPLETED"
+                    and rows, timeout=30, what="sacct to show the last run")
+    states = [r["State"].split()[0] for r in runs]
+    assert acct.job(job)["Restarts"] == "1", states
+    assert states in (["REQUEUED", "COMPLETED"], ["PREEMPTED", "COMPLETED"]), runs
+    assert not [e for e in acct.events() if e["action"] == "requeue_ended"
+                and job in e["job_ids"]]  # the watcher never requeued it a second time
+    signalled = [e for e in acct.events() if e["source"] == "watch"
+                 and e["action"] == "signalled" and job in e["job_ids"]]
+    assert [e["extra"]["signal"] for e in signalled] == [requeue_signal]
+    starts = [e for e in job_events(work) if e["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["step"] >= 6, starts  # resumed, not restarted
+    assert "Restored all states from the checkpoint at" in (work / "job.out").read_text()
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 

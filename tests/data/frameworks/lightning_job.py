@@ -1,12 +1,15 @@
 """A Lightning job as its users write it for Slurm: the default ``SLURMEnvironment``
 (``auto_requeue=True``) saves an ``hpc_ckpt_*.ckpt`` on SIGUSR1, runs ``scontrol requeue``,
 and the requeued job resumes from that checkpoint. A tiny CPU model; each training step is
-logged to ``<workdir>/events.jsonl``. Usage: ``python lightning_job.py WORKDIR STEPS``."""
+logged to ``<workdir>/events.jsonl``. Usage: ``python lightning_job.py WORKDIR STEPS [SIGNAL]``;
+SIGNAL (``USR2``) is given to ``SLURMEnvironment(requeue_signal=...)``, as users who submit
+with ``--signal=USR2@...`` write it (default: Lightning's own, SIGUSR1)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -46,11 +49,16 @@ class Tiny(L.LightningModule):
 
 def main() -> None:
     workdir, steps = Path(sys.argv[1]), int(sys.argv[2])
+    plugins = []
+    if len(sys.argv) > 3:
+        from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+        plugins.append(SLURMEnvironment(requeue_signal=getattr(signal, f"SIG{sys.argv[3]}")))
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     trainer = L.Trainer(max_steps=steps, default_root_dir=workdir, accelerator="cpu", devices=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+                        enable_model_summary=False, plugins=plugins)
     trainer.fit(Tiny(workdir), DataLoader(data, batch_size=4))
     event(workdir, "done", step=trainer.global_step)
 
