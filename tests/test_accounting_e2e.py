@@ -81,10 +81,12 @@ def test_sacct_shows_the_interrupted_run_and_its_requeue(acct: Cluster) -> None:
 FRAMEWORKS = Path(__file__).parent / "data" / "frameworks"
 
 
+@pytest.mark.parametrize("spare", [False, True], ids=["no-spare-capacity", "spare-capacity"])
 def test_a_submitit_job_given_a_notice_is_requeued_once_and_its_client_sees_success(
-        acct: Cluster) -> None:
+        acct: Cluster, spare: bool) -> None:
     """Issue 25: a submitit ``Checkpointable`` job requeues itself on the watcher's signal
-    (USR2), with no spare node for a replacement (the others drained). Its save takes 11 s
+    (USR2), with no spare node for a replacement (the others drained), and with one (the
+    replacement is powered up during the notice). Its save takes 11 s
     of the 20 s notice and its process leaves 4 s after its ``scontrol requeue``: still on
     the node (REQUEUED, completing) when the watcher's power-down is due (deadline - 5 s).
     The watcher must then only wait for it to leave and clear its requeue delay: one requeue
@@ -92,16 +94,17 @@ def test_a_submitit_job_given_a_notice_is_requeued_once_and_its_client_sees_succ
     takes for the job's end: ``UncompletedJobError (state: NODE_FAIL)`` while the job goes
     on)."""
     pytest.importorskip("submitit")
-    work = acct.root / "submitit-work"
+    work = acct.root / f"submitit-work-{spare}"
     work.mkdir()
     env = {**acct.env, "PYTHONPATH": str(FRAMEWORKS)}
     script = str(FRAMEWORKS / "submitit_job.py")
-    proc = subprocess.run([sys.executable, script, str(acct.root / "submitit"), str(work), "60",
+    folder = str(acct.root / f"submitit-{spare}")
+    proc = subprocess.run([sys.executable, script, folder, str(work), "60",
                            "11", "4"],
                           env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     job = int(proc.stdout.split()[-1])
-    client = subprocess.Popen([sys.executable, script, "result", str(acct.root / "submitit"),
+    client = subprocess.Popen([sys.executable, script, "result", folder,
                                str(job), "2"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     others: list[str] = []
@@ -109,10 +112,11 @@ def test_a_submitit_job_given_a_notice_is_requeued_once_and_its_client_sees_succ
         wait_for(lambda: any('"step"' in line for line in _lines(work / "events.jsonl")),
                  timeout=120, what="the submitit job training")
         victim = acct.job(job)["NodeList"]
-        others = [n for n in expand(acct.slurm("sinfo", "-h", "-p", "spot", "-o", "%N").strip())
-                  if n != victim]
-        acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=DRAIN",
-                   "reason=test: no spare capacity")
+        if not spare:
+            others = [n for n in expand(acct.slurm("sinfo", "-h", "-p", "spot", "-o", "%N")
+                                        .strip()) if n != victim]
+            acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=DRAIN",
+                       "reason=test: no spare capacity")
         acct.spot("local", "preempt", victim, "--notice", "20", "--conf-dir",
                   str(acct.conf_dir))
         wait_for(lambda: acct.job(job).get("Restarts", "0") != "0"
