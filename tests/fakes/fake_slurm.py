@@ -326,6 +326,12 @@ class FakeSlurm:
         if node.base != "DOWN":
             node.base = "IDLE"
 
+    def _to_power_up(self, node: FakeNode) -> None:
+        # scontrol(1) state=POWER_UP: slurmctld runs ResumeProgram; the node is POWERING_UP
+        # (idle#) until its slurmd registers, or DOWN if the resume hook marks it so.
+        if "POWERED_DOWN" in node.flags:
+            node.flags = (node.flags - {"POWERED_DOWN"}) | {"POWERING_UP"}
+
     def _to_idle(self, node: FakeNode) -> None:
         node.base, node.reason = "IDLE", ""
         node.flags.discard("NOT_RESPONDING")
