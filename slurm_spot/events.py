@@ -93,7 +93,10 @@ class Action(str, enum.Enum):
     # a job of ours pending on BadConstraints: reason names the job, its constraint and what
     # to do (also noted in its AdminComment); extra.constraint, extra.restarts
     BAD_CONSTRAINTS = "bad_constraints"
-    WEIGHT_RESTORED = "weight_restored"  # a prewarmed replacement's Weight back to slurm.conf's
+    WEIGHT_RESTORED = "weight_restored"  # a prewarmed replacement's Weight back to its set's
+    # the cost order of the node sets changed (prices, cooldowns): Weights updated in Slurm;
+    # extra.weights (node set -> Weight), extra.changed (Weight -> nodes), extra.usd_per_h
+    WEIGHTS_ORDERED = "weights_ordered"
     # job hooks (source epilog)
     JOB_END = "job_end"
 

@@ -96,8 +96,8 @@ class Failover:
     Attributes:
         job_id: the job.
         from_node_set: the node set that had no capacity; code: the provider's code.
-        candidates: the other node sets of the job's partitions, not cooling down, in Weight
-            order (where Slurm may start it).
+        candidates: the other node sets of the job's partitions, not cooling down, in the
+            Weight order Slurm has now (where Slurm may start it).
         cooldown_until: end of the failed node set's cooldown (aware UTC), None if none.
         error_at: when the capacity error was recorded (``time.time()`` seconds).
         expedited_at, started_at: when the hold was cleared / the job was seen started
@@ -187,16 +187,22 @@ def cooldown_targets(config: SpotConfig, failures: Sequence[LaunchFailure],
     return found
 
 
-def candidate_node_sets(config: SpotConfig, partitions: str, exclude: Sequence[str]) -> tuple[str, ...]:
+def candidate_node_sets(config: SpotConfig, partitions: str, exclude: Sequence[str],
+                        weights: Mapping[str, int] | None = None) -> tuple[str, ...]:
     """The node sets of the job's ``partitions`` (squeue's comma list) other than
     ``exclude``, lowest Weight first (slurm.conf(5) 22.05: "the lowest weight nodes that
-    satisfy the job are allocated first"), then as spot.yaml lists them."""
+    satisfy the job are allocated first"), then as spot.yaml lists them. ``weights``: node
+    set -> the Weight Slurm has now (:func:`slurm_spot.weights.current_weights`); None:
+    slurm.conf's (:func:`slurm_spot.weights.static_weights`)."""
+    from slurm_spot.weights import static_weights
+
+    weight = dict(weights) if weights is not None else static_weights(config)
     wanted = set(partitions.split(","))
     names: list[str] = []
     for partition in config.partitions:
         if partition.name in wanted:
             names += [n for n in partition.node_sets if n not in exclude and n not in names]
-    return tuple(sorted(names, key=lambda n: config.node_set(n).weight))
+    return tuple(sorted(names, key=lambda n: weight.get(n, config.node_set(n).weight)))
 
 
 def note_text(move: Failover) -> str:
@@ -265,7 +271,11 @@ def fail_over(
         run.moves[job_id] = Failover(job_id, from_set, code_of[lost[0]], (), until_of.get(from_set),
                                      error_at)
     if run.moves:
-        _clear_holds(config, slurm, run, failed_nodes, cooling, clock, sleep, requeue_wait_s)
+        from slurm_spot.weights import current_weights
+
+        weights = current_weights(config, nodes)
+        _clear_holds(config, slurm, run, failed_nodes, cooling, weights, clock, sleep,
+                     requeue_wait_s)
         _see_starts(config, slurm, run, clock, sleep, start_wait_s)
     return run
 
@@ -286,6 +296,7 @@ def _cool_down(config: SpotConfig, slurm: SlurmClient, run: FailoverRun) -> None
 
 def _clear_holds(config: SpotConfig, slurm: SlurmClient, run: FailoverRun,
                  failed_nodes: Sequence[str], cooling: Sequence[str],
+                 weights: Mapping[str, int],
                  clock: Callable[[], float], sleep: Callable[[float], None],
                  wait_s: float) -> None:
     """Poll the moved jobs until each is requeued, then ``StartTime=now`` it; a job not
@@ -309,7 +320,8 @@ def _clear_holds(config: SpotConfig, slurm: SlurmClient, run: FailoverRun,
             if step is HoldStep.EXPEDITE and job is not None:
                 move = run.moves[job_id]
                 move.candidates = candidate_node_sets(config, job.partition,
-                                                      [move.from_node_set, *cooling])
+                                                      [move.from_node_set, *cooling],
+                                                      weights)
                 move.restarts = job.restarts
                 ready.append(job_id)
             else:

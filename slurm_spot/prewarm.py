@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from slurm_spot.checkpoint.files import SaveCost
@@ -84,24 +85,40 @@ def can_power_up(node: Node) -> bool:
             and not node.state.is_powering_up and not node.state.flags & _BLOCKING_FLAGS)
 
 
-def compatible_node_sets(config: SpotConfig, node_set: NodeSetConfig) -> list[NodeSetConfig]:
-    """Node sets whose nodes can run any job ``node_set``'s nodes can: ``node_set`` itself
-    first, then the others that share a partition with it and have at least its CPUs, memory
-    and GPUs (same type), and all its features; by Weight, then config order."""
-    partitions = [p for p in config.partitions if node_set.name in p.node_sets]
-    names = {n for p in partitions for n in p.node_sets} - {node_set.name}
-    others = []
-    for other in config.node_sets:
-        if other.name not in names:
+def compatible_node_sets(config: SpotConfig, node_set: NodeSetConfig,
+                         partitions: Collection[str] | None = None,
+                         weights: Mapping[str, int] | None = None,
+                         exclude: Collection[str] = ()) -> list[NodeSetConfig]:
+    """Node sets whose nodes can run any job ``node_set``'s nodes can, in the order Slurm
+    would try them (pure).
+
+    Candidates are the node sets of ``partitions`` (the job's; None: every partition
+    ``node_set`` is in), ``node_set`` itself included, that have at least its CPUs, memory and
+    GPUs (same type) and all its features, and are not in ``exclude`` (node sets cooling down
+    after a capacity error, or whose replacement just failed to launch). They are ordered by
+    ``weights`` (node set -> the Weight Slurm has now, :func:`slurm_spot.weights.current_weights`;
+    None: slurm.conf's), so the cost order of :mod:`slurm_spot.cost.order` holds; at equal
+    Weight ``node_set`` first, then spot.yaml's order.
+    """
+    from slurm_spot.weights import static_weights
+
+    if partitions is None:
+        partitions = [p.name for p in config.partitions if node_set.name in p.node_sets]
+    wanted = set(partitions)
+    names = {n for p in config.partitions if p.name in wanted for n in p.node_sets}
+    weight = dict(weights) if weights is not None else static_weights(config)
+    found = []
+    for position, other in enumerate(config.node_sets):
+        if other.name not in names or other.name in exclude:
             continue
         gpus_ok = node_set.gpus is None or (
             other.gpus is not None and other.gpus.type == node_set.gpus.type
             and other.gpus.count >= node_set.gpus.count)
         if (other.cpus >= node_set.cpus and other.memory_mib >= node_set.memory_mib and gpus_ok
                 and set(node_set.features) <= set(other.features)):
-            others.append(other)
-    others.sort(key=lambda ns: ns.weight)
-    return [node_set, *others]
+            found.append((weight.get(other.name, other.weight), other.name != node_set.name,
+                          position, other))
+    return [ns for *_, ns in sorted(found, key=lambda f: f[:3])]
 
 
 @dataclass(frozen=True)
@@ -124,24 +141,34 @@ class Replacements:
 
 
 def choose_replacements(config: SpotConfig, noticed: str, nodes: Sequence[Node],
-                        needed: int) -> Replacements:
+                        needed: int, partitions: Collection[str] | None = None,
+                        now: datetime | None = None,
+                        exclude_sets: Collection[str] = ()) -> Replacements:
     """Pick ``needed`` replacements for node ``noticed`` (pure).
 
-    Candidates come from :func:`compatible_node_sets` of the noticed node's set (its own set
-    first). Nodes already up and idle are taken first (nothing to boot), then powered-down
-    nodes in set order, lowest configured Weight, then name order (``spot-2`` before
-    ``spot-10``). The noticed node itself, and nodes drained, down, failing, booting or powering
-    down, are never chosen.
+    Candidates come from any node set of the job's ``partitions`` (None: those of the noticed
+    node's set) that can run its job and has capacity: :func:`compatible_node_sets`, without
+    node sets cooling down at ``now`` (aware UTC; default the current time;
+    :func:`slurm_spot.weights.cooling_node_sets`) or in ``exclude_sets``, in the Weight order
+    Slurm has now (read from ``nodes``: the cost order). Nodes already up and idle are taken
+    first (nothing to boot), then powered-down nodes, both in that node set order, then name
+    order (``spot-2`` before ``spot-10``). The noticed node itself, and nodes drained, down,
+    failing, booting or powering down, are never chosen.
 
     Raises:
         BadInputError: ``noticed`` is in no node set.
     """
+    from slurm_spot.weights import cooling_node_sets, current_weights
+
     node_set = config.node_set_of(noticed)
     if node_set is None:
         raise BadInputError(f"node {noticed!r} belongs to no node set of {config.source_path}")
     if needed <= 0:
         return Replacements()
-    order = {ns.name: i for i, ns in enumerate(compatible_node_sets(config, node_set))}
+    cooling = cooling_node_sets(config, nodes, now or datetime.now(timezone.utc))
+    sets = compatible_node_sets(config, node_set, partitions, current_weights(config, nodes),
+                                cooling | set(exclude_sets))
+    order = {ns.name: i for i, ns in enumerate(sets)}
 
     def rank(node: Node) -> tuple[int, tuple[str, int]]:
         ns = config.node_set_of(node.name)
@@ -188,23 +215,30 @@ def job_checkpoint_dir(config: SpotConfig, job: Job) -> Path | None:
 
 
 def weights_to_restore(config: SpotConfig, nodes: Iterable[Node]) -> dict[str, int]:
-    """``{node: configured weight}`` for replacements whose wait is over (pure).
+    """``{node: its node set's Weight}`` for replacements whose wait is over (pure).
 
-    A node at :data:`PREWARM_WEIGHT` that is not its node set's configured Weight is a
-    replacement; its wait is over once it runs a job, or is powered down, down or drained
-    again (unused: SuspendTime powered it down). A replacement still booting, or up and idle,
-    keeps the low weight so the requeued job finds it. Other weights (an admin's) are left.
+    A node at :data:`PREWARM_WEIGHT` that is not its node set's Weight is a replacement; its
+    wait is over once it runs a job, or is powered down, down or drained again (unused:
+    SuspendTime powered it down). A replacement still booting, or up and idle, keeps the low
+    weight so the requeued job finds it. Other weights (an admin's) are left. The Weight it
+    gets back is the one its node set's other nodes have in ``nodes`` (the cost order of the
+    moment, :func:`slurm_spot.weights.current_weights`), else slurm.conf's.
     """
+    from slurm_spot.weights import current_weights
+
+    listed = list(nodes)
+    weights = current_weights(config, listed)
     result = {}
-    for node in nodes:
+    for node in listed:
         ns = config.node_set_of(node.name)
-        if ns is None or node.weight is None or node.weight == ns.weight:
+        if ns is None or node.weight is None or node.weight == weights[ns.name]:
             continue
         if node.weight != PREWARM_WEIGHT:
             continue
-        waiting = node.state.is_powering_up or is_ready_replacement(node)
+        waiting = not node.state.is_down and (node.state.is_powering_up
+                                              or is_ready_replacement(node))
         if not waiting:
-            result[node.name] = ns.weight
+            result[node.name] = weights[ns.name]
     return result
 
 
@@ -222,6 +256,11 @@ def restore_weights(config: SpotConfig, slurm: SlurmClient, nodes: Iterable[Node
     return done
 
 
+#: How many times a notice's replacements are chosen again, from the next node set, after
+#: the chosen ones failed to launch (no capacity there: the resume hook set them DOWN).
+PREWARM_RETRIES = 2
+
+
 @dataclass
 class Prewarm:
     """One notice's replacements: power them up, tell when they are up, restore their weight.
@@ -231,15 +270,34 @@ class Prewarm:
         slurm: the Slurm client (``scontrol`` to slurmctld).
         noticed: the node under notice.
         clock: epoch seconds (injectable for tests).
+        partitions: the partitions of the node's jobs (squeue's ``partition``, each may be a
+            comma list): replacements come from any of their node sets; None: those of the
+            noticed node's set.
+        retries: how many times replacements that failed to launch are chosen again from
+            the node sets not tried yet (:data:`PREWARM_RETRIES`).
+        on_retry: called with the failed nodes and the new choice after each retry (the
+            watcher writes it as a ``prewarm`` event).
     """
 
     config: SpotConfig
     slurm: SlurmClient
     noticed: str
     clock: Callable[[], float]
+    partitions: Collection[str] | None = None
+    retries: int = PREWARM_RETRIES
+    on_retry: Callable[[tuple[str, ...], Replacements], None] | None = None
     chosen: Replacements = field(default_factory=Replacements)
     requested_at: float = 0.0
     errors: list[str] = field(default_factory=list)
+    tried: list[str] = field(default_factory=list)
+    failed_sets: set[str] = field(default_factory=set)
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), timezone.utc)
+
+    def _partitions(self) -> list[str] | None:
+        found = sorted({p for item in self.partitions or () for p in item.split(",") if p})
+        return found or None
 
     def start(self, jobs: int) -> Replacements:
         """Choose one replacement per job and power up those that are down (Weight 0 first,
@@ -249,26 +307,39 @@ class Prewarm:
         except SlurmCommandError as exc:
             self.errors.append(str(exc))
             return self.chosen
-        self.chosen = choose_replacements(self.config, self.noticed, nodes, jobs)
-        self.requested_at = self.clock()
-        if self.chosen.power_up:
-            try:
-                self.slurm.set_weight(self.chosen.power_up, PREWARM_WEIGHT)
-            except SlurmCommandError as exc:
-                self.errors.append(str(exc))
-            try:
-                self.slurm.power_up(self.chosen.power_up)
-            except SlurmCommandError as exc:
-                self.errors.append(str(exc))
-                self.restore()
-                self.chosen = Replacements(self.chosen.ready, (), self.chosen.short
-                                           + len(self.chosen.power_up))
+        self.chosen = choose_replacements(self.config, self.noticed, nodes, jobs,
+                                          self._partitions(), self._now())
+        self._power_up()
         return self.chosen
+
+    def _power_up(self) -> None:
+        self.requested_at = self.clock()
+        if not self.chosen.power_up:
+            return
+        self.tried += [n for n in self.chosen.power_up if n not in self.tried]
+        try:
+            self.slurm.set_weight(self.chosen.power_up, PREWARM_WEIGHT)
+        except SlurmCommandError as exc:
+            self.errors.append(str(exc))
+        try:
+            self.slurm.power_up(self.chosen.power_up)
+        except SlurmCommandError as exc:
+            self.errors.append(str(exc))
+            self.restore()
+            self.chosen = Replacements(self.chosen.ready, (), self.chosen.short
+                                       + len(self.chosen.power_up))
 
     def status(self) -> str:
         """``"up"`` (every replacement is up, or none was booted), ``"failed"`` (none of the
         booting ones can come up: down, or powered down again 15 s after the request) or
-        ``"booting"``."""
+        ``"booting"``. When every booting one failed and retries are left, replacements are
+        chosen again from the other node sets (:meth:`retry`): ``"booting"`` then."""
+        status = self._status()
+        if status == "failed" and self.retries > 0 and self.retry():
+            return "booting"
+        return status
+
+    def _status(self) -> str:
         if not self.chosen.power_up:
             return "up"
         try:
@@ -290,14 +361,39 @@ class Prewarm:
             return "booting"
         return "up" if "up" in states else "failed"
 
+    def retry(self) -> bool:
+        """Choose the failed replacements again from node sets not tried yet (the cost order
+        still holds; the failed node sets are cooling down or excluded) and power them up.
+        Returns True when new ones are booting. Uses up one retry."""
+        self.retries -= 1
+        failed = self.chosen.power_up
+        self.failed_sets |= {ns.name for n in failed
+                             if (ns := self.config.node_set_of(n)) is not None}
+        try:
+            nodes = self.slurm.nodes()
+        except SlurmCommandError as exc:
+            self.errors.append(str(exc))
+            return False
+        again = choose_replacements(self.config, self.noticed,
+                                    [n for n in nodes if n.name not in self.chosen.nodes],
+                                    len(failed), self._partitions(), self._now(),
+                                    self.failed_sets)
+        self.chosen = Replacements(self.chosen.ready + again.ready, again.power_up, again.short)
+        self._power_up()
+        if self.on_retry is not None:
+            self.on_retry(failed, again)
+        return bool(self.chosen.power_up)
+
     def restore(self) -> list[str]:
-        """Restore the configured weight of replacements whose wait is over (or all of them
-        when the power-up was refused)."""
-        if not self.chosen.power_up:
+        """Restore the Weight of every replacement this notice powered up whose wait is over
+        (or all of them when the power-up was refused): its node set's Weight of the moment."""
+        if not self.tried:
             return []
         try:
-            nodes = self.slurm.nodes(self.chosen.power_up)
+            nodes = self.slurm.nodes()
         except SlurmCommandError as exc:
             self.errors.append(str(exc))
             return []
-        return restore_weights(self.config, self.slurm, nodes)
+        mine = set(self.tried)
+        return restore_weights(self.config, self.slurm,
+                               [n for n in nodes if n.name in mine or n.weight != PREWARM_WEIGHT])

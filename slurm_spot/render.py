@@ -104,15 +104,20 @@ def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
 
 def node_lines(config: SpotConfig) -> list[str]:
     """``NodeName=`` lines: one per node set, or one per node for the local provider (each
-    local slurmd needs its own ``Port``).
+    local slurmd needs its own ``Port``). ``Weight`` is the node set's place in the cost order
+    (:func:`slurm_spot.weights.static_weights`; spot.yaml's ``weight`` with ``power.order:
+    weight``).
 
     Raises:
         ConfigError: an EC2 instance type whose shape is unknown (see :func:`node_shape`).
     """
+    from slurm_spot.weights import static_weights
+
+    weights = static_weights(config)
     lines = []
     for index in range(len(config.node_sets)):
         ns = node_shape(config, index)
-        common = _node_attributes(ns)
+        common = _node_attributes(ns, weights[ns.name])
         provider = config.providers[ns.provider]
         if isinstance(provider, LocalProviderConfig):
             for i, node in enumerate(ns.node_names, start=1):
@@ -134,13 +139,13 @@ def _node_offset(config: SpotConfig, node_set: NodeSetConfig) -> int:
     return offset
 
 
-def _node_attributes(ns: NodeSetConfig) -> str:
+def _node_attributes(ns: NodeSetConfig, weight: int) -> str:
     parts = [f"CPUs={ns.cpus}", f"RealMemory={ns.memory_mib}"]
     if ns.gpus:
         parts.append(f"Gres=gpu:{ns.gpus.type}:{ns.gpus.count}")
     features = [ns.name, ns.market, *ns.features]
     parts.append(f"Feature={','.join(dict.fromkeys(features))}")
-    parts.append(f"Weight={ns.weight}")
+    parts.append(f"Weight={weight}")
     parts.append("State=CLOUD")
     return " ".join(parts)
 

@@ -4,7 +4,9 @@ On an interruption notice for its node it:
 
 1. drains the node with reason ``spot-interruption:<action>@<time>`` (no new jobs land);
 2. with ``preemption.prewarm`` (default), has one replacement node per job powered up at once,
-   through slurmctld (:mod:`slurm_spot.prewarm`), so its boot hides behind the notice;
+   through slurmctld (:mod:`slurm_spot.prewarm`), so its boot hides behind the notice; it comes
+   from any node set of the job's partition that has capacity, cheapest first, and is chosen
+   again from the next node set if it fails to launch (a ``prewarm`` event with ``failed``);
 3. sends every job on the node the preemption signal that job handles (its own ``--signal``,
    else what its processes catch, else spot.yaml's; never one its processes would die of:
    :mod:`slurm_spot.jobs.signal_choice`): with prewarm when the replacements are up, or at the
@@ -167,14 +169,24 @@ class Watcher:
         self._try(outcome, lambda: self.slurm.set_state([self.node], "DRAIN", reason))
         jobs = self._jobs_here(outcome)
         outcome.jobs = jobs
-        self._restarts_at_notice = {j.job_id: j.restarts for j in self._read_jobs(outcome, jobs)}
+        read = self._read_jobs(outcome, jobs)
+        self._restarts_at_notice = {j.job_id: j.restarts for j in read}
         self._event(events.Action.NOTICE, reason=reason, job_ids=tuple(jobs),
                     extra={"deadline": notice.deadline.isoformat(), "source": notice.source,
                            # read by the reconciler (jobs.requeue.restarts_at_notice)
                            "restarts": {str(j): n for j, n in self._restarts_at_notice.items()}})
         prewarm = None
         if jobs and self.config.preemption.prewarm:
-            prewarm = Prewarm(self.config, self.slurm, self.node, self.clock)
+            # Replacements from any node set of the jobs' partitions (issue 24, part 3).
+            prewarm = Prewarm(self.config, self.slurm, self.node, self.clock,
+                              partitions=[j.partition for j in read if j.partition] or None,
+                              on_retry=lambda failed, again: self._event(
+                                  events.Action.PREWARM, job_ids=tuple(jobs),
+                                  reason=f"replacement(s) {','.join(failed)} failed to launch: "
+                                         "chosen again from the next node set",
+                                  extra={"power_up": list(again.power_up),
+                                         "ready": list(again.ready), "short": again.short,
+                                         "failed": list(failed)}))
             chosen = prewarm.start(len(jobs))
             outcome.replacements = list(chosen.nodes)
             outcome.errors.extend(prewarm.errors)

@@ -151,8 +151,27 @@ class NodeSetConfig(_Model):
     gpus: GpuSpec | None = None
     features: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")]] = Field(default_factory=list)
     weight: int = Field(1, ge=0, le=65533)  # slurm.conf(5) Weight: 0..65533
+    interruption_band: str | None = Field(
+        None, description="AWS Spot Advisor 'frequency of interruption' band of this node "
+        "set's spot capacity (<5%, 5-10%, 10-15%, 15-20%, >20%), for the cost order of "
+        "power.order: cost (slurm_spot/cost/order.py); unset: 5-10% for a spot node set")
     aws: AwsNodeSetOptions | None = None
     gcp: GcpNodeSetOptions | None = None
+
+    @field_validator("interruption_band")
+    @classmethod
+    def _known_band(cls, value: str | None) -> str | None:
+        """One of the five Spot Advisor bands (slurm_spot/cost/planner.py BANDS)."""
+        if value is None:
+            return None
+        from slurm_spot.cost.planner import band_fraction
+        from slurm_spot.errors import BadInputError
+
+        try:
+            band_fraction(value)
+        except BadInputError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("name")
     @classmethod
@@ -350,6 +369,12 @@ class PowerConfig(_Model):
         "set down and clear Slurm's requeue hold of the jobs it failed, so they start on "
         "another node set of their partition within seconds (slurm_spot/failover.py); false: "
         "the failed node alone goes DOWN and its job waits out Slurm's ~121 s requeue hold")
+    order: Literal["cost", "weight"] = Field(
+        "cost", description="how the node sets of a partition are ordered (Slurm's node "
+        "Weight): cost: cheapest expected cost first within each spot.yaml weight, on-demand "
+        "last, kept in step with live prices and cooldowns by the reconciler "
+        "(slurm_spot/cost/order.py, docs/admin.md); weight: spot.yaml's weight as written, "
+        "never changed by slurm-spot")
 
 
 class ReconcileConfig(_Model):

@@ -12,6 +12,10 @@ collide. Names follow Prometheus conventions (``_total`` counters, ``_seconds`` 
 - ``slurm_spot_interruptions_total{node_set}``: instances the provider took back under a node;
 - ``slurm_spot_orphans_terminated_total{provider}``: instances terminated with no node;
 - ``slurm_spot_launch_failures_total{node_set,code}``: failed launches seen in the events;
+- ``slurm_spot_failovers_total{node_set,reason}``: jobs moved off a node set without
+  capacity, by that node set and the provider's code (InsufficientInstanceCapacity,
+  ZONE_RESOURCE_POOL_EXHAUSTED, ...), one per ``failover`` event the resume hook's worker
+  wrote (:mod:`slurm_spot.failover`; counted from the events file, as the hooks run no server);
 - ``slurm_spot_reconcile_actions_total{action,outcome}``: actions, ``ok`` or ``error``;
 - ``slurm_spot_reconcile_pass_duration_seconds``: histogram of pass durations;
 - ``slurm_spot_reconcile_last_pass_timestamp_seconds``: end of the last complete pass;
@@ -60,6 +64,7 @@ METRIC_NAMES = (
     "slurm_spot_reconcile_actions_total", "slurm_spot_reconcile_pass_duration_seconds",
     "slurm_spot_reconcile_last_pass_timestamp_seconds", "slurm_spot_launch_latency_seconds",
     "slurm_spot_time_to_running_seconds", "slurm_spot_recovery_seconds", "slurm_spot_events_total",
+    "slurm_spot_failovers_total",
 )
 
 
@@ -90,6 +95,9 @@ class ReconcileMetrics:
         self.launch_failures = Counter("slurm_spot_launch_failures",
                                        "Failed launches by node set and provider code",
                                        ["node_set", "code"], registry=r)
+        self.failovers = Counter("slurm_spot_failovers",
+                                 "Jobs moved off a node set without capacity, by that node set "
+                                 "and the provider's code", ["node_set", "reason"], registry=r)
         self.actions = Counter("slurm_spot_reconcile_actions", "Reconciler actions by outcome",
                                ["action", "outcome"], registry=r)
         self.pass_duration = Histogram("slurm_spot_reconcile_pass_duration_seconds",

@@ -90,6 +90,7 @@ from slurm_spot.reconcile.rules import (
     plan_pass,
 )
 from slurm_spot.slurm.client import JobRecord, Node, SlurmClient
+from slurm_spot.weights import PriceOf
 
 log = logging.getLogger(__name__)
 # Jobs that ended this long (plus one pass interval) before a lost node was seen are taken as
@@ -188,6 +189,10 @@ class Reconciler:
         # node -> first pass that found it up with no instance listed (see missing_since)
         self._missing_since: dict[str, datetime] = {}
         self._notes: list[tuple[int, str]] = []
+        # the cost order's price lookup (built at the first pass) and the last price of each
+        # node set, kept for passes whose lookup fails (slurm_spot.weights.price_lookup)
+        self._price_of: PriceOf | None = None
+        self._prices: dict[str, float] = {}
         self._job_records: list[JobRecord] | SlurmCommandError | None = None
         self._elastic = ElasticJobs(slurm)  # per pass: which jobs are elastic
         # the pass's providers: each built once per pass (one cloud session and client)
@@ -278,8 +283,32 @@ class Reconciler:
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
             self._emit(result, Action.WEIGHT_RESTORED, node=node)
+        if self.config.power.order == "cost":
+            self._order_weights(snap, result)
         self._observe(snap, result, time.monotonic() - started)
         return result
+
+    def _order_weights(self, snap: Snapshot, result: PassResult) -> None:
+        """Keep Slurm's node Weights in the cost order (:mod:`slurm_spot.weights`): prices
+        (live where the provider gives them, the last known one when a lookup fails) and
+        cooldowns of this pass; one ``weights_ordered`` event when a Weight changed."""
+        from slurm_spot.weights import live_weights, price_lookup, sync_weights
+
+        if self._price_of is None:
+            self._price_of = price_lookup(self.config, live=True, known=self._prices)
+        weights = live_weights(self.config, snap.nodes, snap.now, self._price_of)
+        done = sync_weights(self.config, self.slurm, weights, snap.nodes)
+        for error in done.errors:
+            result.errors.append(error)
+            self.metrics.action("order_weights", ok=False)
+        if done.changed:
+            self.metrics.action("order_weights", ok=True)
+            order = sorted(weights, key=lambda n: weights[n])
+            self._emit(result, Action.WEIGHTS_ORDERED,
+                       reason=f"node sets tried in the order {', '.join(order)}",
+                       extra={"weights": weights,
+                              "changed": {str(w): names for w, names in done.changed.items()},
+                              "usd_per_h": {n: self._prices.get(n) for n in order}})
 
     def _act_all(self, decisions: Sequence[NodeDecision], failed: Mapping[str, str],
                  snap: Snapshot, result: PassResult) -> list[int]:
@@ -697,6 +726,9 @@ class Reconciler:
             if event.get("action") == Action.LAUNCH_FAILED and isinstance(extra, dict):
                 node_set = self.node_set_of.get(str(event.get("node")), "unknown")
                 m.launch_failures.labels(node_set, str(extra.get("code"))).inc()
+            if event.get("action") == Action.FAILOVER and isinstance(extra, dict):
+                m.failovers.labels(str(extra.get("from_node_set") or "unknown"),
+                                   str(extra.get("code") or "unknown")).inc()
         self._failures_seen_after = snap.now
         try:  # one squeue per pass: submit/start times for the latency histograms
             jobs = self.slurm.jobs()

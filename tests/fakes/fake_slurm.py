@@ -30,6 +30,7 @@ class FakeNode:
     instance_id: str = ""
     instance_type: str = ""
     slurmd_start_time: int = 0  # Unix seconds, as sinfo --json gives it (0: not registered)
+    weight: int | None = None  # scheduling Weight (None: not shown, as before weights mattered)
 
     @property
     def state(self) -> str:
@@ -165,6 +166,7 @@ class FakeSlurm:
              "state": n.base.lower(), "state_flags": sorted(n.flags), "reason": n.reason,
              "partitions": ["spot"], "boot_time": _epoch(n.boot_time),
              "slurmd_start_time": n.slurmd_start_time,
+             **({"weight": n.weight} if n.weight is not None else {}),
              **({"instance_id": n.instance_id, "instance_type": n.instance_type}
                 if self._at_least(23, 11) else {})}
             for n in self.nodes.values()]}
@@ -261,8 +263,9 @@ class FakeSlurm:
         reason = f" Reason={n.reason} [root@2026-03-01T11:00:00]" if n.reason else ""
         instance = (f" InstanceId={n.instance_id or '(null)'} "
                     f"InstanceType={n.instance_type or '(null)'}") if self._at_least(23, 11) else ""
+        weight = f" Weight={n.weight}" if n.weight is not None else ""
         return (f"NodeName={n.name} Arch=x86_64 CoresPerSocket=1 NodeAddr={n.addr} "
-                f"NodeHostName={n.hostname} State={n.state} BootTime={n.boot_time} "
+                f"NodeHostName={n.hostname} State={n.state}{weight} BootTime={n.boot_time} "
                 f"Partitions=spot{instance}{reason}\n")
 
     def _at_least(self, major: int, minor: int) -> bool:
@@ -287,6 +290,9 @@ class FakeSlurm:
         state = settings.get("state", "").upper()
         if state in ("DOWN", "DRAIN") and not settings.get("reason"):
             raise _Refused("You must specify a reason when DOWNING or DRAINING a node")
+        if "weight" in settings:  # scontrol(1): Weight=<weight>, any node state
+            for name in names:
+                self.nodes[name].weight = int(settings["weight"])
         for name in names:
             if state:
                 getattr(self, f"_to_{state.lower()}")(self.nodes[name])
@@ -319,6 +325,12 @@ class FakeSlurm:
             {"POWER_DOWN"} if node.base == "DOWN" else {"POWERING_DOWN"})
         if node.base != "DOWN":
             node.base = "IDLE"
+
+    def _to_power_up(self, node: FakeNode) -> None:
+        # scontrol(1) state=POWER_UP: slurmctld runs ResumeProgram; the node is POWERING_UP
+        # (idle#) until its slurmd registers, or DOWN if the resume hook marks it so.
+        if "POWERED_DOWN" in node.flags:
+            node.flags = (node.flags - {"POWERED_DOWN"}) | {"POWERING_UP"}
 
     def _to_idle(self, node: FakeNode) -> None:
         node.base, node.reason = "IDLE", ""
