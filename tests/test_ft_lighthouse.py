@@ -64,3 +64,40 @@ def test_a_taken_port_is_an_error_naming_the_address() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(BadInputError, match=f"127.0.0.1:{port}"):
             Lighthouse("127.0.0.1", port)
+
+
+def _cli(*args: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "slurm_spot", "lighthouse", *args]
+
+
+def test_the_command_refuses_every_interface_with_exit_2() -> None:
+    import subprocess
+
+    proc = subprocess.run(_cli("--listen", "0.0.0.0"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "every interface" in proc.stderr
+
+
+def test_the_command_serves_on_its_address_until_sigterm() -> None:
+    import re
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(_cli("--listen", "127.0.0.1", "--port", "0"),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        assert found, line
+        port = int(found.group(1))
+        assert _listening(port) == ["0100007F"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
