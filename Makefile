@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[aws,gcp,train,examples,dev,plot]"
+	$(PIP) install -q -e ".[aws,gcp,train,examples,dev,plot,ft]"
 	touch $@
 
 venv: $(VENV)/.installed

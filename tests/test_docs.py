@@ -80,7 +80,8 @@ def test_every_command_and_option_a_page_shows_exists(page: Path) -> None:
 
 def test_the_checkpoint_example_uses_the_real_api() -> None:
     text = (ROOT / "docs" / "ml-engineer.md").read_text()
-    (code,) = [body for lang, body in FENCE.findall(text) if lang == "python"]
+    (code,) = [body for lang, body in FENCE.findall(text)
+               if lang == "python" and "slurm_spot.checkpoint" in body]
     compile(code, "ml-engineer.md", "exec")
     import slurm_spot.checkpoint as ckpt
 
@@ -95,6 +96,23 @@ def test_the_checkpoint_example_uses_the_real_api() -> None:
                              ("Checkpointer", "save_async")):
         assert hasattr(getattr(ckpt, owner), attribute), f"{owner}.{attribute}"
         assert f".{attribute}(" in text or f"={attribute}" in text or f".{attribute}" in text
+
+
+def test_the_fault_tolerant_example_uses_torchfts_real_api() -> None:
+    """The torchft loop of docs/ml-engineer.md compiles and names what torchft 0.2.0 has (the
+    ``ft`` extra)."""
+    import torchft
+    import torchft.optim
+
+    text = (ROOT / "docs" / "ml-engineer.md").read_text()
+    (code,) = [body for lang, body in FENCE.findall(text)
+               if lang == "python" and "torchft" in body]
+    compile(code, "ml-engineer.md", "exec")
+    assert hasattr(torchft, "Manager") and hasattr(torchft, "ProcessGroupGloo")
+    assert hasattr(torchft.optim, "OptimizerWrapper")
+    for attribute in ("allreduce", "current_step", "participating_rank", "num_participants"):
+        assert hasattr(torchft.Manager, attribute), attribute
+        assert f"manager.{attribute}(" in code, attribute
 
 
 def test_the_admin_page_names_only_exported_metrics() -> None:

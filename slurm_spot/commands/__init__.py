@@ -32,6 +32,7 @@ COMMAND_MODULES: dict[str, str] = {
     "status": "status",
     "sbatch": "sbatch",
     "rendezvous": "rendezvous",
+    "lighthouse": "lighthouse",
     "demo": "demo",
     "plan": "plan",
     "cost": "cost",
@@ -44,7 +45,8 @@ COMMAND_MODULES: dict[str, str] = {
 #: TaskProlog, Epilog; slurm.conf(5)), which nobody types but which stay callable by hand.
 COMMAND_SECTIONS: dict[str, tuple[str, ...]] = {
     "Commands": ("sbatch", "status", "events", "instances", "node-name", "config", "render",
-                 "plan", "cost", "simulate", "local", "demo", "rendezvous"),
+                 "plan", "cost", "simulate", "local", "demo", "rendezvous",
+                 "lighthouse"),
     "Daemons (run by systemd: slurm-spot reconcile/watch --systemd-unit)": ("reconcile", "watch"),
     "Slurm hooks (slurm.conf runs them; see 'slurm-spot render')": (
         "resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog"),

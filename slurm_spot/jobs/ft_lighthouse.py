@@ -1,0 +1,164 @@
+"""The torchft lighthouse of a fault-tolerant job: where its replica groups form each step's
+quorum, bound to one address, never every interface.
+
+torchft (``pip install 'slurm-spot[ft]'``) keeps surviving replica groups training while one
+is lost: at every step each group's manager asks the lighthouse for a quorum (who takes part,
+who is behind and heals from whom). The lighthouse is a Rust gRPC server inside torchft's wheel
+(``torchft._torchft.LighthouseServer``); it must run where no reclaim takes it, so on the job's
+on-demand coordinator, never on a spot node (docs/ml-engineer.md, "Fault-tolerant training").
+
+torchft is imported here only, when a lighthouse is started (the rest of slurm-spot runs
+without it installed).
+
+How long a lost replica holds the others up is :class:`LighthouseTimeouts`: the quorum of the
+next step waits for every replica whose heartbeat is younger than ``heartbeat_timeout_ms``, so
+that is the longest pause of the survivors after a replica vanished without a word.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.rendezvous import ALL_INTERFACES, format_endpoint, parse_host
+
+
+class TorchftMissingError(BadInputError):
+    """torchft is not installed where a fault-tolerant job needs it."""
+
+
+def import_torchft_lighthouse() -> Any:
+    """``torchft._torchft.LighthouseServer``.
+
+    Raises:
+        TorchftMissingError: torchft is not importable (the ``ft`` extra is not installed).
+    """
+    try:
+        from torchft._torchft import LighthouseServer
+    except ImportError as exc:
+        raise TorchftMissingError(
+            f"torchft is not installed here ({exc}); install slurm-spot's ft extra: "
+            "pip install 'slurm-spot[ft]'") from None
+    return LighthouseServer
+
+
+@dataclass(frozen=True)
+class LighthouseTimeouts:
+    """The lighthouse's timing, in milliseconds (torchft's ``LighthouseServer`` arguments).
+
+    Attributes:
+        join_timeout_ms: how long a quorum waits for replicas that heartbeat but have not
+            asked to join (a replacement still starting) before it forms without them.
+        heartbeat_timeout_ms: a replica whose last heartbeat (every 100 ms by default) is older
+            is counted dead, and the next quorum forms without it. Lower: survivors resume
+            sooner after a loss without notice; too low: a replica stalled that long (a loaded
+            CPU, a long garbage collection) is dropped and has to heal.
+        quorum_tick_ms: how often the lighthouse checks whether a quorum can form.
+    """
+
+    join_timeout_ms: int = 1000
+    heartbeat_timeout_ms: int = 1000
+    quorum_tick_ms: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("join_timeout_ms", "heartbeat_timeout_ms", "quorum_tick_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadInputError(f"lighthouse {name} must be an integer >= 1 (ms), "
+                                    f"got {value!r}")
+
+
+class Lighthouse:
+    """A running torchft lighthouse on ``host:port`` (``port`` 0: one the kernel picks).
+
+    Args:
+        host: the address to bind, this machine's on the cluster network (a hostname, IPv4,
+            or IPv6 address); ``0.0.0.0``/``::`` are refused.
+        port: TCP port, 0..65535.
+        min_replicas: fewest replica groups a quorum needs (>= 1).
+        timeouts: see :class:`LighthouseTimeouts`.
+
+    Raises:
+        BadInputError: ``host`` is every interface or malformed, ``port`` or ``min_replicas``
+            out of range, or the address cannot be bound (the message names it).
+        TorchftMissingError: torchft is not installed.
+    """
+
+    def __init__(self, host: str, port: int = 0, min_replicas: int = 1,
+                 timeouts: LighthouseTimeouts | None = None) -> None:
+        every = host.strip() in ALL_INTERFACES
+        if not every:
+            host = parse_host(host, "lighthouse address")
+            try:
+                every = ipaddress.ip_address(host).is_unspecified
+            except ValueError:
+                pass  # a hostname
+        if every:
+            raise BadInputError(f"lighthouse address {host!r} is every interface: the "
+                                "lighthouse has no authentication of its own; give this "
+                                "machine's address on the cluster network (its NodeAddr)")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise BadInputError(f"lighthouse port must be 0..65535, got {port!r}")
+        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) \
+                or min_replicas < 1:
+            raise BadInputError(f"lighthouse min_replicas must be an integer >= 1, got "
+                                f"{min_replicas!r}")
+        timeouts = timeouts or LighthouseTimeouts()
+        server_class = import_torchft_lighthouse()
+        bind = format_endpoint(host, port)
+        try:
+            self._server = server_class(
+                bind=bind, min_replicas=min_replicas,
+                join_timeout_ms=timeouts.join_timeout_ms,
+                quorum_tick_ms=timeouts.quorum_tick_ms,
+                heartbeat_timeout_ms=timeouts.heartbeat_timeout_ms)
+        except Exception as exc:  # the Rust side raises RuntimeError/OSError-like errors
+            raise BadInputError(f"cannot start the lighthouse on {bind}: {exc}") from None
+        self.host = host
+        self.timeouts = timeouts
+        self.min_replicas = min_replicas
+
+    @property
+    def address(self) -> str:
+        """``http://HOST:PORT``, what replicas get in ``TORCHFT_LIGHTHOUSE`` (torchft's
+        lighthouse answers on the host it was bound to; the port is the one bound)."""
+        reported = str(self._server.address())  # http://<hostname>:<port>
+        port = int(reported.rsplit(":", 1)[1].rstrip("/"))
+        return f"http://{format_endpoint(self.host, port)}"
+
+    def shutdown(self) -> None:
+        """Stop serving (idempotent)."""
+        self._server.shutdown()
+
+
+def serve(host: str, port: int, min_replicas: int, timeouts: LighthouseTimeouts,
+          ready: Callable[[str], None] | None = None,
+          stop: threading.Event | None = None) -> None:
+    """Run a lighthouse until SIGTERM/SIGINT (main thread) or ``stop`` is set; calls
+    ``ready(address)`` once it listens.
+
+    Raises:
+        BadInputError, TorchftMissingError: see :class:`Lighthouse`.
+    """
+    from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
+
+    signals = SignalWait(STOP_SIGNALS) if threading.current_thread() is threading.main_thread() \
+        else None
+    stop = stop or threading.Event()
+    try:
+        lighthouse = Lighthouse(host, port, min_replicas, timeouts)
+        try:
+            if ready is not None:
+                ready(lighthouse.address)
+            while not (stop.wait(1.0) if signals is None
+                       else signals.wait(1.0) is not None):
+                pass
+        finally:
+            lighthouse.shutdown()
+    finally:
+        if signals is not None:
+            signals.close()

@@ -1,0 +1,103 @@
+"""The torchft lighthouse of fault-tolerant jobs (slurm_spot/jobs/ft_lighthouse.py): bound to
+the address it is given only, every interface refused, bad settings named."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.ft_lighthouse import Lighthouse, LighthouseTimeouts
+
+
+def _listening(port: int) -> list[str]:
+    """Local addresses (hex, as /proc/net/tcp writes them) of sockets listening on ``port``."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].rsplit(":", 1)
+            if int(hex_port, 16) == port and fields[3] == "0A":  # LISTEN
+                out.append(address)
+    return out
+
+
+def test_it_listens_on_the_given_address_only() -> None:
+    lighthouse = Lighthouse("127.0.0.1", 0)
+    try:
+        port = int(lighthouse.address.rsplit(":", 1)[1])
+        assert lighthouse.address == f"http://127.0.0.1:{port}"
+        assert _listening(port) == ["0100007F"]  # 127.0.0.1, not 0.0.0.0
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        lighthouse.shutdown()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "[::]"])
+def test_every_interface_is_refused(host: str) -> None:
+    with pytest.raises(BadInputError, match="every interface"):
+        Lighthouse(host, 0)
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"host": "bad host"}, "lighthouse address"),
+    ({"host": "127.0.0.1", "port": 70000}, "port"),
+    ({"host": "127.0.0.1", "min_replicas": 0}, "min_replicas"),
+])
+def test_bad_settings_are_named(kwargs: dict[str, object], named: str) -> None:
+    with pytest.raises(BadInputError, match=named):
+        Lighthouse(**kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_timeouts_are_named() -> None:
+    with pytest.raises(BadInputError, match="heartbeat_timeout_ms"):
+        LighthouseTimeouts(heartbeat_timeout_ms=0)
+
+
+def test_a_taken_port_is_an_error_naming_the_address() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(BadInputError, match=f"127.0.0.1:{port}"):
+            Lighthouse("127.0.0.1", port)
+
+
+def _cli(*args: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "slurm_spot", "lighthouse", *args]
+
+
+def test_the_command_refuses_every_interface_with_exit_2() -> None:
+    import subprocess
+
+    proc = subprocess.run(_cli("--listen", "0.0.0.0"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "every interface" in proc.stderr
+
+
+def test_the_command_serves_on_its_address_until_sigterm() -> None:
+    import re
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(_cli("--listen", "127.0.0.1", "--port", "0"),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        assert found, line
+        port = int(found.group(1))
+        assert _listening(port) == ["0100007F"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
