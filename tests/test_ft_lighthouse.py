@@ -75,10 +75,21 @@ def _cli(*args: str) -> list[str]:
 def test_the_command_refuses_every_interface_with_exit_2() -> None:
     import subprocess
 
-    proc = subprocess.run(_cli("--listen", "0.0.0.0"), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(_cli("--listen", "0.0.0.0", "--unauthenticated"), capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 2
     assert "every interface" in proc.stderr
+
+
+def test_the_command_starts_only_when_told_it_is_unauthenticated() -> None:
+    """Secure by default: an unauthenticated service is never started unasked."""
+    import subprocess
+
+    proc = subprocess.run(_cli("--listen", "127.0.0.1", "--port", "0"), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no authentication" in proc.stderr and "--unauthenticated" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_the_command_serves_on_its_address_until_sigterm() -> None:
@@ -86,7 +97,7 @@ def test_the_command_serves_on_its_address_until_sigterm() -> None:
     import signal
     import subprocess
 
-    proc = subprocess.Popen(_cli("--listen", "127.0.0.1", "--port", "0"),
+    proc = subprocess.Popen(_cli("--listen", "127.0.0.1", "--port", "0", "--unauthenticated"),
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None

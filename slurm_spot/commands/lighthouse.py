@@ -21,16 +21,28 @@ import click
               show_default=True,
               help="A group silent this long is counted lost: the survivors' longest pause "
                    "after a loss without notice; too low drops groups that stall.")
+@click.option("--unauthenticated", is_flag=True,
+              help="Required: say that you know torchft's lighthouse lets in anyone who can "
+                   "reach its address (no secret, unlike the rendezvous service), and that "
+                   "this network is closed to those who should not.")
 def lighthouse_command(listen: str | None, port: int, min_replicas: int, join_timeout_ms: int,
-                       heartbeat_timeout_ms: int) -> None:
+                       heartbeat_timeout_ms: int, unauthenticated: bool) -> None:
     """Host the torchft lighthouse of fault-tolerant jobs until stopped.
 
     Run it where no reclaim takes it (an on-demand node, the controller); replica groups of
     examples/train_ft.py reach it at $TORCHFT_LIGHTHOUSE (http://HOST:PORT, printed on
     stderr once it listens). torchft's lighthouse has no authentication: it listens on one
-    address only, never every interface (docs/ml-engineer.md, "Fault-tolerant training").
+    address only, never every interface, and starts only with --unauthenticated
+    (docs/ml-engineer.md, "Fault-tolerant training").
     Needs torchft: pip install 'slurm-spot[ft]'."""
+    from slurm_spot.errors import BadInputError
     from slurm_spot.jobs.ft_lighthouse import LighthouseTimeouts, serve
+
+    if not unauthenticated:  # secure by default: nothing we start lets anyone in unasked
+        raise BadInputError(
+            "torchft's lighthouse has no authentication: anyone who reaches its address can "
+            "join or disturb a job's quorum. Run it only on a closed cluster network, and say "
+            "so with --unauthenticated (docs/ml-engineer.md, 'Fault-tolerant training').")
     from slurm_spot.jobs.rendezvous import default_listen_host
 
     host = listen if listen is not None else default_listen_host()
