@@ -71,13 +71,18 @@ leave(run_torchrun(["--nnodes=1", "--nproc-per-node=" + sys.argv[5], "--rdzv-bac
 
 
 def _agent(tmp_path: Path, mode: str, elastic: bool = False, warm: bool = False,
-           nproc: int = 1) -> subprocess.Popen[str]:
+           nproc: int = 1, sigint_ignored: bool = False) -> subprocess.Popen[str]:
+    """The agent, with SIGINT at its default action, or ignored as a job started in the
+    background of a shell (``cmd &``) has it: set here, not inherited from whoever runs
+    the tests."""
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    sigint = signal.SIG_IGN if sigint_ignored else signal.SIG_DFL
     return subprocess.Popen([sys.executable, "-c", AGENT, str(worker), mode,
                              "elastic" if elastic else "plain", "warm" if warm else "cold",
                              str(nproc)], env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -195,15 +200,17 @@ def _all_ended(pids: set[int], within_s: float) -> set[int]:
     return {p for p in pids if _alive(p)}
 
 
-@pytest.mark.parametrize("how", ["step-signal", "agent-killed"])
+@pytest.mark.parametrize("how", ["step-signal", "agent-killed", "agent-killed-sigint-ignored"])
 def test_no_warm_worker_or_fork_server_outlives_the_agent(tmp_path: Path, how: str) -> None:
     """``step-signal``: the preemption signal (SIGUSR2) to every process of the agent's tree,
     as ``scancel -s`` a job step sends it (slurm_spot.slurm.actions.signal_step): the fork
     server ignores it and outlives its workers; the agent stops them and exits 128 + 12, and
     then nothing it started runs. ``agent-killed`` (SIGKILL, where Slurm's KillWait ends):
     the fork server sees the agent gone and exits, its workers get SIGINT (their parent-death
-    signal) and end too."""
-    agent = _agent(tmp_path, "wait", elastic=True, warm=True, nproc=2)
+    signal) and end too; also when the job was started with SIGINT ignored (CI, stop 32: the
+    workers ran on, their parent-death SIGINT ignored)."""
+    agent = _agent(tmp_path, "wait", elastic=True, warm=True, nproc=2,
+                   sigint_ignored=how.endswith("sigint-ignored"))
     try:
         assert agent.stdout is not None
         ready = 0

@@ -178,6 +178,12 @@ def run_script(reset_signals: str, script: str, *args: str) -> None:
     :func:`slurm_spot.jobs.torchrun_agent.launch_warm`, takes an exit 0 without a return
     value as success).
     """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # The worker ends with the fork server through torch's parent-death signal, SIGINT
+        # (torch/multiprocessing/spawn.py ``_wrap``); a job started in the background of a
+        # non-interactive shell (``cmd &``, nohup) inherits SIGINT ignored (POSIX: exec keeps
+        # SIG_IGN), and the worker ran on after its agent was killed. SIGKILL instead.
+        exit_with_parent(os.getppid())
     for number in filter(None, reset_signals.split(",")):
         signal.signal(int(number), signal.SIG_DFL)
     # No start method chosen yet, as in a new interpreter: the fork server's child inherits
