@@ -1,4 +1,5 @@
-"""``slurm-spot local up|down|status|launch|preempt``: the local spot cluster."""
+"""``slurm-spot local up|down|status|launch|preempt|capacity``: the local spot cluster
+(``local market``: :mod:`slurm_spot.commands.market`)."""
 
 from __future__ import annotations
 
@@ -214,4 +215,11 @@ def capacity_command(app: AppContext, node_set: str, limit: int | None, conf_dir
         click.echo(f"{node_set}: " + ("no limit" if limit is None else f"at most {limit} instance(s)"))
 
 
+def _add_market() -> None:
+    from slurm_spot.commands.market import market_group
+
+    local_group.add_command(market_group)
+
+
+_add_market()
 COMMANDS = [local_group]
