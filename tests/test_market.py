@@ -149,6 +149,9 @@ def test_measured_goodput_is_compute_over_submission_to_end() -> None:
     now = datetime.fromisoformat("2025-03-01T10:10:00").timestamp()
     assert measured_goodput(150.0, running, now=now) == (600.0, 0.25)
     assert measured_goodput(1.0, {}) == (None, None)
+    # a requeue reset SubmitTime: the first event that named the job is the submission
+    first = datetime.fromisoformat("2025-03-01T09:55:00").timestamp()
+    assert measured_goodput(150.0, fields, first_seen=first) == (600.0, 0.25)
 
 
 def test_plan_json_names_each_event_fully(config: Path) -> None:

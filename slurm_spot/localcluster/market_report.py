@@ -7,7 +7,9 @@ started (``launch_failed`` with a capacity code, ``failover``/``failover_started
 ``requeued``) and Slurm (the job's state, restarts, submit and end times).
 
 Goodput (:func:`measured_goodput`) is the job's compute seconds without interruptions (given:
-only the job knows them) over its wall seconds from submission to end (now while it runs).
+only the job knows them) over its wall seconds from its first submission to its end (now while
+it runs); Slurm resets SubmitTime on a requeue, so the first submission is the earliest of
+SubmitTime and the first event that names the job.
 The prediction (:func:`predict`) runs :func:`slurm_spot.cost.simulator.simulate` twice with
 the market's rate as the node rate: every interruption with the notice (strategy
 ``slurm-spot``: checkpoint on notice, replacement booted during it), and every interruption
@@ -92,14 +94,17 @@ def _slurm_time(text: str | None) -> float | None:
         return None
 
 
-def measured_goodput(compute_s: float, fields: dict[str, str],
-                     now: float | None = None) -> tuple[float | None, float | None]:
+def measured_goodput(compute_s: float, fields: dict[str, str], now: float | None = None,
+                     first_seen: float | None = None) -> tuple[float | None, float | None]:
     """``(wall seconds, goodput)`` of a job from its ``scontrol show job`` fields: wall from
-    SubmitTime to EndTime (``now`` while it has not ended), goodput ``compute_s / wall``;
-    ``(None, None)`` without a submit time."""
-    submit = _slurm_time(fields.get("SubmitTime"))
-    if submit is None:
+    its first submission to EndTime (``now`` while it has not ended), goodput
+    ``compute_s / wall``; ``(None, None)`` when neither time is known. Slurm resets
+    SubmitTime when it requeues a job, so the first submission is the earlier of SubmitTime
+    and ``first_seen`` (epoch seconds: the first event or market line that named the job)."""
+    times = [t for t in (_slurm_time(fields.get("SubmitTime")), first_seen) if t is not None]
+    if not times:
         return None, None
+    submit = min(times)
     end = _slurm_time(fields.get("EndTime")) if fields.get("JobState") in (
         "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else None
     wall = (end if end is not None else (now or time.time())) - submit
@@ -235,7 +240,10 @@ def report(config: SpotConfig, job_ids: Iterable[int] | None = None,
             "requeues": max(int(fields.get("Restarts", "0") or 0), len(requeued)),
         }
         if compute_s is not None:
-            wall, goodput = measured_goodput(compute_s, fields)
+            named = [datetime.fromisoformat(str(e["time"])).timestamp()
+                     for e in [*seen, *log] if "time" in e and job in _job_ids(e)]
+            wall, goodput = measured_goodput(compute_s, fields,
+                                             first_seen=min(named) if named else None)
             entry.update(compute_s=compute_s, wall_s=None if wall is None else round(wall, 1),
                          goodput=None if goodput is None else round(goodput, 4))
         jobs.append(entry)
