@@ -123,7 +123,8 @@ def status_command(app: AppContext, conf_dir: Path, as_json: bool, fields: list[
         print_json(info)
         return
     click.echo(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
-               f"{'up' if info['reconciler'] else 'down'}   munge: "
+               f"{'up' if info['reconciler'] else 'down'}   market: "
+               f"{'up' if info['market'] else 'down'}   munge: "
                f"{'up' if info['munge'] else 'down'}", err=not is_terminal())
     rows = [{"instance": inst["instance_id"], "node": inst["node"], "state": inst["state"],
              "market": inst["market"], "launched": inst["launch_time"]}

@@ -394,7 +394,9 @@ def _kill_leftovers(config: SpotConfig) -> None:
 
 
 def status(config: SpotConfig) -> dict[str, object]:
-    """What runs: the record of ``up``, liveness of each daemon, and the instances."""
+    """What runs: the record of ``up``, liveness of each daemon (the chaos market's too),
+    and the instances."""
+    from slurm_spot.localcluster import marketd
     from slurm_spot.providers.local.provider import LocalProvider
 
     record = _read_record(LocalClusterPaths(Path("/nonexistent"), config.state_dir))
@@ -407,6 +409,7 @@ def status(config: SpotConfig) -> dict[str, object]:
         "slurm_conf": record.get("slurm_conf"),
         "slurmctld": _alive(record.get("slurmctld_pid")),
         "reconciler": _alive(record.get("reconciler_pid")),
+        "market": marketd.running(marketd.read_plan(config)),
         "munge": _munge_running(),
         "instances": instances,
     }
