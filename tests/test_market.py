@@ -159,3 +159,27 @@ def test_plan_json_names_each_event_fully(config: Path) -> None:
     assert events and all(set(e) == {"at_s", "kind", "node_set", "node", "notice_s"}
                           and e["notice_s"] == 0 for e in events)
     json.dumps(events)
+
+
+def test_stop_restores_capacity_once_after_a_killed_daemon(config: Path, tmp_path: Path) -> None:
+    """A daemon that died without restoring (SIGKILL) leaves cheap at 0: ``local market stop``
+    lifts it; a limit the admin sets afterwards survives a second stop (and ``local down``)."""
+    from slurm_spot.config import load_config
+    from slurm_spot.localcluster.marketd import MarketPaths
+    from slurm_spot.providers.local.provider import provider_for_node
+
+    spot = load_config(config)
+    provider = provider_for_node(spot, "cheap-1")
+    provider.set_capacity("cheap", 0)
+    paths = MarketPaths.of(spot)
+    paths.root.mkdir(parents=True)
+    paths.plan.write_text(json.dumps({"seed": 0, "started": 0, "markets": [],
+                                      "limits_before": {"cheap": None}, "pid": None}))
+    stop = ["local", "market", "stop", "--conf-dir", str(tmp_path / "etc"), "--json"]
+    result = CliRunner().invoke(cli, stop)
+    assert result.exit_code == 0, result.output
+    assert read_envelope(result.stdout, "local market stop") == {"stopped": False}
+    assert "cheap" not in provider.capacity()
+    provider.set_capacity("cheap", 1)
+    assert CliRunner().invoke(cli, stop).exit_code == 0
+    assert provider.capacity() == {"cheap": 1}

@@ -153,17 +153,22 @@ def stop(config: SpotConfig, timeout_s: float = 10.0) -> bool:
             time.sleep(0.1)
         if running(plan):
             os.kill(pid, signal.SIGKILL)
-    if plan:
-        _restore(config, plan)  # again: a daemon that was killed could not
+    _restore(config, read_plan(config))  # unless the daemon did: a SIGKILL leaves it to us
     return was_running
 
 
 def _restore(config: SpotConfig, plan: dict) -> None:
+    """Give the market's node sets back the capacity limits they had before it, once: the
+    plan is marked ``restored``, so a later ``local down`` leaves limits an admin set after
+    the market alone."""
+    if not plan or plan.get("restored"):
+        return
     for node_set, limit in dict(plan.get("limits_before") or {}).items():
         try:
             _provider_of_set(config, node_set).set_capacity(node_set, limit)
         except (KeyError, BadInputError):
             continue  # the node set is gone from spot.yaml: nothing to restore
+    _write(MarketPaths.of(config).plan, {**plan, "restored": True})
 
 
 def _write(path: Path, data: dict) -> None:
@@ -241,7 +246,7 @@ def run(config_path: str) -> None:
     except SystemExit:
         end = "stopped"
     finally:
-        _restore(config, plan)
+        _restore(config, read_plan(config))
         _log(paths.log, kind=end)
 
 
