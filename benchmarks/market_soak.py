@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="one seed, 160 steps, 90 s of market; nothing written")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.seeds, args.steps, args.market_s, args.no_write = "0", 160, 90.0, True
+        args.seeds, args.steps, args.market_s, args.no_write = "2", 160, 90.0, True
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     rows = [run_one(seed, args.steps, args.rate, args.market_s) for seed in seeds]
     print(table(rows))
