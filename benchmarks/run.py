@@ -87,6 +87,9 @@ BENCHMARKS: tuple[Bench, ...] = (
           limit_s=900, what="capacity error -> the job on the next node set, failover vs "
                             "Slurm's requeue hold"),
     Bench("demo_recovery", cluster=True, limit_s=600, what="the demo job interrupted twice"),
+    Bench("market_soak", ("--seeds", "2,28,32"), cluster=True, limit_s=1500,
+          what="the demo job under the chaos market: interruptions, failovers, goodput "
+               "measured vs simulated"),
     Bench("prewarm_recovery", ("--reps", "1", "--only", "5s-on",
                                "--keep", "benchmarks/prewarm_recovery.json"),
           ("--reps", "1", "--only", "5s-on", "--no-write"), cluster=True, limit_s=900,

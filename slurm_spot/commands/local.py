@@ -1,4 +1,5 @@
-"""``slurm-spot local up|down|status|launch|preempt``: the local spot cluster."""
+"""``slurm-spot local up|down|status|launch|preempt|capacity``: the local spot cluster
+(``local market``: :mod:`slurm_spot.commands.market`)."""
 
 from __future__ import annotations
 
@@ -122,7 +123,8 @@ def status_command(app: AppContext, conf_dir: Path, as_json: bool, fields: list[
         print_json(info)
         return
     click.echo(f"slurmctld: {'up' if info['slurmctld'] else 'down'}   reconciler: "
-               f"{'up' if info['reconciler'] else 'down'}   munge: "
+               f"{'up' if info['reconciler'] else 'down'}   market: "
+               f"{'up' if info['market'] else 'down'}   munge: "
                f"{'up' if info['munge'] else 'down'}", err=not is_terminal())
     rows = [{"instance": inst["instance_id"], "node": inst["node"], "state": inst["state"],
              "market": inst["market"], "launched": inst["launch_time"]}
@@ -214,4 +216,11 @@ def capacity_command(app: AppContext, node_set: str, limit: int | None, conf_dir
         click.echo(f"{node_set}: " + ("no limit" if limit is None else f"at most {limit} instance(s)"))
 
 
+def _add_market() -> None:
+    from slurm_spot.commands.market import market_group
+
+    local_group.add_command(market_group)
+
+
+_add_market()
 COMMANDS = [local_group]

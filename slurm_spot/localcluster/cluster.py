@@ -299,6 +299,24 @@ def _read_record(paths: LocalClusterPaths) -> dict[str, object]:
         return {}
 
 
+def read_record(config: SpotConfig) -> dict[str, object]:
+    """What ``local up`` recorded for the cluster of ``config`` (pids of the daemons it
+    started); ``{}`` when it is not up or never was."""
+    return _read_record(LocalClusterPaths(Path("/nonexistent"), config.state_dir))
+
+
+def update_record(config: SpotConfig, **fields: object) -> None:
+    """Add ``fields`` to ``local up``'s record (a daemon started later, such as the market's
+    pid), so that ``local down`` finds what to stop."""
+    paths = LocalClusterPaths(Path("/nonexistent"), config.state_dir)
+    _write_record(paths, {**_read_record(paths), **fields})
+
+
+def alive(pid: object) -> bool:
+    """Whether process ``pid`` (an int; anything else: False) exists."""
+    return _alive(pid)
+
+
 def _alive(pid: object) -> bool:
     if not isinstance(pid, int):
         return False
@@ -322,14 +340,17 @@ def _stop(pid: object, timeout_s: float = 10) -> None:
 
 
 def down(config: SpotConfig) -> list[str]:
-    """Stop every instance, the reconciler, slurmctld, slurmdbd and MariaDB (if ``up``
-    started them) and munged (if ``up`` started it).
+    """Stop the chaos market (:mod:`.marketd`), every instance, the reconciler, slurmctld,
+    slurmdbd and MariaDB (if ``up`` started them) and munged (if ``up`` started it).
     Returns what was stopped, one line each."""
+    from slurm_spot.localcluster import marketd
     from slurm_spot.providers.local.provider import LocalProvider
 
     stopped = []
     paths = LocalClusterPaths(Path("/nonexistent"), config.state_dir)
     record = _read_record(paths)
+    if marketd.stop(config):  # first: it would reclaim instances while they are stopped
+        stopped.append("market")
     if _alive(record.get("reconciler_pid")):
         _stop(record.get("reconciler_pid"))
         stopped.append("reconciler")
@@ -373,7 +394,9 @@ def _kill_leftovers(config: SpotConfig) -> None:
 
 
 def status(config: SpotConfig) -> dict[str, object]:
-    """What runs: the record of ``up``, liveness of each daemon, and the instances."""
+    """What runs: the record of ``up``, liveness of each daemon (the chaos market's too),
+    and the instances."""
+    from slurm_spot.localcluster import marketd
     from slurm_spot.providers.local.provider import LocalProvider
 
     record = _read_record(LocalClusterPaths(Path("/nonexistent"), config.state_dir))
@@ -386,6 +409,7 @@ def status(config: SpotConfig) -> dict[str, object]:
         "slurm_conf": record.get("slurm_conf"),
         "slurmctld": _alive(record.get("slurmctld_pid")),
         "reconciler": _alive(record.get("reconciler_pid")),
+        "market": marketd.running(marketd.read_plan(config)),
         "munge": _munge_running(),
         "instances": instances,
     }

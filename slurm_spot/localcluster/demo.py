@@ -274,6 +274,11 @@ class Demo:
         finally:
             self._down()
 
+    def config_data(self, checkpoint: dict | None) -> dict:
+        """The cluster's spot.yaml as data (:func:`demo_config`); the soak's has two node
+        sets. ``checkpoint``: the checkpoint section, None for the default."""
+        return demo_config(self.s.workdir, self.s.boot_delay_s, self.s.prewarm, checkpoint)
+
     def _up(self) -> None:
         workdir = self.s.workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -283,9 +288,7 @@ class Demo:
             checkpoint = {"root": self.s.checkpoint_root, "keep": 2,
                           "s3": {"endpoint_url": self.s.s3_endpoint_url,
                                  "addressing_style": self.s.s3_addressing_style}}
-        source.write_text(yaml.safe_dump(
-            demo_config(workdir, self.s.boot_delay_s, self.s.prewarm, checkpoint),
-            sort_keys=False))
+        source.write_text(yaml.safe_dump(self.config_data(checkpoint), sort_keys=False))
         self.say("starting the local spot cluster (munge, slurmctld, reconciler)")
         self.spot_with_config(source, "local", "up", "--conf-dir", str(self.conf_dir))
 
