@@ -19,21 +19,22 @@ from pydantic import (
     model_validator,
 )
 
+from slurm_spot.config.plain import (  # re-exported: slurm_spot.config names them
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_STATE_DIR,
+    MAX_TIME_PATTERN,
+    NAME_PATTERN,
+    NODE_SET_PATTERN,
+    S3_ROOT_PATTERN,
+    SIGNAL_NAMES,
+    find_node_set,
+    hostlist_of,
+    node_names,
+    node_set_for,
+)
 from slurm_spot.config.yamlfile import Path_, with_line
 
-DEFAULT_CONFIG_PATH = Path("/etc/slurm/spot.yaml")
-NAME_PATTERN = r"^[a-z][a-z0-9-]{0,40}$"
-# Node set names become node names (<name>-<i>): slurmctld takes any string there (slurm.conf(5)
-# NodeName), so "." and "_" are allowed too; GCE instance names are checked by its provider.
-# Not "+": slurmd 22.05 finds a job step's slurmstepd socket ("<node>_<job>.<step>" in its spool
-# dir) with a regular expression built from the node name unescaped, so on a node named
-# "a+b-1" `scancel -s USR2 <job>.<step>` fails with "Invalid job id specified" and the job never
-# gets its preemption signal ("." happens to match itself; "+" means "one or more").
-NODE_SET_PATTERN = r"^[a-z][a-z0-9._-]{0,40}$"
-_SLURM_UNSIGNALLABLE = "+"
-# slurm.conf(5) MaxTime: minutes, [days-]hours[:minutes[:seconds]], or INFINITE/UNLIMITED.
-MAX_TIME_PATTERN = r"^(INFINITE|UNLIMITED|[0-9]+(-[0-9]{1,2})?(:[0-9]{1,2}){0,2})$"
-SIGNAL_NAMES = {"USR1": 10, "USR2": 12, "TERM": 15, "INT": 2, "HUP": 1, "QUIT": 3, "URG": 23}
+_SLURM_UNSIGNALLABLE = "+"  # see plain.NODE_SET_PATTERN
 
 
 class _Model(BaseModel):
@@ -173,12 +174,12 @@ class NodeSetConfig(_Model):
     @property
     def node_names(self) -> list[str]:
         """All node names of the set, in order (``gpu-1``, ``gpu-2``, ...)."""
-        return [f"{self.name}-{i}" for i in range(1, self.count + 1)]
+        return node_names(self.name, self.count)
 
     @property
     def hostlist(self) -> str:
         """The node names as one Slurm hostlist expression (``gpu-[1-8]``)."""
-        return f"{self.name}-[1-{self.count}]" if self.count > 1 else f"{self.name}-1"
+        return hostlist_of(self.name, self.count)
 
 
 class PartitionConfig(_Model):
@@ -301,7 +302,6 @@ def check_listen_address(value: str) -> str:
                          "0.0.0.0 for every interface, ::)") from None
 
 
-S3_ROOT_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 
 
 class S3Settings(_Model):
@@ -440,7 +440,7 @@ class SpotConfig(_Model):
     power: PowerConfig = PowerConfig()
     reconcile: ReconcileConfig = ReconcileConfig()
     cost: CostConfig = CostConfig()
-    state_dir: Path = Path("/var/lib/slurm-spot")
+    state_dir: Path = DEFAULT_STATE_DIR
     log_dir: Path = Path("/var/log/slurm-spot")
     slurm_bin_dir: Path = Path("/usr/bin")
     _source_path: Path = PrivateAttr(default=DEFAULT_CONFIG_PATH)
@@ -522,21 +522,11 @@ class SpotConfig(_Model):
 
     def node_set(self, name: str) -> NodeSetConfig:
         """The node set called ``name``. Raises ``KeyError`` if there is none."""
-        for ns in self.node_sets:
-            if ns.name == name:
-                return ns
-        raise KeyError(name)
+        return find_node_set(self.node_sets, name)
 
     def node_set_of(self, node: str) -> NodeSetConfig | None:
         """The node set that produces node name ``node`` (``gpu-3`` -> ``gpu``), or None."""
-        match = re.fullmatch(r"(.+)-(\d+)", node)
-        if not match:
-            return None
-        for ns in self.node_sets:
-            if ns.name == match.group(1) and 1 <= int(match.group(2)) <= ns.count:
-                if str(int(match.group(2))) == match.group(2):
-                    return ns
-        return None
+        return node_set_for(self.node_sets, node)
 
     def all_nodes(self) -> list[str]:
         """Every cloud node name of every node set."""
