@@ -72,6 +72,12 @@ class AwsProviderConfig(_Model):
         "the default one: slurmctld runs the hooks with an empty environment, so "
         "AWS_SHARED_CREDENTIALS_FILE cannot reach them (a controller outside EC2, tests)",
     )
+    events_queue_url: str | None = Field(
+        None, pattern=r"^https?://\S+$",
+        description="SQS queue that an EventBridge rule fills with EC2's spot interruption "
+        "warnings and instance state-change notifications (docs/admin.md has the rule): the "
+        "reconciler long-polls it and handles a lost instance at once instead of at its next "
+        "pass; unset: the passes' listings alone find it")
 
 
 class GcpProviderConfig(_Model):
@@ -82,6 +88,10 @@ class GcpProviderConfig(_Model):
     region: str
     api_endpoint: str | None = None
     credentials_file: Path | None = None
+    preemption_events: bool = Field(
+        True, description="the reconciler lists the node sets' zones' operations every "
+        "reconcile.events_poll_s for compute.instances.preempted and handles a preempted "
+        "instance at once instead of at its next pass")
 
 
 #: The settings of one ``providers:`` entry, whichever its type.
@@ -373,6 +383,12 @@ class ReconcileConfig(_Model):
         60, ge=0, le=3600,
         description="an up node with no instance at all in successful listings is declared "
         "reclaimed only after this many seconds (listings are eventually consistent)")
+    events_poll_s: float = Field(
+        5, ge=1, le=20,
+        description="while waiting for its next pass the reconciler reads the providers' "
+        "events (providers.<name>.events_queue_url, preemption_events) in steps of this many "
+        "seconds: the longest a lost instance waits to be handled, and how long a stop may wait "
+        "for an SQS long poll to end")
     metrics_file: Path | None = Field(
         None, description="write the Prometheus metrics here after every pass, atomically "
         "(node-exporter's textfile collector: <dir>/slurm_spot.prom)")
