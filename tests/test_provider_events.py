@@ -274,3 +274,30 @@ def test_gce_preemption_events_can_be_turned_off(tmp_path: Path) -> None:
         config = gcp_config(fake, [GCE_SET], log_dir=str(tmp_path), state_dir=str(tmp_path))
         settings = config.providers["gcp"].model_copy(update={"preemption_events": False})
         assert event_sources(config.model_copy(update={"providers": {"gcp": settings}})) == []
+
+
+def test_a_stop_during_a_long_poll_ends_the_daemon_within_one_poll_step(tmp_path: Path) -> None:
+    """systemd's stop waits at most reconcile.events_poll_s for a receive under way."""
+    from tests.test_reconcile_rules import World as RulesWorld
+
+    world = RulesWorld(tmp_path, interval_s=INTERVAL_S, events_poll_s=1)
+    received: list[float] = []
+
+    class SlowQueue:  # an SQS long poll with nothing to say: takes all the time it may
+        provider = "local"
+
+        def receive(self, wait_s: float) -> list[Any]:
+            received.append(wait_s)
+            time.sleep(wait_s)
+            return []
+
+        def close(self) -> None:
+            pass
+
+    loop = Loop(ConfigSource(world.config), lambda cfg: world.reconciler,
+                events=lambda cfg: [SlowQueue()])
+    threading.Timer(0.5, loop.stop.set).start()
+    started = time.monotonic()
+    loop.run()
+    assert time.monotonic() - started < 3
+    assert received and max(received) <= 1.0
