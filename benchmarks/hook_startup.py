@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- hook-startup:begin -->", "<!-- hook-startup:end -->"
 DEFAULT_BASELINE = "6540c56"  # the tree before issue 10
+TARGET_S = 0.15  # issue 26
 
 JOB_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0",
            "SLURM_JOB_GID": "0", "SLURM_RESTART_COUNT": "1", "SLURMD_NODENAME": "spot-1"}
@@ -128,8 +129,9 @@ def section(results: dict[str, dict[str, tuple]], baseline: str, current: str, r
     floor = results["python -c pass"]["current"][0]
     verdicts = "\n".join(
         f"- {label}: {r['current'][0]:.3f} s CPU, "
-        + ("meets" if r["current"][0] < 0.3 else f"misses by {r['current'][0] - 0.3:.3f} s")
-        + f" the < 0.3 s target ({r['current'][0] - floor:.3f} s above `python -c pass`)"
+        + ("meets" if r["current"][0] < TARGET_S else
+           f"misses by {r['current'][0] - TARGET_S:.3f} s")
+        + f" the < {TARGET_S} s target ({r['current'][0] - floor:.3f} s above `python -c pass`)"
         for label, r in results.items() if label != "python -c pass")
     return f"""{BEGIN}
 ## Hook start-up: what Slurm waits for on every hook call
@@ -148,10 +150,13 @@ Before, every hook imported the whole command line (rich, jinja2, prometheus_cli
 command module). After, `slurm_spot.hooks` runs the form Slurm uses without click and imports
 only the config and the one service it runs; a power hook validates its hostlist and detaches
 before any provider code is imported (tests/test_hooks_light.py checks that no rich, jinja2,
-prometheus_client, cloud SDK, torch or importlib.metadata is loaded). What remains is mostly
-the interpreter and pydantic building the spot.yaml models.
+prometheus_client, cloud SDK, torch or importlib.metadata is loaded). Since issue 26 a hook
+that finds spot.yaml's bytes unchanged since an earlier hook validated them takes the
+validated config from `<state_dir>/config-cache/` (slurm_spot/config/cache.py) and imports no
+pydantic at all; every run after the first here is such a hit (the first call after an edit of
+spot.yaml pays the validation, as every call did before: ~0.2-0.4 s).
 
-Target (issue 18): < 0.3 s of CPU per hook.
+Target (issue 26): < {TARGET_S} s of CPU per hook (issue 18's was < 0.3 s).
 
 {verdicts}
 
@@ -161,10 +166,13 @@ Where the CPU of a job hook goes (each step's `python -c` CPU, median of 5, meas
 model class, +0.08 s, of which `importlib.metadata` (pulled in by pydantic's plugin loader
 only to find no plugins) was ~0.03-0.05 s until the hooks skipped that loader; building the
 spot.yaml models when `slurm_spot.config` is imported +0.08-0.1 s; the hook's own modules and
-work ~0.02 s. What is left above `python -c pass` is pydantic and the config schema (16
-models, ~100 fields), which every hook validates before it acts; the figures above move
-with the machine's load (compare the first row across runs: this machine's `python -c pass`
-is itself 1.5-2x a quiet machine's).
+work ~0.02 s. That was what every hook paid before issue 26 and what a hook still pays on a
+cache miss (the first call after spot.yaml changed; measured 2026-12-02 on task-prolog from
+a checkout: 0.21-0.25 s CPU for a miss, which also writes the entry, 0.10-0.12 s for a hit,
+load average ~1). On a hit, what is left above `python -c pass` is `import yaml` and a C-loader
+parse of spot.yaml to find `state_dir` (~0.02 s), reading and hashing the file, the JSON entry
+and the hook's own modules. The figures above move with the machine's load (compare the first
+row across runs: this machine's `python -c pass` is itself 1.5-2x a quiet machine's).
 {END}"""
 
 

@@ -59,6 +59,8 @@ class Action(str, enum.Enum):
     SIGNAL_PLAN = "signal_plan"  # a job's latest signal time from its checkpoint history
     # the reconciler (source reconcile), one per verdict of reconcile.rules
     RECLAIMED = "reclaimed"
+    # a provider's own event about an instance of the cluster (EventBridge, GCE operation)
+    PROVIDER_EVENT = "provider_event"
     BOOT_LOST = "boot_lost"
     RESUME_FAILED = "resume_failed"
     COOLDOWN = "cooldown"

@@ -8,7 +8,9 @@ through ``SLURM_CONF`` (see :func:`slurm_spot.config.config_path`). They are the
 
 A hook is started for every resume and suspend and, on every compute node, for every job
 (Prolog, Epilog) and every task (TaskProlog), so it imports only what it runs: the config,
-the one service, and neither click, rich, jinja2, prometheus_client, a cloud SDK nor torch.
+the one service, and neither click, rich, jinja2, prometheus_client, a cloud SDK nor torch;
+its config comes from the validated-config cache (:mod:`slurm_spot.config.cache`) when
+spot.yaml's bytes are those validated before, so pydantic is not imported either.
 The form Slurm uses (``slurm-spot-resume HOSTLIST``, ``slurm-spot-task-prolog``) runs here
 directly; any other argument list (``--json``, ``--config F``, ``--help``) goes to the full
 command line, ``slurm-spot <hook> ...``, which behaves the same.
@@ -57,14 +59,15 @@ def main(name: str, argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     _skip_plugin_loader()
     try:
-        from slurm_spot.config import load_config
+        # spot.yaml as validated by an earlier hook when its bytes are unchanged: no pydantic
+        from slurm_spot.config.cache import as_model, load_hook_config
 
-        config = load_config(None)
+        config = load_hook_config(None)
         if name in POWER_HOOKS:
             hostlist = args[0]
             jobs = _resume_jobs() if name == "resume" else None  # gone once the hook returns
             run_detached(config, name, hostlist,
-                         lambda: power_action(config, name, hostlist, jobs)())
+                         lambda: power_action(as_model(config), name, hostlist, jobs)())
         else:
             for line in job_hook_lines(name, config, os.environ):
                 print(line)

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 AWS_TEST_FILES = ["tests/test_aws_provider.py", "tests/test_aws_fleet.py",
                   "tests/test_aws_catalog.py", "tests/test_aws_errors.py",
                   "tests/test_checkpoint_s3.py", "tests/test_checkpoint_s3_faults.py",
-                  "tests/test_cost_prices.py", "tests/test_config_online_aws.py"]
+                  "tests/test_cost_prices.py", "tests/test_config_online_aws.py",
+                  "tests/test_provider_events.py"]
 
 
 def iam_json(tmp_path: Path, root: str = "s3://ckpt-bucket/runs", *args: str) -> Any:
@@ -123,6 +124,8 @@ def test_every_gce_method_the_provider_calls_is_covered(tmp_path) -> None:
             return f"{scope}.{'wait' if name == 'wait' else 'get'}"
         if name in ("aggregatedList", "delete", "get", "list", "insert"):
             return f"instances.{name}"
+        if name == "listOperations":
+            return "zoneOperations.list"
         return name
 
     with FakeCompute() as fake:
@@ -137,9 +140,13 @@ def test_every_gce_method_the_provider_calls_is_covered(tmp_path) -> None:
         provider.list_instances()
         provider.terminate(config.all_nodes())
         check_online(config)
+        from slurm_spot.providers.events import event_sources
+
+        for source in event_sources(config):  # the reconciler's preemption operations
+            source.receive(0)
         methods = {api_method(r) for r in fake.requests}
     assert {"instances.bulkInsert", "instances.aggregatedList", "instances.delete",
-            "zones.get", "projects.testIamPermissions"} <= methods
+            "zones.get", "projects.testIamPermissions", "zoneOperations.list"} <= methods
     printed = set(iam_json(tmp_path)["g"]["controller"]["permissions"])
     for method in sorted(methods):
         entry = gcp_iam.call(method)

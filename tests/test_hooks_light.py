@@ -135,3 +135,29 @@ def test_installed_hook_entry_point_runs_with_an_empty_environment(site: Path) -
                           check=False, env={"SLURM_CONF": str(site / "slurm.conf"), **JOB_ENV})
     assert proc.returncode == 0, proc.stderr
     assert "export SLURM_SPOT_PREEMPT_SIGNAL=USR2" in proc.stdout
+
+
+def test_a_hook_that_finds_spot_yaml_unchanged_skips_pydantic_and_sees_every_edit(
+        site: Path) -> None:
+    """The first hook validates spot.yaml and stores it in <state_dir>/config-cache; the next
+    one, given the same bytes, loads no pydantic; an edit made between two hooks is seen by
+    the next one (slurm_spot/config/cache.py)."""
+    heavy_and_pydantic = [*HEAVY, "pydantic.main"]  # ("pydantic.plugin._loader" is the stub)
+    for expected_signal in ("USR2", "USR2"):
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, "task-prolog", "[]", "main",
+             json.dumps(heavy_and_pydantic)],
+            env={"PATH": "/usr/bin:/bin", "SLURM_CONF": str(site / "slurm.conf"),
+                 "PYTHONPATH": str(ROOT), **JOB_ENV},
+            capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert f"export SLURM_SPOT_PREEMPT_SIGNAL={expected_signal}" in proc.stdout
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"rc": 0, "heavy": []}  # the cached one
+    spot = json.loads((site / "spot.yaml").read_text())
+    (site / "spot.yaml").write_text(json.dumps({**spot, "preemption": {"signal": "USR1"}}))
+    out, printed = probe(site, "task-prolog", [], env=JOB_ENV)
+    assert out["rc"] == 0 and "export SLURM_SPOT_PREEMPT_SIGNAL=USR1" in printed
+    # a power hook on the cached config detaches, and its worker acts on the real model
+    probe(site, "resume", ["spot-[1-2]"])
+    out, _ = probe(site, "resume", ["spot-[1-2]"])
+    assert out == {"rc": 0, "heavy": []}

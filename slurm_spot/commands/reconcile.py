@@ -100,8 +100,10 @@ def reconcile_command(app: AppContext, once: bool, metrics_port: int | None,
 
     Reclaimed instances: node powered down, jobs requeued at once. Orphan instances:
     terminated after reconcile.orphan_grace_s. Failed resumes: nodes back to idle~. Capacity
-    failures: node set cooled down. Runs every reconcile.interval_s until SIGTERM; one at a
-    time (lock in state_dir); every action is an event ('slurm-spot events').
+    failures: node set cooled down. Runs every reconcile.interval_s until SIGTERM, and at once
+    when a provider's event (EC2 via providers.<name>.events_queue_url, GCE preemption
+    operations) says an instance ended; one at a time (lock in state_dir); every action is an
+    event ('slurm-spot events').
     """
     config = app.config
     if systemd_unit:
@@ -136,7 +138,9 @@ def reconcile_command(app: AppContext, once: bool, metrics_port: int | None,
         package_log = logging.getLogger("slurm_spot")
         if package_log.getEffectiveLevel() > logging.INFO:
             package_log.setLevel(logging.INFO)
-        loop = Loop(ConfigSource(config), make)
+        from slurm_spot.providers.events import event_sources
+
+        loop = Loop(ConfigSource(config), make, events=event_sources)
         loop.install_signals()
         log.info("reconciling %s every %g s (pid %d)", config.source_path,
                  config.reconcile.interval_s, os.getpid())

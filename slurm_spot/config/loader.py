@@ -1,14 +1,7 @@
 """Reading ``spot.yaml``: where it is, loading it safely, and problems named by file, field
 and line.
 
-Where the file is looked for, first match wins (:func:`config_path`):
-
-1. the ``--config`` option of the CLI;
-2. the ``SLURM_SPOT_CONFIG`` environment variable;
-3. ``spot.yaml`` beside the ``slurm.conf`` named by ``SLURM_CONF`` (slurmctld sets ``SLURM_CONF``
-   for ResumeProgram/SuspendProgram and slurmd for Prolog/Epilog, whose environment is otherwise
-   wiped);
-4. ``/etc/slurm/spot.yaml``.
+Where the file is looked for: :func:`~slurm_spot.config.source.config_path`.
 
 Every validation error names the file, the field (as a dotted path such as
 ``node_sets.0.count``) and the reason; see :class:`~slurm_spot.errors.ConfigError`.
@@ -17,39 +10,28 @@ Every validation error names the file, the field (as a dotted path such as
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import get_args
 
 import yaml
 from pydantic import ValidationError
 
-from slurm_spot.config.models import DEFAULT_CONFIG_PATH, ProviderSettings, SpotConfig
+from slurm_spot.config.models import ProviderSettings, SpotConfig
+from slurm_spot.config.source import (
+    ConfigBytes,
+    check_trusted_file,
+    config_path,
+    read_config_bytes,
+)
 from slurm_spot.config.yamlfile import (
     MAX_DEPTH,
     Path_,
     YamlShapeError,
-    check_trusted_file,
     line_of,
     read_yaml,
     with_line,
 )
 from slurm_spot.errors import ConfigError
-
-
-def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Where the configuration is read from (see the module docstring for the order)."""
-    if explicit:
-        return Path(explicit)
-    env = os.environ.get("SLURM_SPOT_CONFIG")
-    if env:
-        return Path(env)
-    slurm_conf = os.environ.get("SLURM_CONF")
-    if slurm_conf:
-        beside = Path(slurm_conf).parent / "spot.yaml"
-        if beside.exists():
-            return beside
-    return DEFAULT_CONFIG_PATH
 
 
 def parse_config(data: object, path: str = "<config>",
@@ -83,34 +65,21 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
             (:func:`~slurm_spot.config.yamlfile.check_shape`, with the line), or fails
             validation (the message gives every bad field).
     """
-    file = config_path(path)
-    try:
-        # O_NONBLOCK: opening a named pipe must not wait for a writer; a non-regular file is
-        # refused before anything is read from it (/dev/zero never ends).
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-        with open(fd, "rb") as fh:
-            info = os.fstat(fh.fileno())
-            kind = _not_regular(info)
-            if kind:
-                raise ConfigError(str(file), [f"not a regular file ({kind}): give the path of "
-                                              f"a spot.yaml file"])
-            if info.st_size > MAX_CONFIG_BYTES:
-                raise ConfigError(str(file), [
-                    f"{info.st_size} bytes: a spot.yaml is a few KiB; files over "
-                    f"{MAX_CONFIG_BYTES // 1024} KiB are refused"])
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(str(file), [f"cannot read the file: {exc.strerror}"]) from None
-    if len(raw) > MAX_CONFIG_BYTES:  # grew while read
-        raise ConfigError(str(file), [f"over {MAX_CONFIG_BYTES // 1024} KiB: refused"])
+    return validate_config_bytes(read_config_bytes(config_path(path)))
+
+
+def validate_config_bytes(source: ConfigBytes) -> SpotConfig:
+    """Validate one read of the config file (:func:`load_config`'s work after reading).
+
+    Raises:
+        ConfigError: as :func:`load_config`, for everything after reading the bytes.
+    """
+    file, raw = source.path, source.raw
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError(str(file), [f"line {line}: byte {exc.start}: not UTF-8 text"]) from None
-    untrusted = check_trusted_file(file, info, "config file")
-    if untrusted:
-        raise ConfigError(str(file), [untrusted])
     try:
         data, lines, problems = read_yaml(text)
     except yaml.YAMLError as exc:
@@ -126,7 +95,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
     if problems:
         raise ConfigError(str(file), problems)
     config = parse_config(data, str(file), lines)
-    problems = _credential_problems(config, lines)
+    problems = credential_problems(config, lines)
     if problems:
         raise ConfigError(str(file), problems)
     config._source_path = file.absolute()
@@ -134,21 +103,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:
     return config
 
 
-MAX_CONFIG_BYTES = 1024 * 1024  # a real spot.yaml is a few KiB
-
-
-def _not_regular(info: os.stat_result) -> str | None:
-    """What kind of file ``info`` (an ``os.stat`` result) is, when not a regular file."""
-    mode = info.st_mode
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return None if stat.S_ISREG(mode) else "not a file"
-
-
-def _credential_problems(config: SpotConfig, lines: dict[Path_, int]) -> list[str]:
+def credential_problems(config: SpotConfig, lines: dict[Path_, int]) -> list[str]:
     """Credentials files named in the config that root must not trust (see
     :func:`~slurm_spot.config.yamlfile.check_trusted_file`). A missing file is the provider's
     error to report when it is used, and ``config check``'s

@@ -19,21 +19,22 @@ from pydantic import (
     model_validator,
 )
 
+from slurm_spot.config.plain import (  # re-exported: slurm_spot.config names them
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_STATE_DIR,
+    MAX_TIME_PATTERN,
+    NAME_PATTERN,
+    NODE_SET_PATTERN,
+    S3_ROOT_PATTERN,
+    SIGNAL_NAMES,
+    find_node_set,
+    hostlist_of,
+    node_names,
+    node_set_for,
+)
 from slurm_spot.config.yamlfile import Path_, with_line
 
-DEFAULT_CONFIG_PATH = Path("/etc/slurm/spot.yaml")
-NAME_PATTERN = r"^[a-z][a-z0-9-]{0,40}$"
-# Node set names become node names (<name>-<i>): slurmctld takes any string there (slurm.conf(5)
-# NodeName), so "." and "_" are allowed too; GCE instance names are checked by its provider.
-# Not "+": slurmd 22.05 finds a job step's slurmstepd socket ("<node>_<job>.<step>" in its spool
-# dir) with a regular expression built from the node name unescaped, so on a node named
-# "a+b-1" `scancel -s USR2 <job>.<step>` fails with "Invalid job id specified" and the job never
-# gets its preemption signal ("." happens to match itself; "+" means "one or more").
-NODE_SET_PATTERN = r"^[a-z][a-z0-9._-]{0,40}$"
-_SLURM_UNSIGNALLABLE = "+"
-# slurm.conf(5) MaxTime: minutes, [days-]hours[:minutes[:seconds]], or INFINITE/UNLIMITED.
-MAX_TIME_PATTERN = r"^(INFINITE|UNLIMITED|[0-9]+(-[0-9]{1,2})?(:[0-9]{1,2}){0,2})$"
-SIGNAL_NAMES = {"USR1": 10, "USR2": 12, "TERM": 15, "INT": 2, "HUP": 1, "QUIT": 3, "URG": 23}
+_SLURM_UNSIGNALLABLE = "+"  # see plain.NODE_SET_PATTERN
 
 
 class _Model(BaseModel):
@@ -71,6 +72,12 @@ class AwsProviderConfig(_Model):
         "the default one: slurmctld runs the hooks with an empty environment, so "
         "AWS_SHARED_CREDENTIALS_FILE cannot reach them (a controller outside EC2, tests)",
     )
+    events_queue_url: str | None = Field(
+        None, pattern=r"^https?://\S+$",
+        description="SQS queue that an EventBridge rule fills with EC2's spot interruption "
+        "warnings and instance state-change notifications (docs/admin.md has the rule): the "
+        "reconciler long-polls it and handles a lost instance at once instead of at its next "
+        "pass; unset: the passes' listings alone find it")
 
 
 class GcpProviderConfig(_Model):
@@ -81,6 +88,10 @@ class GcpProviderConfig(_Model):
     region: str
     api_endpoint: str | None = None
     credentials_file: Path | None = None
+    preemption_events: bool = Field(
+        True, description="the reconciler lists the node sets' zones' operations every "
+        "reconcile.events_poll_s for compute.instances.preempted and handles a preempted "
+        "instance at once instead of at its next pass")
 
 
 #: The settings of one ``providers:`` entry, whichever its type.
@@ -192,12 +203,12 @@ class NodeSetConfig(_Model):
     @property
     def node_names(self) -> list[str]:
         """All node names of the set, in order (``gpu-1``, ``gpu-2``, ...)."""
-        return [f"{self.name}-{i}" for i in range(1, self.count + 1)]
+        return node_names(self.name, self.count)
 
     @property
     def hostlist(self) -> str:
         """The node names as one Slurm hostlist expression (``gpu-[1-8]``)."""
-        return f"{self.name}-[1-{self.count}]" if self.count > 1 else f"{self.name}-1"
+        return hostlist_of(self.name, self.count)
 
 
 class PartitionConfig(_Model):
@@ -320,7 +331,6 @@ def check_listen_address(value: str) -> str:
                          "0.0.0.0 for every interface, ::)") from None
 
 
-S3_ROOT_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 
 
 class S3Settings(_Model):
@@ -400,6 +410,12 @@ class ReconcileConfig(_Model):
         60, ge=0, le=3600,
         description="an up node with no instance at all in successful listings is declared "
         "reclaimed only after this many seconds (listings are eventually consistent)")
+    events_poll_s: float = Field(
+        5, ge=1, le=20,
+        description="while waiting for its next pass the reconciler reads the providers' "
+        "events (providers.<name>.events_queue_url, preemption_events) in steps of this many "
+        "seconds: the longest a lost instance waits to be handled, and how long a stop may wait "
+        "for an SQS long poll to end")
     metrics_file: Path | None = Field(
         None, description="write the Prometheus metrics here after every pass, atomically "
         "(node-exporter's textfile collector: <dir>/slurm_spot.prom)")
@@ -467,7 +483,7 @@ class SpotConfig(_Model):
     power: PowerConfig = PowerConfig()
     reconcile: ReconcileConfig = ReconcileConfig()
     cost: CostConfig = CostConfig()
-    state_dir: Path = Path("/var/lib/slurm-spot")
+    state_dir: Path = DEFAULT_STATE_DIR
     log_dir: Path = Path("/var/log/slurm-spot")
     slurm_bin_dir: Path = Path("/usr/bin")
     _source_path: Path = PrivateAttr(default=DEFAULT_CONFIG_PATH)
@@ -549,21 +565,11 @@ class SpotConfig(_Model):
 
     def node_set(self, name: str) -> NodeSetConfig:
         """The node set called ``name``. Raises ``KeyError`` if there is none."""
-        for ns in self.node_sets:
-            if ns.name == name:
-                return ns
-        raise KeyError(name)
+        return find_node_set(self.node_sets, name)
 
     def node_set_of(self, node: str) -> NodeSetConfig | None:
         """The node set that produces node name ``node`` (``gpu-3`` -> ``gpu``), or None."""
-        match = re.fullmatch(r"(.+)-(\d+)", node)
-        if not match:
-            return None
-        for ns in self.node_sets:
-            if ns.name == match.group(1) and 1 <= int(match.group(2)) <= ns.count:
-                if str(int(match.group(2))) == match.group(2):
-                    return ns
-        return None
+        return node_set_for(self.node_sets, node)
 
     def all_nodes(self) -> list[str]:
         """Every cloud node name of every node set."""

@@ -20,14 +20,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
+
+from slurm_spot.config.source import check_trusted_file  # noqa: F401 - named here too
 
 Path_ = tuple[str | int, ...]
 
@@ -230,21 +229,3 @@ def with_line(problem: str, lines: dict[Path_, int]) -> str:
     path = tuple(int(p) if p.isdigit() else p for p in head.split("."))
     line = line_of(lines, path)
     return f"line {line}: {problem}" if line else problem
-
-
-def check_trusted_file(path: Path, info: os.stat_result, what: str) -> str | None:
-    """Why ``path`` (with ``os.stat``/``fstat`` result ``info``) cannot be trusted, or None.
-
-    A file root acts on must not be writable by anyone but its owner, and, when slurm-spot
-    runs as root, must be owned by root: otherwise whoever can write it can make root run
-    their programs or use their credentials.
-    """
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"{what} {path} is writable by {'others' if mode & stat.S_IWOTH else 'its group'}"
-                f" (mode {mode:04o}); root runs programs and reads credentials named in it. "
-                f"Fix: chmod go-w {path}")
-    if os.geteuid() == 0 and info.st_uid != 0:
-        return (f"{what} {path} is owned by uid {info.st_uid}, but slurm-spot runs as root "
-                f"and acts on it. Fix: chown root:root {path} && chmod go-w {path}")
-    return None

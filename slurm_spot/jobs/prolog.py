@@ -30,12 +30,16 @@ import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_spot import events
 from slurm_spot.checkpoint.location import job_directory
-from slurm_spot.config import S3_ROOT_PATTERN, SpotConfig
+from slurm_spot.config.plain import S3_ROOT_PATTERN  # pydantic-free: hooks use the cache
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.jobenv import ENV_SLURM_BIN_DIR, checkpoint_key, find_scontrol, restart_count
+
+if TYPE_CHECKING:
+    from slurm_spot.config import SpotConfig
 
 _USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?", re.IGNORECASE | re.ASCII)
 _KEY = re.compile(r"[0-9]+(_[0-9]+)?")

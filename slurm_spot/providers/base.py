@@ -12,11 +12,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from slurm_spot.config import NodeSetConfig, ProviderSettings, SpotConfig
 from slurm_spot.errors import ConfigError
 from slurm_spot.providers.notices import NoticeSource
+
+if TYPE_CHECKING:
+    from slurm_spot.providers.events import EventSource  # it imports this module
 
 # Tag / label keys every provider writes on its instances (label-safe: lowercase, dashes).
 TAG_CLUSTER = "slurm-spot-cluster"
@@ -264,6 +267,12 @@ class ProviderPackage(Protocol):
 
     def notice_source(self, config: SpotConfig, node: str, settings: ProviderSettings) -> NoticeSource:
         """The interruption-notice source ``slurm-spot watch`` polls on ``node``."""
+        ...
+
+    def event_source(self, config: SpotConfig, name: str,
+                     settings: ProviderSettings) -> EventSource | None:
+        """The provider's own events of instances ending, which the reconciler reads between
+        passes (:mod:`slurm_spot.providers.events`); None when it has none or they are off."""
         ...
 
     def capacity_codes(self) -> frozenset[str]:

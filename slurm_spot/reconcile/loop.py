@@ -1,6 +1,13 @@
 """The reconciler as a daemon: one instance at a time, a pass every ``reconcile.interval_s``,
 config reloads that keep the last good config, and a clean stop on SIGTERM/SIGINT.
 
+Between passes the loop reads the providers' own events (:mod:`slurm_spot.providers.events`:
+EC2 EventBridge events through SQS, GCE preemption operations) in steps of
+``reconcile.events_poll_s``; an event about an instance the last pass saw alive starts the
+next pass at once, with the event, so a node lost without notice is handled within a step,
+not at the next interval. An SQS long poll *is* the step's wait (signals taken at its end); a
+source that cannot wait is read and the rest of the step waits on the signals.
+
 Safe to kill at any point (SIGKILL included): the lock is an ``flock`` that the kernel drops
 with the process, every action is idempotent, and the next pass re-reads Slurm and the
 providers (see :mod:`slurm_spot.reconcile.reconciler`).
@@ -15,11 +22,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.errors import SlurmSpotError
+from slurm_spot.providers.events import EventSource, ProviderEvent
 from slurm_spot.reconcile.reconciler import PassResult, Reconciler
 from slurm_spot.sdnotify import Notifier
 from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
@@ -116,14 +124,19 @@ class Loop:
             after each pass and while waiting (at least every half ``WatchdogSec=``), and
             ``STOPPING=1`` at the end. Default: from this process's environment (does nothing
             outside systemd).
+        events: builds the providers' event sources for a config (called again after each
+            reload), e.g. :func:`slurm_spot.providers.events.event_sources`; None: passes only.
     """
 
     def __init__(self, source: ConfigSource, make: Callable[[SpotConfig], Reconciler],
-                 stop: threading.Event | None = None, notifier: Notifier | None = None) -> None:
+                 stop: threading.Event | None = None, notifier: Notifier | None = None,
+                 events: Callable[[SpotConfig], list[EventSource]] | None = None) -> None:
         self.source = source
         self.make = make
         self.stop = stop or threading.Event()
         self.notifier = notifier or Notifier()
+        self.events = events
+        self._sources: list[EventSource] = []
         self._reload_requested = False
         self._signals: SignalWait | None = None
 
@@ -136,32 +149,66 @@ class Loop:
     def run(self, max_passes: int | None = None) -> int:
         """Pass, reload if needed, wait out the interval; returns the number of passes."""
         reconciler = self.make(self.source.config)
+        self._open_sources()
         passes = 0
+        reported: list[ProviderEvent] = []
         self.notifier.ready(f"reconciling every {self.source.config.reconcile.interval_s:g} s")
-        while not self.stop.is_set() and (max_passes is None or passes < max_passes):
-            started = time.monotonic()
-            self.notifier.watchdog()
-            result = self.one_pass(reconciler)
-            passes += 1
-            self.notifier.watchdog()
-            self.notifier.status(summarize(result) if result is not None else "last pass failed")
-            if self.source.reload(force=self._reload_requested):
-                reconciler = self.make(self.source.config)
-            self._reload_requested = False
-            interval = self.source.config.reconcile.interval_s
-            if max_passes is None or passes < max_passes:
-                self._wait_until(started + interval)
+        try:
+            while not self.stop.is_set() and (max_passes is None or passes < max_passes):
+                started = time.monotonic()
+                self.notifier.watchdog()
+                result = self.one_pass(reconciler, reported)
+                passes += 1
+                self.notifier.watchdog()
+                self.notifier.status(summarize(result) if result is not None
+                                     else "last pass failed")
+                if self.source.reload(force=self._reload_requested):
+                    reconciler = self.make(self.source.config)
+                    self._open_sources()
+                self._reload_requested = False
+                interval = self.source.config.reconcile.interval_s
+                reported = []
+                if max_passes is None or passes < max_passes:
+                    reported = self._wait_until(started + interval,
+                                                getattr(reconciler, "known_instances", set()))
+        finally:
+            self._close_sources()
         self.notifier.stopping()
         return passes
 
-    def _wait_until(self, deadline: float) -> None:
+    def _open_sources(self) -> None:
+        self._close_sources()
+        if self.events is not None:
+            self._sources = self.events(self.source.config)
+            for src in self._sources:
+                log.info("reading provider %s's events between passes", src.provider)
+
+    def _close_sources(self) -> None:
+        for src in self._sources:
+            try:
+                src.close()
+            except Exception as exc:  # closing is best effort
+                log.debug("closing %s's event source: %s", src.provider, exc)
+        self._sources = []
+
+    def _wait_until(self, deadline: float, known: set[str] | frozenset[str] = frozenset()
+                    ) -> list[ProviderEvent]:
         """Sleeps until ``deadline`` (time.monotonic) or a stop; a SIGHUP asks for a reload.
-        Wakes at least every half watchdog period to ping systemd's watchdog."""
+        Wakes at least every half watchdog period to ping systemd's watchdog. With event
+        sources, reads them every ``reconcile.events_poll_s`` and returns early with the
+        events about instances in ``known`` (the last pass's alive instances); [] otherwise."""
         ping_every = self.notifier.ping_every_s
         while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
             self.notifier.watchdog()
             if ping_every is not None:
                 left = min(left, ping_every)
+            if self._sources:
+                left = min(left, self.source.config.reconcile.events_poll_s)
+                step_end = time.monotonic() + left
+                found = self._receive(left, known)
+                if found:
+                    return found
+                left = max(0.0, step_end - time.monotonic())
             if self._signals is None:
                 self.stop.wait(left)
                 continue
@@ -170,11 +217,30 @@ class Loop:
                 self._reload_requested = True
             elif taken is not None:
                 self.stop.set()
+        return []
 
-    def one_pass(self, reconciler: Reconciler) -> PassResult | None:
-        """One pass; any failure is logged and the loop goes on."""
+    def _receive(self, wait_s: float, known: set[str] | frozenset[str]) -> list[ProviderEvent]:
+        """One read of every source within ``wait_s`` seconds: the events about ``known``
+        instances (others are not this cluster's, or are news the last pass already had)."""
+        end = time.monotonic() + wait_s
+        found: list[ProviderEvent] = []
+        for src in self._sources:
+            for event in src.receive(max(0.0, end - time.monotonic())):
+                if event.instance_id in known:
+                    log.info("provider %s: %s %s (%s): pass now", event.provider, event.kind,
+                             event.instance_id, event.detail)
+                    found.append(event)
+                else:
+                    log.debug("provider %s: %s %s: not an instance of the last pass",
+                              event.provider, event.kind, event.instance_id)
+        return found
+
+    def one_pass(self, reconciler: Reconciler,
+                 reported: Sequence[ProviderEvent] = ()) -> PassResult | None:
+        """One pass (given the provider events that started it early, if any); any failure
+        is logged and the loop goes on."""
         try:
-            result = reconciler.run_pass()
+            result = reconciler.run_pass(reported) if reported else reconciler.run_pass()
         except SlurmSpotError as exc:
             log.error("pass failed: %s", exc)
             return None

@@ -63,6 +63,7 @@ from slurm_spot.power import ProviderFactory, provider_cache
 from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
+from slurm_spot.providers.events import ProviderEvent, ended_instances
 from slurm_spot.reconcile.held_jobs import (
     bad_constraint_jobs,
     bad_constraint_reason,
@@ -194,6 +195,9 @@ class Reconciler:
         self._price_of: PriceOf | None = None
         self._prices: dict[str, float] = {}
         self._job_records: list[JobRecord] | SlurmCommandError | None = None
+        #: alive instances of the last pass: the provider events worth an early pass
+        self.known_instances: set[str] = set()
+        self._reported: set[str] = set()  # instances this pass took as ended from an event
         self._elastic = ElasticJobs(slurm)  # per pass: which jobs are elastic
         # the pass's providers: each built once per pass (one cloud session and client)
         self._providers: ProviderFactory = provider_cache(providers)
@@ -213,10 +217,13 @@ class Reconciler:
         }
 
     # -- snapshot -------------------------------------------------------------------------
-    def snapshot(self, result: PassResult) -> Snapshot:
+    def snapshot(self, result: PassResult, reported: Sequence[ProviderEvent] = ()) -> Snapshot:
         """List every provider once, then read Slurm's nodes and the events' facts.
 
         A provider that fails to list is logged and its node sets are left alone this pass.
+        An instance that ``reported`` (the providers' own events, :mod:`slurm_spot.providers.
+        events`) says has ended is taken as ended even if the listing, eventually consistent,
+        still shows it alive: its state and reason become the event's.
 
         Raises:
             SlurmCommandError: Slurm's nodes cannot be read (nothing is decided then).
@@ -232,6 +239,8 @@ class Reconciler:
                 result.errors.append(f"provider {name}: listing failed: {exc}")
                 unavailable.update(ns.name for ns in self.config.node_sets if ns.provider == name)
                 continue
+            ended = ended_instances(reported)
+            listed = [_as_reported(i, ended.get((name, i.instance_id))) for i in listed]
             instances.extend(listed)
             provider_of.update((i.instance_id, name) for i in listed)
         nodes = tuple(self.slurm.nodes())
@@ -252,8 +261,12 @@ class Reconciler:
         return tuple(j.job_id for j in jobs if j.state.is_pending and j.reason == "BeginTime")
 
     # -- the pass -------------------------------------------------------------------------
-    def run_pass(self) -> PassResult:
+    def run_pass(self, reported: Sequence[ProviderEvent] = ()) -> PassResult:
         """Snapshot, plan, act, expedite; then metrics (and the textfile, if configured).
+
+        Args:
+            reported: provider events that started this pass early (see :meth:`snapshot`);
+                each one about an instance of this cluster is recorded (``provider_event``).
 
         Raises:
             SlurmCommandError: Slurm's nodes cannot be read.
@@ -261,7 +274,14 @@ class Reconciler:
         started = time.monotonic()
         result = PassResult(self.clock())
         self._providers = provider_cache(self.providers)
-        snap = self.snapshot(result)
+        snap = self.snapshot(result, reported)
+        self.known_instances = {i.instance_id for i in snap.instances if i.state.is_alive}
+        ours = {i.instance_id: i.node for i in snap.instances}
+        self._reported = {e.instance_id for e in reported if e.ended}
+        for event in reported:
+            if event.instance_id in ours:
+                self._emit(result, Action.PROVIDER_EVENT, node=ours[event.instance_id],
+                           instance=event.instance_id, extra=event.to_json())
         self._missing_since = missing_since(
             snap.nodes, snap.instances, self.node_set_of, snap.unavailable_sets, snap.now,
             self._missing_since)
@@ -466,7 +486,9 @@ class Reconciler:
         if reclaimed:
             self.metrics.interruptions.labels(self.node_set_of[d.node]).inc()
         action = Action.RECLAIMED if d.verdict is Verdict.RECLAIMED else Action.BOOT_LOST
-        self._record(result, action, d, extra={"reclaimed": reclaimed, "instance_state": d.why})
+        detected = "provider event" if d.instance in self._reported else "listing"
+        self._record(result, action, d, extra={"reclaimed": reclaimed, "instance_state": d.why,
+                                               "detected_by": detected})
         self._notes += [(job, f"requeued: {d.reason} ({d.node})")
                         for job in (d.jobs if reclaimed else ())]
 
@@ -746,3 +768,11 @@ class Reconciler:
             except OSError as exc:
                 log.error("cannot write %s: %s", self.config.reconcile.metrics_file, exc)
                 result.errors.append(f"metrics file: {exc}")
+
+
+def _as_reported(instance: Instance, event: ProviderEvent | None) -> Instance:
+    """``instance`` as ``event`` (its provider's news that it ended) has it, when the listing
+    still shows it alive; else as listed."""
+    if event is None or event.state is None or not instance.state.is_alive:
+        return instance
+    return replace(instance, state=event.state, state_reason=event.reason)

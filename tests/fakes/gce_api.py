@@ -4,7 +4,9 @@ Serves on 127.0.0.1 (random port) from a thread; point the client at it with
 ``ClientOptions(api_endpoint=fake.endpoint)``, ``transport="rest"``, AnonymousCredentials.
 
 Covers: instances insert, bulkInsert (zonal and regional), get, list (label filter, paging),
-aggregatedList (same), delete; zone/region operations get and wait. Request ids are honoured
+aggregatedList (same), delete; zone/region operations get and wait; zone operations list
+(``operationType`` filter, paging), where :meth:`FakeCompute.preempt` adds the
+``compute.instances.preempted`` system operation GCE adds on a preemption. Request ids are honoured
 (the same ``requestId`` returns the first operation). Operations start RUNNING and are DONE
 from the ``polls_until_done``-th get/wait on (default: the first); their effects happen at once.
 
@@ -198,6 +200,20 @@ class FakeCompute:
         with self._lock:
             return [json.loads(json.dumps(v)) for _, v in sorted(self.instances.items())]
 
+    def preempt(self, zone: str, name: str, status: str = "STOPPING") -> dict[str, Any]:
+        """Preempt an instance as GCE does: a DONE ``compute.instances.preempted`` operation
+        by ``system`` in its zone's operations list, and the instance ``status`` (STOPPING
+        while GCE stops it; ``RUNNING`` models a listing that has not caught up yet)."""
+        with self._lock:
+            self.instances[(zone, name)]["status"] = status
+            op = self.new_operation(f"zones/{zone}", "compute.instances.preempted", name, None)
+            name_ = op["name"]
+            op.update(name=f"systemevent-{name_}", status="DONE", progress=100, user="system",
+                      endTime=self.now(), statusMessage="Instance was preempted.",
+                      targetId=self.instances[(zone, name)]["id"])
+            self.operations[op["name"]] = self.operations.pop(name_)
+            return op
+
     def set_status(self, zone: str, name: str, status: str) -> None:
         """Change an instance's status (``TERMINATED`` after a preemption with STOP ...)."""
         self.instances[(zone, name)]["status"] = status
@@ -354,6 +370,7 @@ class _Handler(BaseHTTPRequestHandler):
         ("GET", r"zones/([^/]+)/instances", "list"),
         ("GET", r"zones/([^/]+)/instances/([^/]+)", "get"),
         ("DELETE", r"zones/([^/]+)/instances/([^/]+)", "delete"),
+        ("GET", r"zones/([^/]+)/operations", "listOperations"),
         ("GET", r"(zones|regions)/([^/]+)/operations/([^/]+)", "getOperation"),
         ("POST", r"(zones|regions)/([^/]+)/operations/([^/]+)/wait", "wait"),
         ("GET", r"zones/([^/]+)", "zones.get"),
@@ -481,6 +498,17 @@ class _Handler(BaseHTTPRequestHandler):
         if polls >= self.fake.polls_until_done:
             op.update(status="DONE", progress=100, endTime=op.get("endTime") or self.fake.now())
         self._send(op)
+
+    def _listOperations(self, query: dict, body: dict, zone: str) -> None:
+        wanted = re.findall(r'operationType\s*=\s*"?([^"\s)]*)"?', query.get("filter", ""))
+        ops = [op for op in self.fake.operations.values()
+               if op.get("zone", "").endswith(f"/zones/{zone}")
+               and all(op["operationType"] == w for w in wanted)]
+        items, token = _page(ops, query)
+        payload: dict[str, Any] = {"kind": "compute#operationList", "items": items}
+        if token:
+            payload["nextPageToken"] = token
+        self._send(payload)
 
     def _wait(self, query: dict, body: dict, kind: str, where: str, name: str) -> None:
         self._getOperation(query, body, kind, where, name)

@@ -3,7 +3,8 @@
 Modules: :mod:`.provider` (the :class:`~slurm_spot.providers.base.Provider`), :mod:`.launch`
 and :mod:`.fleet` (the launch plan and its I/O seam), :mod:`.errors` (the error-code table),
 :mod:`.catalog` (instance shapes, ``instance_types.yaml``), :mod:`.checks` (config checks),
-:mod:`.notices` (the IMDSv2 interruption notice). Importing this package imports no boto3.
+:mod:`.notices` (the IMDSv2 interruption notice), :mod:`.events` (EventBridge events through
+SQS, for the reconciler). Importing this package imports no boto3.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from slurm_spot.providers.base import ErrorClass, expect_settings, normalize_cod
 
 if TYPE_CHECKING:
     from slurm_spot.providers.base import Finding, Provider
+    from slurm_spot.providers.events import EventSource
     from slurm_spot.providers.notices import NoticeSource
 
 
@@ -54,6 +56,17 @@ def notice_source(config: SpotConfig, node: str, settings: ProviderSettings) -> 
     from slurm_spot.providers.aws.notices import ImdsNoticeSource
 
     return ImdsNoticeSource()
+
+
+def event_source(config: SpotConfig, name: str, settings: ProviderSettings) -> EventSource | None:
+    """EC2's spot interruption warnings and state changes from ``events_queue_url`` (an SQS
+    queue an EventBridge rule fills, :mod:`.events`); None when it is not set."""
+    aws = expect_settings(settings, AwsProviderConfig, name)
+    if not aws.events_queue_url:
+        return None
+    from slurm_spot.providers.aws.events import SqsEventSource
+
+    return SqsEventSource(name, aws)
 
 
 def capacity_codes() -> frozenset[str]:

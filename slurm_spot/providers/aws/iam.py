@@ -64,6 +64,10 @@ CALLS: tuple[ApiCall, ...] = (
     ApiCall("ec2", "CreateTags", ("ec2:CreateTags",), "controller"),
     ApiCall("ec2", "TerminateInstances", ("ec2:TerminateInstances",), "controller"),
     ApiCall("ec2", "DescribeSubnets", ("ec2:DescribeSubnets",), "controller"),
+    # the reconciler's EventBridge events, with providers.<name>.events_queue_url
+    # (providers/aws/events.py)
+    ApiCall("sqs", "ReceiveMessage", ("sqs:ReceiveMessage",), "controller"),
+    ApiCall("sqs", "DeleteMessageBatch", ("sqs:DeleteMessage",), "controller"),
     # prices and shapes (cost/prices.py, providers/aws/catalog.py)
     ApiCall("ec2", "DescribeSpotPriceHistory", ("ec2:DescribeSpotPriceHistory",), "controller"),
     ApiCall("ec2", "DescribeInstanceTypes", ("ec2:DescribeInstanceTypes",), "controller"),

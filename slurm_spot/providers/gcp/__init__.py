@@ -3,7 +3,8 @@
 Modules: :mod:`.provider` (the :class:`~slurm_spot.providers.base.Provider`), :mod:`.launch`
 (the launch state machine), :mod:`.requests` (pure request builders and parsers), :mod:`.api`
 (the only code touching google-cloud-compute), :mod:`.errors` (the error-code table),
-:mod:`.checks` (config checks), :mod:`.notices` (the metadata-server preemption notice).
+:mod:`.checks` (config checks), :mod:`.notices` (the metadata-server preemption notice),
+:mod:`.events` (the zones' preemption operations, for the reconciler).
 Importing this package imports no Google library: the functions below, the provider type's
 entry points (:class:`~slurm_spot.providers.base.ProviderPackage`), import on call.
 """
@@ -17,6 +18,7 @@ from slurm_spot.providers.base import ErrorClass, expect_settings, normalize_cod
 
 if TYPE_CHECKING:
     from slurm_spot.providers.base import Finding, Provider
+    from slurm_spot.providers.events import EventSource
     from slurm_spot.providers.notices import NoticeSource
 
 
@@ -34,6 +36,18 @@ def check_node_set(config: SpotConfig, index: int) -> list[str]:
     ns = config.node_sets[index]
     settings = expect_settings(config.providers[ns.provider], GcpProviderConfig, ns.provider)
     return check_gcp_node_set(ns, settings, f"node_sets.{index}", cluster=config.cluster)
+
+
+def event_source(config: SpotConfig, name: str, settings: ProviderSettings) -> EventSource | None:
+    """The preemption operations of the zones of ``name``'s node sets (:mod:`.events`); None
+    when ``preemption_events`` is false or no node set uses the provider."""
+    gcp = expect_settings(settings, GcpProviderConfig, name)
+    zones = {z for ns in config.node_sets if ns.provider == name and ns.gcp for z in ns.gcp.zones}
+    if not gcp.preemption_events or not zones:
+        return None
+    from slurm_spot.providers.gcp.events import PreemptionOperations
+
+    return PreemptionOperations(name, gcp, zones)
 
 
 def check_online(config: SpotConfig, name: str) -> list[Finding]:

@@ -210,6 +210,27 @@ class ComputeApi:
             if not token:
                 return found
 
+    def list_zone_operations(self, zone: str, filter_: str) -> list[dict[str, Any]]:
+        """``zoneOperations.list`` in ``zone`` with ``filter_``, every page (one counted call
+        each): the REST JSON of each operation.
+
+        Raises:
+            GceCallError: a page could not be read.
+        """
+        request = self._v1.ListZoneOperationsRequest(
+            project=self.project, zone=zone, filter=filter_, max_results=PAGE_SIZE)
+        found: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            request.page_token = token
+            page = self._call(self._zone_ops.list, request=request,
+                              retry=self._read_retry, timeout=self.call_timeout_s)
+            response = self._dict(next(iter(page.pages)))
+            found.extend(response.get("items", []))
+            token = response.get("nextPageToken", "")
+            if not token:
+                return found
+
     def delete(self, zone: str, name: str, request_id: str = "") -> OperationStatus | None:
         """``instances.delete``; None if the instance is already gone (404).
 

@@ -50,6 +50,8 @@ CALLS: tuple[GceCall, ...] = (
     GceCall("instances.delete", ("compute.instances.delete",)),
     GceCall("zoneOperations.wait", ("compute.zoneOperations.get",)),
     GceCall("zoneOperations.get", ("compute.zoneOperations.get",)),
+    # the reconciler's preemption events (providers/gcp/events.py)
+    GceCall("zoneOperations.list", ("compute.zoneOperations.list",)),
     GceCall("regionOperations.wait", ("compute.regionOperations.get",)),
     GceCall("regionOperations.get", ("compute.regionOperations.get",)),
     GceCall("zones.get", ("compute.zones.get",), optional=True),

@@ -13,6 +13,7 @@ from slurm_spot.providers.base import expect_settings, normalize_code
 
 if TYPE_CHECKING:
     from slurm_spot.providers.base import Finding, Provider
+    from slurm_spot.providers.events import EventSource
     from slurm_spot.providers.notices import NoticeSource
 
 
@@ -31,6 +32,11 @@ def check_node_set(config: SpotConfig, index: int) -> list[str]:
 def check_online(config: SpotConfig, name: str) -> list[Finding]:
     """Nothing to ask: the local provider has no cloud (``slurmd`` is checked offline)."""
     return []
+
+
+def event_source(config: SpotConfig, name: str, settings: ProviderSettings) -> EventSource | None:
+    """None: the local market's reclaims are found by the passes (and its watchers' notices)."""
+    return None
 
 
 def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
