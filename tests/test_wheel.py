@@ -141,7 +141,7 @@ def _requires(metadata: str) -> dict[str | None, dict[str, Requirement]]:
             req = Requirement(line.removeprefix("Requires-Dist: "))
             extra = None
             if req.marker is not None:
-                extra = next(e for e in ("train", "examples", "aws", "gcp", "plot", "dev")
+                extra = next(e for e in ("train", "examples", "aws", "gcp", "plot", "ft", "dev")
                              if req.marker.evaluate({"extra": e}))
             out.setdefault(extra, {})[canonicalize_name(req.name)] = req
     return out
@@ -157,6 +157,9 @@ def test_dependency_ranges_are_honest(dists: tuple[Path, Path]) -> None:
     assert not any(s.operator == "==" for s in torch.specifier)
     for version in (pinned.group(1), f"{pinned.group(1)}+cpu", "2.15.0"):
         assert torch.specifier.contains(version), (torch, version)
+    # ft: torchft 0.2 (issue 27), with a torch range the pinned CPU wheel satisfies too
+    assert requires["ft"]["torchft"].specifier.contains("0.2.0")
+    assert requires["ft"]["torch"].specifier.contains(f"{pinned.group(1)}+cpu")
     assert "scikit-learn" not in requires["train"]
     assert "scikit-learn" in requires["examples"]
     assert "slurm-spot" in requires["examples"]  # examples = train + its data set
