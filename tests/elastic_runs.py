@@ -83,8 +83,12 @@ def check_sample_log(samples: Path, steps: int) -> dict[int, list[int]]:
 
 def job_processes(job: int) -> list[int]:
     """Process ids on this machine (where the local cluster's nodes run) whose environment says
-    they belong to Slurm job ``job`` (``SLURM_JOB_ID``): agents, fork servers, workers."""
+    they belong to Slurm job ``job`` (``SLURM_JOB_ID``): agents, fork servers, workers. Only
+    processes in this process's network namespace count: under pytest-xdist every worker runs
+    its own cluster in a namespace of its own (tests/netns.py), and each numbers its jobs from
+    1, so another worker's job 1 was taken for this one's (CI-like run, session 9)."""
     mark = f"SLURM_JOB_ID={job}".encode()
+    own_network = os.readlink("/proc/self/ns/net")
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -92,8 +96,9 @@ def job_processes(job: int) -> list[int]:
         try:
             environ = (entry / "environ").read_bytes()
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            network = os.readlink(entry / "ns" / "net")
         except OSError:
             continue
-        if mark in environ.split(b"\0") and state != "Z":
+        if mark in environ.split(b"\0") and state != "Z" and network == own_network:
             found.append(int(entry.name))
     return found
