@@ -112,11 +112,7 @@ def test_a_submitit_job_given_a_notice_is_requeued_once_and_its_client_sees_succ
         wait_for(lambda: any('"step"' in line for line in _lines(work / "events.jsonl")),
                  timeout=120, what="the submitit job training")
         victim = acct.job(job)["NodeList"]
-        if not spare:
-            others = [n for n in expand(acct.slurm("sinfo", "-h", "-p", "spot", "-o", "%N")
-                                        .strip()) if n != victim]
-            acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=DRAIN",
-                       "reason=test: no spare capacity")
+        others = [] if spare else _drain_all_but(acct, victim)
         acct.spot("local", "preempt", victim, "--notice", "20", "--conf-dir",
                   str(acct.conf_dir))
         wait_for(lambda: acct.job(job).get("Restarts", "0") != "0"
@@ -166,11 +162,7 @@ def test_a_lightning_job_given_a_notice_is_requeued_once_and_resumes(
     try:
         wait_for(lambda: step(work) >= 6, timeout=180, what="the Lightning job training")
         victim = acct.job(job)["NodeList"]
-        if not spare:
-            others = [n for n in expand(acct.slurm("sinfo", "-h", "-p", "spot", "-o", "%N")
-                                        .strip()) if n != victim]
-            acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=DRAIN",
-                       "reason=test: no spare capacity")
+        others = [] if spare else _drain_all_but(acct, victim)
         acct.spot("local", "preempt", victim, "--notice", "20", "--conf-dir",
                   str(acct.conf_dir))
         wait_for(lambda: acct.job(job).get("Restarts", "0") != "0", timeout=90, interval=0.25,
@@ -198,6 +190,16 @@ def test_a_lightning_job_given_a_notice_is_requeued_once_and_resumes(
     starts = [e for e in job_events(work) if e["event"] == "start"]
     assert len(starts) == 2 and starts[1]["step"] >= 6, starts  # resumed, not restarted
     assert "Restored all states from the checkpoint at" in (work / "job.out").read_text()
+
+
+def _drain_all_but(acct: Cluster, victim: str) -> list[str]:
+    """Drain every node of the partition but ``victim``: no spare capacity for a replacement;
+    returns the drained nodes (to resume afterwards)."""
+    others = [n for n in expand(acct.slurm("sinfo", "-h", "-p", "spot", "-o", "%N").strip())
+              if n != victim]
+    acct.slurm("scontrol", "update", f"nodename={','.join(others)}", "state=DRAIN",
+               "reason=test: no spare capacity")
+    return others
 
 
 def _lines(path: Path) -> list[str]:

@@ -84,6 +84,17 @@ class EventSource(Protocol):
         ...
 
 
+def event_time(text: object) -> datetime | None:
+    """An event's ISO 8601 time (EventBridge ``time``, GCE ``insertTime``; ``Z`` or an offset,
+    which Python 3.11's ``fromisoformat`` reads), or None when it is missing or malformed."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
 def event_sources(config: SpotConfig) -> list[EventSource]:
     """The event source of every provider of ``config`` that has one and has it enabled; a
     provider whose source cannot be built is logged and left to polling."""

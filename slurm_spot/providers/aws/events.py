@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime
 from typing import Any
 
 from slurm_spot.config import AwsProviderConfig
 from slurm_spot.providers.base import InstanceState
-from slurm_spot.providers.events import ProviderEvent
+from slurm_spot.providers.events import ProviderEvent, event_time
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ def parse_message(provider: str, body: str, warned: set[str] | None = None) -> P
     if not isinstance(detail, dict) or not isinstance(detail.get("instance-id"), str):
         return None
     instance = detail["instance-id"]
-    when = _time(event.get("time"))
+    when = event_time(event.get("time"))
     warned = warned if warned is not None else set()
     if event.get("detail-type") == WARNING:
         warned.add(instance)
@@ -68,15 +67,6 @@ def parse_message(provider: str, body: str, warned: set[str] | None = None) -> P
         return ProviderEvent(provider, instance, "state-change", state, when,
                              f"{detail.get('state')}{after}")
     return None
-
-
-def _time(text: object) -> datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 class SqsEventSource:

@@ -19,7 +19,7 @@ from typing import Any
 
 from slurm_spot.config import GcpProviderConfig
 from slurm_spot.providers.base import InstanceState
-from slurm_spot.providers.events import ProviderEvent
+from slurm_spot.providers.events import ProviderEvent, event_time
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class PreemptionOperations:
                 listed.add(key)
                 if not key or key in self._seen[zone] or op.get("operationType") != PREEMPTED:
                     continue
-                when = _time(op.get("insertTime"))
+                when = event_time(op.get("insertTime"))
                 target = str(op.get("targetLink") or "").rsplit("/", 1)[-1]
                 if not target or (when is not None and when < self._since):
                     continue
@@ -83,10 +83,3 @@ class PreemptionOperations:
         """Nothing to release (the Compute clients close with the process)."""
 
 
-def _time(text: object) -> datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
