@@ -146,3 +146,20 @@ def test_an_unreachable_api_stops_at_once(gce, tmp_path) -> None:
     assert result.exit_code == 2
     assert "line 6: providers.gcp: cannot read region us-central1 of project test-project" \
         in result.stderr
+
+
+def test_no_credentials_is_a_finding_with_exit_2_not_a_traceback(gce, tmp_path,
+                                                                 monkeypatch) -> None:
+    """A new admin without Application Default Credentials: google.auth's
+    DefaultCredentialsError went up as a traceback (exit 1); it is the provider's finding."""
+    path = write(tmp_path, gce)
+    path.write_text(path.read_text().replace(f", api_endpoint: '{gce.endpoint}'", ""))
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # no metadata server either
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+    result = check(path)
+    assert result.exit_code == 2, result.output
+    assert "line 6: providers.gcp: cannot read region us-central1" in result.output
+    assert "nothing else was checked" in result.output and "Traceback" not in result.output

@@ -48,6 +48,8 @@ def check_gcp_online(config: SpotConfig, name: str, reader: Any = None) -> list[
         reader: a :class:`~.api.ResourceReader` (tests); default: one for the provider's
             settings.
     """
+    from google.auth.exceptions import GoogleAuthError
+
     from slurm_spot.providers.gcp.api import ResourceReader
 
     settings = expect_settings(config.providers[name], GcpProviderConfig, name)
@@ -56,7 +58,7 @@ def check_gcp_online(config: SpotConfig, name: str, reader: Any = None) -> list[
     try:
         reader = reader or ResourceReader(settings)
         region = reader.get("region", region=settings.region)
-    except ProviderError as exc:
+    except (ProviderError, GoogleAuthError) as exc:  # no credentials found is the latter
         return [Finding(where, f"cannot read region {settings.region} of project "
                         f"{settings.project}: {exc}; nothing else was checked")]
     if region is None:
