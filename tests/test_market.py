@@ -106,6 +106,7 @@ def test_a_random_capacity_cycle_alternates_with_the_given_means() -> None:
     ("cheap:notice=1.5", "notice=1.5 must be a share"),
     ("cheap:rate=-1", "rate=-1.0 must be between 0"),
     ("cheap:down=30", "down=30 needs up > 0"),
+    ("cheap:rate=0,rate=3600", "rate: given twice"),
     ("cheap:start=sideways,up=1,down=1", "start='sideways' must be up or down"),
     ("nope:rate=1", "market of node set 'nope': no such node set (defined: cheap, other)"),
 ])

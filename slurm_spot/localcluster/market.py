@@ -125,14 +125,15 @@ def parse_market(spec: str) -> NodeSetMarket:
     """``NAME:key=value,...`` (module docstring) as a checked :class:`NodeSetMarket`.
 
     Raises:
-        BadInputError: no ``NAME:``, an unknown key, a value that is not a number or is out
-            of range; the message quotes the spec and names the key.
+        BadInputError: no ``NAME:``, an unknown or repeated key, a value that is not a number
+            or is out of range; the message quotes the spec and names the key.
     """
     name, sep, rest = spec.partition(":")
     if not sep or not name.strip():
         raise BadInputError(f"market {spec!r}: expected NODE_SET:key=value,... "
                             "(e.g. cheap:rate=10,notice=0.5,up=300,down=60)")
     fields: dict[str, object] = {}
+    seen: set[str] = set()
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or key.strip() not in _KEYS:
@@ -140,6 +141,9 @@ def parse_market(spec: str) -> NodeSetMarket:
                                 f"{', '.join(_KEYS)}")
         key, value = key.strip(), value.strip()
         what = f"market {spec!r}, {key}"
+        if key in seen:  # the last would silently win: say which one is meant
+            raise BadInputError(f"{what}: given twice")
+        seen.add(key)
         if key in ("start", "cycle"):
             fields[_KEYS[key]] = value
         elif key == "rate":
