@@ -9,7 +9,7 @@ Method (one local cluster, the same training script, the runs of both modes inte
    nodes, submitted either
    - *elastic*: ``slurm-spot sbatch --torchrun --elastic 2:3 --rendezvous HOST:PORT -N 3``
      (workers start warm: forks of a server that imported torch and the script's imports,
-     slurm_spot.jobs.warm_worker), or
+     slurm_spot.jobs.injob.warm_worker), or
    - *elastic-no-preload*: the same with ``--no-preload`` (each worker a new ``python -u``
      that imports torch and scikit-learn: the elastic mode before the warm start), or
    - *requeue*: ``slurm-spot sbatch --torchrun -N 3`` (one torchrun agent per node, a fixed
@@ -286,7 +286,7 @@ MIN nodes joined: the third node is gone, so the round always waits that long), 
 workers' start: *elastic-no-preload* starts each worker as a new `python -u`, which imports
 torch and scikit-learn again (2.4 + 1.9 s on an idle machine, more when the 2 CPUs are busy
 with 3 nodes' agents); *elastic* forks them from the agent's fork server, which imported both
-before the first round (slurm_spot.jobs.warm_worker). What is left of a warm worker's start
+before the first round (slurm_spot.jobs.injob.warm_worker). What is left of a warm worker's start
 is the script's own: the gloo process group (a new store per round), the data set and the
 checkpoint load. With torchrun's INFO log (`LOGLEVEL=INFO`) the agents show the two parts:
 "Rendezvous'ing worker group" -> "Rendezvous complete", and "Starting worker group" -> the

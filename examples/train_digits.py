@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from slurm_spot.checkpoint import Checkpointer, SkipSampler, TrainState
 from slurm_spot.checkpoint.preemption import PreemptionHandler
-from slurm_spot.jobs import jobenv
+from slurm_spot.jobs.injob import jobenv
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -6,7 +6,7 @@ step torchft's lighthouse forms a quorum of the groups alive; their gradients ar
 among them only, so when a group is lost the others go on at the next step, and a group that
 (re)joins copies the weights and optimizer state from a live peer ("heals") instead of reading
 a checkpoint. Needs ``pip install 'slurm-spot[ft]'`` (torchft) and a lighthouse
-(``slurm_spot.jobs.ft_lighthouse``; under Slurm, ``slurm-spot sbatch --torchrun
+(``slurm_spot.jobs.services.ft_lighthouse``; under Slurm, ``slurm-spot sbatch --torchrun
 --fault-tolerant`` starts one on the coordinator).
 
 What a training loop changes for torchft (docs/ml-engineer.md, "Fault-tolerant training"):
@@ -67,7 +67,7 @@ from torch import nn
 from slurm_spot.checkpoint.checkpointer import Checkpointer, TrainState
 from slurm_spot.checkpoint.elastic import epoch_order, global_batch_indices, rank_share
 from slurm_spot.checkpoint.preemption import PreemptionHandler
-from slurm_spot.jobs import jobenv
+from slurm_spot.jobs.injob import jobenv
 
 #: Samples in scikit-learn's digits data set (``load_digits``): the largest --global-batch.
 DIGITS_SAMPLES = 1797

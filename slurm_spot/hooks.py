@@ -175,10 +175,10 @@ def job_hook_lines(name: str, config: SpotConfig, env: Mapping[str, str]) -> lis
 
     Raises:
         BadInputError: the job environment is unusable (prolog, task-prolog; see
-            :mod:`slurm_spot.jobs.prolog`). The epilog never raises: a failing Epilog drains
+            :mod:`slurm_spot.jobs.node.prolog`). The epilog never raises: a failing Epilog drains
             the node (slurm.conf(5)); its problem goes to stderr.
     """
-    from slurm_spot.jobs import prolog as job_prolog
+    from slurm_spot.jobs.node import prolog as job_prolog
 
     if name == "prolog":
         return [f"checkpoint directory {job_prolog.prepare_checkpoint_dir(config, env)}"]

@@ -201,7 +201,7 @@ def job_checkpoint_dir(config: SpotConfig, job: Job) -> Path | None:
     """The job's checkpoint directory as the Prolog makes it (``<root>/<user>/<key>``), or
     None when the job's user or id cannot name one, or its checkpoints are in S3 (the node
     does not read the bucket: the default checkpoint time applies)."""
-    from slurm_spot.jobs.prolog import checkpoint_dir
+    from slurm_spot.jobs.node.prolog import checkpoint_dir
 
     env = {"SLURM_JOB_USER": job.user, "SLURM_JOB_ID": str(job.job_id)}
     if job.array_job_id is not None and job.array_task_id is not None:

@@ -9,24 +9,24 @@ On an interruption notice for its node it:
    again from the next node set if it fails to launch (a ``prewarm`` event with ``failed``);
 3. sends every job on the node the preemption signal that job handles (its own ``--signal``,
    else what its processes catch, else spot.yaml's; never one its processes would die of:
-   :mod:`slurm_spot.jobs.signal_choice`): with prewarm when the replacements are up, or at the
+   :mod:`slurm_spot.jobs.interruption.signal_choice`): with prewarm when the replacements are up, or at the
    latest at ``deadline - margin - the job's checkpoint + step time - signal_margin_s``
    (:func:`slurm_spot.prewarm.latest_signal_time`); without prewarm at once. A job with nothing
    to catch it yet (still in its prolog) is tried again while the watcher waits;
 4. waits until those jobs have left the node, or until ``margin_s`` before the deadline;
 5. for the jobs that left by themselves: requeues each that ended during the interruption,
-   whatever its exit code (:mod:`slurm_spot.jobs.requeue`), clears the ~121 s requeue delay
+   whatever its exit code (:mod:`slurm_spot.jobs.interruption.requeue`), clears the ~121 s requeue delay
    (``scontrol update jobid=N StartTime=now``), waits briefly for their new allocation and
    restores the replacements' Weight;
    An *elastic* job (``slurm-spot sbatch --torchrun --elastic``: one job step per node, marked
-   by :data:`~slurm_spot.jobs.rendezvous.ELASTIC_MARK` in its batch script) goes on without
+   by :data:`~slurm_spot.jobs.services.rendezvous.ELASTIC_MARK` in its batch script) goes on without
    this node: once its steps here have ended (this node's ranks saved and left) and its batch
    script runs elsewhere, the node is released from the job (``scontrol update JobId=N
    NodeList=<the other nodes>``, scontrol(1) 22.05: "Change the nodes allocated to a running
    job to shrink its size"), so the power-down below does not requeue it;
 6. one interruption is one requeue, whoever requeues first (issue 25): a job that requeued
    itself (``scontrol requeue`` from submitit's or Lightning's handler: ``JobState=REQUEUED``,
-   or its ``Restarts`` rose since the notice; :func:`~slurm_spot.jobs.requeue.requeued_since`)
+   or its ``Restarts`` rose since the notice; :func:`~slurm_spot.jobs.interruption.requeue.requeued_since`)
    is never requeued again, only expedited. A batch job still running here at
    ``deadline - margin`` is requeued (``scontrol requeue``) before the power-down, and the
    watcher then waits, until :data:`POWER_DOWN_BY_S` before the deadline, for every requeued
@@ -60,9 +60,9 @@ from slurm_spot.config import (
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.hostlist import expand
-from slurm_spot.jobs.elastic_release import RELEASE_REASON, ElasticJobs, release_node
-from slurm_spot.jobs.requeue import requeue_ended, requeued_since
-from slurm_spot.jobs.signal_choice import JobSignaller
+from slurm_spot.jobs.interruption.elastic_release import RELEASE_REASON, ElasticJobs, release_node
+from slurm_spot.jobs.interruption.requeue import requeue_ended, requeued_since
+from slurm_spot.jobs.interruption.signal_choice import JobSignaller
 from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
 from slurm_spot.providers.notices import Notice, NoticeSource
 from slurm_spot.sdnotify import Notifier
@@ -355,7 +355,7 @@ class Watcher:
     def _release_elastic(self, outcome: NoticeOutcome, jobs: list[int]) -> None:
         """Release this node from each elastic job whose steps here have ended and whose batch
         script runs on another node (see the module docstring, step 5, and
-        :mod:`slurm_spot.jobs.elastic_release`, shared with the reconciler)."""
+        :mod:`slurm_spot.jobs.interruption.elastic_release`, shared with the reconciler)."""
         for job in jobs:
             if job in outcome.released or not self.signaller.signalled(job):
                 continue

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.checkpoint.location import as_location, is_job_key, is_s3, job_directory, job_key
-from slurm_spot.jobs.jobenv import checkpoint_dir
+from slurm_spot.jobs.injob.jobenv import checkpoint_dir
 
 
 def test_an_s3_url_stays_a_url_and_a_directory_becomes_a_path() -> None:

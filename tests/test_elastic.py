@@ -27,8 +27,8 @@ from slurm_spot.checkpoint.elastic import (
 )
 from slurm_spot.cli import cli
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.rendezvous import ELASTIC_MARK, format_endpoint, parse_endpoint, serve
-from slurm_spot.jobs.torchrun_agent import ElasticSettings, elastic_torchrun_args, parse_nnodes
+from slurm_spot.jobs.injob.torchrun_agent import ElasticSettings, elastic_torchrun_args, parse_nnodes
+from slurm_spot.jobs.services.rendezvous import ELASTIC_MARK, format_endpoint, parse_endpoint, serve
 from slurm_spot.jsonenvelope import read_envelope
 from tests.elastic_runs import rendezvous_service
 
@@ -91,7 +91,7 @@ def test_every_sample_once_per_epoch_whatever_the_world_sizes() -> None:
 
 
 def test_rendezvous_service_hosts_a_store_clients_share() -> None:
-    from slurm_spot.jobs.rendezvous_client import RendezvousStore
+    from slurm_spot.jobs.injob.rendezvous_client import RendezvousStore
 
     class Slurm:  # every job is this user's
         def job_owner_uid(self, _job: str) -> int:
@@ -453,7 +453,7 @@ def test_agent_falls_back_to_requeue_when_fewer_than_min_nodes_rendezvous(
         train.write_text("raise SystemExit('never started')\n")
         code = (
             "import os, sys\n"
-            "from slurm_spot.jobs import torchrun_agent as a\n"
+            "from slurm_spot.jobs.injob import torchrun_agent as a\n"
             "os.environ.update(a.ELASTIC_ENV)\n"
             f"s = a.ElasticSettings(2, 3, '{endpoint}', join_timeout_s=3)\n"
             f"args = a.elastic_torchrun_args(os.environ, s, '127.0.0.1', 1, [{str(train)!r}])\n"

@@ -16,19 +16,19 @@ import yaml
 from click.testing import CliRunner
 
 from slurm_spot.cli import cli
-from slurm_spot.jobs.elastic_replacement import (
+from slurm_spot.jobs.injob.elastic_replacement import (
     Supervisor,
     companion_options,
     companion_script,
     leftovers,
     wanted,
 )
-from slurm_spot.jobs.torchrun_agent import ElasticSettings, elastic_torchrun_args
+from slurm_spot.jobs.injob.torchrun_agent import ElasticSettings, elastic_torchrun_args
 from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.slurm.states import parse_oneline
 from tests.elastic_runs import rendezvous_service
 
-AGENT = ["/venv/bin/python", "-m", "slurm_spot.jobs.torchrun_agent", "--nproc-per-node=1",
+AGENT = ["/venv/bin/python", "-m", "slurm_spot.jobs.injob.torchrun_agent", "--nproc-per-node=1",
          "--elastic=2:3", "--rendezvous=ctl:29390", "--join-timeout=30", "--",
          "/home/u/train.py", "--steps", "100"]
 
@@ -204,7 +204,7 @@ def test_supervisor_process_requests_a_companion_and_cancels_it_on_sigterm(
            "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NAME": "train",
            "SLURM_JOB_PARTITION": "spot", "SLURM_SPOT_CHECKPOINT_DIR": "/ck/u/42"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slurm_spot.jobs.elastic_replacement", "--target=3", "--max=3",
+        [sys.executable, "-m", "slurm_spot.jobs.injob.elastic_replacement", "--target=3", "--max=3",
          f"--pids={' '.join(str(p.pid) for p in agents)}", "--signal=USR2@120",
          "--interval=0.2", "--", *AGENT], env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -255,7 +255,7 @@ def test_supervisor_waits_to_read_the_job_before_sizing_a_companion(tmp_path: Pa
     env = {**os.environ, "SLURM_SPOT_SLURM_BIN_DIR": str(tmp_path / "bin"),
            "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NAME": "train",
            "SLURM_JOB_PARTITION": "spot"}
-    main_code = ("import sys\nimport slurm_spot.jobs.elastic_replacement as r\n"
+    main_code = ("import sys\nimport slurm_spot.jobs.injob.elastic_replacement as r\n"
                  "orig = r.Supervisor.step\n"
                  "def step(self, now): self.retry_at = min(self.retry_at, now); "
                  "return orig(self, now)\n"  # no 30 s pause between retries here
@@ -302,7 +302,7 @@ def test_dry_run_starts_the_supervisor_unless_no_replacements(tmp_path: Path,
         "--dry-run", "--json", str(train)])
     assert result.exit_code == 0, result.output
     script = read_envelope(result.output)["script"]
-    supervisor = "-m slurm_spot.jobs.elastic_replacement --target=\"${agents}\" --max=3"
+    supervisor = "-m slurm_spot.jobs.injob.elastic_replacement --target=\"${agents}\" --max=3"
     assert (supervisor in script) is replacements
     assert ("--pids=\"${pids[*]}\" --signal=USR2@120" in script) is replacements
     assert ("trap " in script) is replacements
@@ -327,7 +327,7 @@ def test_a_replacement_agent_leaves_with_0_when_the_run_is_over(tmp_path: Path) 
     with rendezvous_service(os.environ, fake_owner=True) as endpoint:
         close = (
             "from torch.distributed.elastic.rendezvous import RendezvousParameters\n"
-            "from slurm_spot.jobs.rendezvous_client import register_backend\n"
+            "from slurm_spot.jobs.injob.rendezvous_client import register_backend\n"
             "register_backend()\n"
             "from torch.distributed.elastic.rendezvous.registry import "
             "get_rendezvous_handler\n"
@@ -341,7 +341,7 @@ def test_a_replacement_agent_leaves_with_0_when_the_run_is_over(tmp_path: Path) 
         train.write_text("raise SystemExit('never started')\n")
         code = (
             "import os, sys\n"
-            "from slurm_spot.jobs import torchrun_agent as a\n"
+            "from slurm_spot.jobs.injob import torchrun_agent as a\n"
             "os.environ.update(a.ELASTIC_ENV)\n"
             f"s = a.ElasticSettings(2, 3, '{endpoint}', join_timeout_s=60, "
             "run_id='9-0')\n"

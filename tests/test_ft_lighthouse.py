@@ -1,4 +1,4 @@
-"""The torchft lighthouse of fault-tolerant jobs (slurm_spot/jobs/ft_lighthouse.py): bound to
+"""The torchft lighthouse of fault-tolerant jobs (slurm_spot/jobs/services/ft_lighthouse.py): bound to
 the address it is given only, every interface refused, bad settings named."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.ft_lighthouse import Lighthouse, LighthouseTimeouts
+from slurm_spot.jobs.services.ft_lighthouse import Lighthouse, LighthouseTimeouts
 
 
 def _listening(port: int) -> list[str]:

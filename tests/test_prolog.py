@@ -10,7 +10,7 @@ import pytest
 
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.prolog import checkpoint_dir, prepare_checkpoint_dir, task_prolog_lines
+from slurm_spot.jobs.node.prolog import checkpoint_dir, prepare_checkpoint_dir, task_prolog_lines
 
 JOB = {"SLURM_JOB_ID": "777", "SLURM_JOB_USER": "nobody", "SLURM_JOB_UID": "65534",
        "SLURM_JOB_GID": "65534"}

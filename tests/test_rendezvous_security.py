@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.jobs.rendezvous import default_listen_host, listen_socket, open_server
-from slurm_spot.jobs.rendezvous_client import RendezvousStore, RendezvousStoreError
-from slurm_spot.jobs.rendezvous_store import RendezvousServer, StoreLimits
+from slurm_spot.jobs.injob.rendezvous_client import RendezvousStore, RendezvousStoreError
 from slurm_spot.jobs.rendezvous_wire import (
     MungeAuthenticator,
     RendezvousAuthError,
@@ -26,6 +24,8 @@ from slurm_spot.jobs.rendezvous_wire import (
     recv_frame,
     send_frame,
 )
+from slurm_spot.jobs.services.rendezvous import default_listen_host, listen_socket, open_server
+from slurm_spot.jobs.services.rendezvous_store import RendezvousServer, StoreLimits
 from slurm_spot.slurm.client import Node, SlurmClient
 from slurm_spot.slurm.states import parse_node_state
 from tests.elastic_runs import rendezvous_service
@@ -185,7 +185,7 @@ def test_default_address_on_a_slurm_node_is_its_nodeaddr() -> None:
 
 AGENT = """
 import sys
-from slurm_spot.jobs import torchrun_agent as a
+from slurm_spot.jobs.injob import torchrun_agent as a
 a.node_addr = lambda client, node: "127.0.0.1"  # no Slurm here: this node's address
 a.leave(a.main(sys.argv[1:]))
 """

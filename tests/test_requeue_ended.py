@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot import events
-from slurm_spot.jobs.requeue import (
+from slurm_spot.jobs.interruption.requeue import (
     decide,
     ended_on,
     requeue_ended,

@@ -11,7 +11,7 @@ import pytest
 
 from slurm_spot import events
 from slurm_spot.config import SpotConfig, parse_config
-from slurm_spot.jobs.prolog import epilog
+from slurm_spot.jobs.node.prolog import epilog
 
 NOBODY = 65534
 ENV = {"SLURM_JOB_ID": "777", "SLURMD_NODENAME": "spot-1", "SLURM_RESTART_COUNT": "0"}

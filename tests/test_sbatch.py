@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.sbatch import (
+from slurm_spot.jobs.submit.sbatch import (
     option_values,
     plan_submission,
     read_directives,
@@ -103,7 +103,7 @@ def test_torchrun_dry_run_prints_agent_per_node(tmp_path: Path) -> None:
     script = out["script"]
     assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --requeue" in script
     assert "srun --nodes=\"${SLURM_JOB_NUM_NODES}\" --ntasks-per-node=1" in script
-    assert f"-m slurm_spot.jobs.torchrun_agent --nproc-per-node=1 -- \\\n  {train} --lr 1" in script
+    assert f"-m slurm_spot.jobs.injob.torchrun_agent --nproc-per-node=1 -- \\\n  {train} --lr 1" in script
     assert out["argv"][-1] == "<script>" and "-N" in out["argv"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.jobs.signal_choice import (
+from slurm_spot.jobs.interruption.signal_choice import (
     JobSignaller,
     ProcInfo,
     parse_status,

@@ -158,7 +158,7 @@ def test_local_cluster_state_is_kept_per_slurm_series(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("version", "flag"), [("24.11.5", "--requeue"),
                                                ("25.11.0", "--requeue=expedite")])
 def test_sbatch_asks_for_expedited_requeue_where_slurm_has_it(version: str, flag: str) -> None:
-    from slurm_spot.jobs.sbatch import plan_submission
+    from slurm_spot.jobs.submit.sbatch import plan_submission
 
     slurm = SlurmVersion.parse(version)
     plan = plan_submission("#!/bin/bash\nsrun train\n", "train.sh", [], [], "USR2", 90,

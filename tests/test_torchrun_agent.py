@@ -13,7 +13,7 @@ import pytest
 
 PROGRAM = """
 import atexit, sys
-from slurm_spot.jobs.torchrun_agent import leave
+from slurm_spot.jobs.injob.torchrun_agent import leave
 atexit.register(lambda: print("atexit handler ran", flush=True))
 print("unflushed stdout", end="")
 sys.stderr.write("unflushed stderr")
@@ -56,11 +56,11 @@ while not stop and time.time() < deadline:
     time.sleep(0.05)
 """
 
-#: ``warm``: the elastic agent's warm start (slurm_spot.jobs.warm_worker), ignoring in the fork
+#: ``warm``: the elastic agent's warm start (slurm_spot.jobs.injob.warm_worker), ignoring in the fork
 #: server the signals the agent's main() gives it (SIGHUP, SIGUSR2, SIGTERM).
 AGENT = """
 import signal, sys
-from slurm_spot.jobs.torchrun_agent import _leave_on_signal, leave, run_torchrun
+from slurm_spot.jobs.injob.torchrun_agent import _leave_on_signal, leave, run_torchrun
 if sys.argv[3] == "elastic":  # as main() does in elastic mode: the signal means "leave"
     signal.signal(signal.SIGUSR2, _leave_on_signal)
 warm = [1, int(signal.SIGUSR2), 15] if sys.argv[4] == "warm" else None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.jobs.ft_lighthouse import Lighthouse, LighthouseTimeouts
+from slurm_spot.jobs.services.ft_lighthouse import Lighthouse, LighthouseTimeouts
 from tests.ft_runs import Replica, events, max_gap, reference, step_times
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""The elastic agent's warm worker start (slurm_spot.jobs.warm_worker): what the fork server
+"""The elastic agent's warm worker start (slurm_spot.jobs.injob.warm_worker): what the fork server
 preloads for a script, and the ``--no-preload`` way out, with a real torchrun agent on CPU."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.jobs.warm_worker import BASE_PRELOAD, preload_modules, script_imports
+from slurm_spot.jobs.injob.warm_worker import BASE_PRELOAD, preload_modules, script_imports
 from tests.elastic_runs import rendezvous_service
 
 SCRIPT = """
@@ -63,9 +63,9 @@ def test_preload_list_of_an_unreadable_script_is_torch_only(
 def test_preload_list_has_the_agents_imports_not_the_agent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker re-runs the agent's ``__main__`` module (``python -m
-    slurm_spot.jobs.torchrun_agent``) as ``__mp_main__``: its imports are preloaded, the
+    slurm_spot.jobs.injob.torchrun_agent``) as ``__mp_main__``: its imports are preloaded, the
     module itself is not (runpy would warn in every worker)."""
-    import slurm_spot.jobs.torchrun_agent as agent
+    import slurm_spot.jobs.injob.torchrun_agent as agent
 
     main = types.ModuleType("__main__")
     main.__file__ = agent.__file__
@@ -73,8 +73,8 @@ def test_preload_list_has_the_agents_imports_not_the_agent(
     script = tmp_path / "train.py"
     script.write_text("import sklearn.datasets\n")
     modules = preload_modules(script)
-    assert "slurm_spot.slurm.client" in modules and "slurm_spot.jobs.jobenv" in modules
-    assert "slurm_spot.jobs.torchrun_agent" not in modules
+    assert "slurm_spot.slurm.client" in modules and "slurm_spot.jobs.injob.jobenv" in modules
+    assert "slurm_spot.jobs.injob.torchrun_agent" not in modules
     assert modules[-1] == "sklearn.datasets"
 
 
@@ -82,7 +82,7 @@ def test_preload_skips_names_that_are_no_modules_silently(
         capsys: pytest.CaptureFixture[str]) -> None:
     """``from json import dumps`` gives ``json.dumps``, which is no module: skipped without a
     word."""
-    from slurm_spot.jobs.warm_worker import preload
+    from slurm_spot.jobs.injob.warm_worker import preload
 
     assert preload(["json", "json.dumps"]) == ["json.dumps"]
     assert capsys.readouterr().err == ""
@@ -100,7 +100,7 @@ print("rank seen at import:", rank_at_import.RANK, flush=True)
 
 AGENT = """
 import sys
-from slurm_spot.jobs import torchrun_agent as a
+from slurm_spot.jobs.injob import torchrun_agent as a
 a.node_addr = lambda client, node: "127.0.0.1"  # no Slurm here: this node's address
 a.leave(a.main(sys.argv[1:]))
 """
@@ -145,7 +145,7 @@ def test_warm_start_and_no_preload_through_the_agents_command_line(tmp_path: Pat
 #: ``run_torchrun`` with one worker; argv: warm|cold, the script, its arguments.
 RUN = """
 import signal, sys
-from slurm_spot.jobs.torchrun_agent import leave, run_torchrun
+from slurm_spot.jobs.injob.torchrun_agent import leave, run_torchrun
 if __name__ == "__main__":
     warm = [int(signal.SIGUSR2), 15] if sys.argv[1] == "warm" else None
     leave(run_torchrun(["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",

@@ -531,7 +531,7 @@ class Checkpointer:
         self._wait_snapshot("restore")  # never overwrite what a snapshot still copies
         found, explicit = checkpoint, checkpoint is not None
         if found is None and resume_from is not None:
-            from slurm_spot.jobs.jobenv import restart_count
+            from slurm_spot.jobs.injob.jobenv import restart_count
 
             restarts = restart_count(os.environ)
             if restarts == 0:

@@ -3,7 +3,7 @@ protocol that writes them is :mod:`slurm_spot.checkpoint.commit`).
 
 No torch here, so the prologue, the CLI and tests can resolve checkpoints without it.
 
-Layout of a checkpoint directory (one per job, see :func:`~slurm_spot.jobs.jobenv.checkpoint_key`)::
+Layout of a checkpoint directory (one per job, see :func:`~slurm_spot.jobs.injob.jobenv.checkpoint_key`)::
 
     step_000000500/            a committed checkpoint of step 500
         state.pt               everything, one torch.save archive (non-sharded save), or

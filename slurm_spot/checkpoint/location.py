@@ -62,7 +62,7 @@ def is_job_key(text: str) -> bool:
 def job_directory(root: Location, user: str, key: str) -> Location:
     """``<root>/<user>/<key>``: where the job's checkpoints live (an ``s3://`` URL under an
     S3 root). ``user`` and ``key`` are taken as given: the caller checks them (the prolog
-    refuses names that are not plain, :mod:`slurm_spot.jobs.prolog`)."""
+    refuses names that are not plain, :mod:`slurm_spot.jobs.node.prolog`)."""
     if isinstance(root, str) or is_s3(root):
         return f"{os.fspath(root).rstrip('/')}/{user}/{key}"
     return root / user / key

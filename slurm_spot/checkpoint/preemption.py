@@ -43,7 +43,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.jobs import jobenv
+from slurm_spot.jobs.injob import jobenv
 from slurm_spot.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)

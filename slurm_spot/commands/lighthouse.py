@@ -36,14 +36,14 @@ def lighthouse_command(listen: str | None, port: int, min_replicas: int, join_ti
     (docs/ml-engineer.md, "Fault-tolerant training").
     Needs torchft: pip install 'slurm-spot[ft]'."""
     from slurm_spot.errors import BadInputError
-    from slurm_spot.jobs.ft_lighthouse import LighthouseTimeouts, serve
+    from slurm_spot.jobs.services.ft_lighthouse import LighthouseTimeouts, serve
 
     if not unauthenticated:  # secure by default: nothing we start lets anyone in unasked
         raise BadInputError(
             "torchft's lighthouse has no authentication: anyone who reaches its address can "
             "join or disturb a job's quorum. Run it only on a closed cluster network, and say "
             "so with --unauthenticated (docs/ml-engineer.md, 'Fault-tolerant training').")
-    from slurm_spot.jobs.rendezvous import default_listen_host
+    from slurm_spot.jobs.services.rendezvous import default_listen_host
 
     host = listen if listen is not None else default_listen_host()
     timeouts = LighthouseTimeouts(join_timeout_ms=join_timeout_ms,

@@ -28,7 +28,7 @@ def rendezvous_command(listen: str | None, port: int | None,
     'slurm-spot sbatch --torchrun --elastic MIN:MAX' reach it at --rendezvous HOST:PORT
     (default: the controller, port 29390). A client reaches a job's keys only as the job's
     owner (a MUNGE credential, checked against squeue), so munged and squeue must work here."""
-    from slurm_spot.jobs.rendezvous import DEFAULT_PORT, default_listen_host, format_endpoint, serve
+    from slurm_spot.jobs.services.rendezvous import DEFAULT_PORT, default_listen_host, format_endpoint, serve
     from slurm_spot.slurm.client import SlurmClient
 
     found = shutil.which("squeue")

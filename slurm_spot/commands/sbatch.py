@@ -15,8 +15,8 @@ from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, pass_app, print_json
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.jobs.sbatch import Submission, plan_submission
-from slurm_spot.jobs.sbatch_options import CommandLine, parse_command_line
+from slurm_spot.jobs.submit.sbatch import Submission, plan_submission
+from slurm_spot.jobs.submit.sbatch_options import CommandLine, parse_command_line
 from slurm_spot.render import render_template
 from slurm_spot.slurm.client import run_command
 from slurm_spot.slurm.version import SlurmVersion
@@ -45,18 +45,18 @@ def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_n
                    preload: bool = True) -> str:
     """The batch script of an elastic torchrun job: one job step (one agent) per node,
     ``--no-kill``, ``--nodes=MIN-MAX`` (pure). An agent told to leave exits 128 + the
-    preemption signal (``preemption.signal``, slurm_spot.jobs.torchrun_agent); when every
+    preemption signal (``preemption.signal``, slurm_spot.jobs.injob.torchrun_agent); when every
     agent did, the script exits with the requeue code, as below MIN nodes. With
     ``replacements``, lost nodes are replaced by one-node companion jobs that join the
-    rendezvous (slurm_spot.jobs.elastic_replacement; their ``--signal`` is
+    rendezvous (slurm_spot.jobs.injob.elastic_replacement; their ``--signal`` is
     ``preemption.signal@preemption.lead_s``, as the job's). ``preload`` False: the agents
     get ``--no-preload`` (workers start as ``python -u SCRIPT``, not warm:
-    :mod:`slurm_spot.jobs.warm_worker`).
+    :mod:`slurm_spot.jobs.injob.warm_worker`).
 
     Raises:
         BadInputError: ``endpoint`` or ``python`` is not one line.
     """
-    from slurm_spot.jobs.jobenv import parse_signal
+    from slurm_spot.jobs.injob.jobenv import parse_signal
 
     preempt = parse_signal(config.preemption.signal)
     _one_line("--rendezvous", endpoint)
@@ -80,7 +80,7 @@ def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_no
     heterogeneous job (sbatch(1), ``#SBATCH hetjob``; Slurm 17.11+) whose component 0 is one
     node of ``coordinator_partition``, which runs the script and hosts the rendezvous store
     there (``slurm-spot rendezvous`` at its NodeAddr, port
-    :data:`~slurm_spot.jobs.rendezvous.HETJOB_PORT_BASE` + job id % 1000), and whose
+    :data:`~slurm_spot.jobs.services.rendezvous.HETJOB_PORT_BASE` + job id % 1000), and whose
     component 1 is the workers on ``partition`` (None: the default partition),
     ``worker_nodes`` of them (None: ``MIN-MAX``), ``--no-kill``, one job step (one agent)
     per node (``srun --het-group=1 --nodelist=<node>``), each with ``worker_options`` (sbatch
@@ -90,8 +90,8 @@ def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_no
     Raises:
         BadInputError: a partition or ``python`` is not one line.
     """
-    from slurm_spot.jobs.jobenv import parse_signal
-    from slurm_spot.jobs.rendezvous import HETJOB_PORT_BASE
+    from slurm_spot.jobs.injob.jobenv import parse_signal
+    from slurm_spot.jobs.services.rendezvous import HETJOB_PORT_BASE
 
     preempt = parse_signal(config.preemption.signal)
     _one_line("--coordinator-partition", coordinator_partition)
@@ -137,7 +137,7 @@ def default_rendezvous(config: SpotConfig) -> str:
     """Where elastic jobs rendezvous unless ``--rendezvous`` says: ``$SLURM_SPOT_RENDEZVOUS``
     (checked as ``--rendezvous`` is; set but empty is an error too), else the controller
     (``SlurmctldHost``'s address, else its name, from ``scontrol show config``) at
-    :data:`~slurm_spot.jobs.rendezvous.DEFAULT_PORT`.
+    :data:`~slurm_spot.jobs.services.rendezvous.DEFAULT_PORT`.
 
     Raises:
         BadInputError: neither is known, or scontrol cannot be run (names --rendezvous);
@@ -145,7 +145,7 @@ def default_rendezvous(config: SpotConfig) -> str:
     """
     import re
 
-    from slurm_spot.jobs.rendezvous import (
+    from slurm_spot.jobs.services.rendezvous import (
         DEFAULT_PORT,
         format_endpoint,
         parse_endpoint,
@@ -171,7 +171,7 @@ def default_rendezvous(config: SpotConfig) -> str:
 
 
 #: Per-job checkpoint settings: passed to the job in its environment (sbatch's default
-#: --export=ALL), read by the TaskProlog (slurm_spot.jobs.prolog.checkpoint_root).
+#: --export=ALL), read by the TaskProlog (slurm_spot.jobs.node.prolog.checkpoint_root).
 _JOB_ENV_OPTIONS = {"--checkpoint-root": "SLURM_SPOT_CHECKPOINT_ROOT",
                     "--s3-endpoint-url": "SLURM_SPOT_S3_ENDPOINT_URL",
                     "--s3-addressing-style": "SLURM_SPOT_S3_ADDRESSING_STYLE"}
@@ -218,7 +218,7 @@ def _check_nodes_within(options: list[str], elastic: tuple[int, int]) -> None:
     Raises:
         BadInputError: it does not, or it is not ``N`` or ``A-B`` (names both options).
     """
-    from slurm_spot.jobs.sbatch import option_values
+    from slurm_spot.jobs.submit.sbatch import option_values
 
     low, high = elastic
     for value in option_values(options, "--nodes", "-N"):
@@ -244,7 +244,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
         raise BadInputError(f"--nproc-per-node={nproc}: expected a positive integer")
     elastic = None
     if "elastic" in ours:
-        from slurm_spot.jobs.torchrun_agent import parse_nnodes
+        from slurm_spot.jobs.injob.torchrun_agent import parse_nnodes
 
         if not ours.get("torchrun"):
             raise BadInputError("--elastic needs --torchrun (it starts elastic torchrun agents)")
@@ -259,7 +259,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
                             "--coordinator-partition the store runs on the coordinator node)")
     rendezvous = None
     if "rendezvous" in ours:
-        from slurm_spot.jobs.rendezvous import format_endpoint, parse_endpoint
+        from slurm_spot.jobs.services.rendezvous import format_endpoint, parse_endpoint
 
         rendezvous = format_endpoint(*parse_endpoint(str(ours["rendezvous"])))
     join = str(ours.get("join-timeout", "60"))
@@ -397,7 +397,7 @@ def _refuse_training_directives(path: Path) -> None:
     Raises:
         BadInputError: the script has some (names them and where they belong).
     """
-    from slurm_spot.jobs.sbatch import read_directives
+    from slurm_spot.jobs.submit.sbatch import read_directives
 
     try:
         text = path.read_text()
@@ -427,12 +427,12 @@ _WORKER_RESOURCES = (
 def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_args: list[str],
             env: list[tuple[str, str]], options: list[str]) -> tuple[str, list[str]]:
     """The hetjob batch script, and the command-line options without ``-p``/``-N``, which go
-    into the workers' component instead (:func:`~slurm_spot.jobs.sbatch.take_option`).
+    into the workers' component instead (:func:`~slurm_spot.jobs.submit.sbatch.take_option`).
 
     Raises:
         BadInputError: see :func:`check_coordinator_partition`; ``-p`` given twice.
     """
-    from slurm_spot.jobs.sbatch import take_option
+    from slurm_spot.jobs.submit.sbatch import take_option
 
     partitions, options = take_option(options, "--partition", "-p")
     nodes, options = take_option(options, "--nodes", "-N")

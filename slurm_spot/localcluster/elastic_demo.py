@@ -22,7 +22,7 @@ spot nodes that are reclaimed twice while the job goes on.
 
 Why not a heterogeneous job (``slurm-spot sbatch --coordinator-partition``): on Slurm 22.05 a
 hetjob worker lost without notice makes Slurm cancel the whole hetjob, and replacements are
-not built for hetjob workers (jobs/elastic_replacement.py serves plain elastic jobs). A
+not built for hetjob workers (jobs/injob/elastic_replacement.py serves plain elastic jobs). A
 separate one-node job on the on-demand partition hosts the store just as well, and the
 training job is a plain elastic job that both reclaims and replacements work with.
 """
@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from slurm_spot.errors import SlurmSpotError
-from slurm_spot.jobs.torchrun_agent import node_addr
+from slurm_spot.jobs.injob.torchrun_agent import node_addr
 from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.localcluster import elastic_report as report
 from slurm_spot.localcluster.demo import Demo, DemoSettings, TrainingLog, demo_config

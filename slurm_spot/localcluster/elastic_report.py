@@ -86,7 +86,7 @@ def world_sizes(events: Iterable[dict]) -> list[int]:
 
 def output_events(text: str) -> list[dict]:
     """The job output's JSON events in order, with each replacement's first line (``slurm-spot:
-    replacement <job> on <node> joins job <elastic job>``, jobs/elastic_replacement.py) as an
+    replacement <job> on <node> joins job <elastic job>``, jobs/injob/elastic_replacement.py) as an
     event ``{"event": "replacement", "job_id", "node"}`` where it came."""
     found: list[dict] = []
     for line in text.splitlines():

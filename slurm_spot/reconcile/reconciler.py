@@ -11,7 +11,7 @@ The Slurm transitions that carry out each verdict (verified on Slurm 22.05.8):
   alone leaves the job COMPLETING until slurmctld gives up on the dead node (~100 s).
   An *elastic* job (``--no-kill``, one step per node) is not requeued: DOWN removes the node
   from it and ends its step there, the job goes on with its other nodes, and the pass records
-  ``released`` for it, as the watcher does with notice (:mod:`slurm_spot.jobs.elastic_release`);
+  ``released`` for it, as the watcher does with notice (:mod:`slurm_spot.jobs.interruption.elastic_release`);
   unless its batch script ran on the lost node (then Slurm requeues it: the fallback).
 - ``RESUME_FAILED`` / ``REENABLE``: ``state=IDLE`` turns ``down~`` into ``idle~`` at once and
   clears the reason (``state=RESUME`` adds NOT_RESPONDING; POWER_DOWN goes through
@@ -57,8 +57,8 @@ from slurm_spot import events
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import PartialTerminationError, SlurmCommandError
 from slurm_spot.events import Action
-from slurm_spot.jobs.elastic_release import RELEASE_REASON, ElasticJobs, release_node
-from slurm_spot.jobs.requeue import requeue_ended_on, restarts_at_notice
+from slurm_spot.jobs.interruption.elastic_release import RELEASE_REASON, ElasticJobs, release_node
+from slurm_spot.jobs.interruption.requeue import requeue_ended_on, restarts_at_notice
 from slurm_spot.power import ProviderFactory, provider_cache
 from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import get_provider
@@ -433,7 +433,7 @@ class Reconciler:
 
     def _requeue_ended(self, d: NodeDecision, snap: Snapshot, result: PassResult) -> list[int]:
         """Requeue the batch jobs that ended on a lost node during its interruption (an
-        interruption never makes a job FAILED; :mod:`slurm_spot.jobs.requeue`): those that
+        interruption never makes a job FAILED; :mod:`slurm_spot.jobs.interruption.requeue`): those that
         ended within the last pass interval plus the longest notice (AWS's 120 s), but not
         one whose restart count rose since the node's watcher got its notice: it was requeued
         already (:func:`restarts_at_notice`; one interruption, one requeue)."""

@@ -1,6 +1,6 @@
 """The client of ``slurm-spot rendezvous``: a ``torch.distributed.Store`` whose keys live in
 the service, in the key space of one job, reached after a MUNGE handshake
-(:mod:`.rendezvous_wire`), and the torchrun rendezvous backend ``slurm-spot`` built on it
+(:mod:`slurm_spot.jobs.rendezvous_wire`), and the torchrun rendezvous backend ``slurm-spot`` built on it
 (torchrun's own c10d backend, with this store in place of a TCPStore).
 """
 
@@ -160,7 +160,7 @@ def create_handler(params: Any) -> Any:
         create_handler as dynamic_handler,
     )
 
-    from slurm_spot.jobs.rendezvous import parse_endpoint
+    from slurm_spot.jobs.services.rendezvous import parse_endpoint
 
     host, port = parse_endpoint(params.endpoint, "--rdzv-endpoint")
     timeout = timedelta(seconds=float(params.get("read_timeout", CONNECT_TIMEOUT_S)))

@@ -4,7 +4,7 @@ bytes per job.
 
 It answers what torchrun's c10d rendezvous backend and elastic agent ask of a
 ``torch.distributed.Store`` (set, get, add, compare_set, check, delete, num_keys), with
-TCPStore's meaning; the client side is :class:`slurm_spot.jobs.rendezvous_client.RendezvousStore`.
+TCPStore's meaning; the client side is :class:`slurm_spot.jobs.injob.rendezvous_client.RendezvousStore`.
 One thread per connection; a connection that has not finished its handshake within
 :data:`HANDSHAKE_TIMEOUT_S` is closed, and at most :data:`MAX_CONNECTIONS` are open at once.
 """
@@ -166,7 +166,7 @@ class RendezvousServer:
     """Serves :class:`KeySpaces` on a listening socket to authenticated job owners.
 
     Args:
-        sock: a bound, listening TCP socket (:func:`slurm_spot.jobs.rendezvous.listen_socket`).
+        sock: a bound, listening TCP socket (:func:`slurm_spot.jobs.services.rendezvous.listen_socket`).
         authenticator: checks the clients' credentials (MUNGE in production).
         owner_of: the uid owning a job (squeue), None for a job Slurm does not know.
         limits: per-job bounds.

@@ -7,11 +7,11 @@ interpreter importing torch (2.4 s) and scikit-learn's datasets (1.9 s) on the i
 machine, 6-9 s under load, was most of the training time an elastic job lost per interruption
 (BENCHMARKS.md, "elastic-vs-requeue").
 
-How (:func:`slurm_spot.jobs.torchrun_agent.run_torchrun` with ``preload``): torchrun's launcher
+How (:func:`slurm_spot.jobs.injob.torchrun_agent.run_torchrun` with ``preload``): torchrun's launcher
 is given a function entrypoint, :func:`run_script`, so torch starts the workers with
 ``multiprocessing`` (``MultiprocessContext``, torch/distributed/elastic/multiprocessing/api.py)
 and start method ``forkserver``; the fork server (Python's ``multiprocessing.forkserver``) is
-started before the first rendezvous with :mod:`slurm_spot.jobs.warm_preload` as its preload,
+started before the first rendezvous with :mod:`slurm_spot.jobs.injob.warm_preload` as its preload,
 which imports torch, torch.distributed and the script's own top-level imports
 (:func:`preload_modules`). Each worker is then a fork of that server: no interpreter start, no
 imports, for the first round and every restart.
@@ -53,9 +53,9 @@ from pathlib import Path
 
 #: Imported in the fork server whatever the script imports: what every training worker under
 #: torchrun needs, and the worker's entrypoint module.
-BASE_PRELOAD = ("torch", "torch.distributed", "slurm_spot.jobs.warm_worker")
+BASE_PRELOAD = ("torch", "torch.distributed", "slurm_spot.jobs.injob.warm_worker")
 
-#: Environment variable through which the agent tells :mod:`slurm_spot.jobs.warm_preload` what
+#: Environment variable through which the agent tells :mod:`slurm_spot.jobs.injob.warm_preload` what
 #: to import (comma-separated module names); the fork server removes it once read.
 PRELOAD_ENV = "SLURM_SPOT_WARM_PRELOAD"
 
@@ -175,7 +175,7 @@ def run_script(reset_signals: str, script: str, *args: str) -> None:
     exception, as the subprocess start does; the traceback is printed on stderr first); an
     uncaught ``KeyboardInterrupt`` ends the worker by SIGINT, as the interpreter does;
     ``os._exit`` ends the process at once as always (the agent's warm context,
-    :func:`slurm_spot.jobs.torchrun_agent.launch_warm`, takes an exit 0 without a return
+    :func:`slurm_spot.jobs.injob.torchrun_agent.launch_warm`, takes an exit 0 without a return
     value as success).
     """
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -289,7 +289,7 @@ def _flush() -> None:
 
 def start_fork_server(modules: list[str], ignore: list[int], folder: str | None = None) -> int:
     """Start Python's multiprocessing fork server now (``multiprocessing.forkserver.
-    ensure_running``), preloading ``modules`` through :mod:`slurm_spot.jobs.warm_preload`, with
+    ensure_running``), preloading ``modules`` through :mod:`slurm_spot.jobs.injob.warm_preload`, with
     the signals ``ignore`` ignored in it (``SIG_IGN`` is kept across ``exec``; the handlers of
     this process are restored at once), and ``folder`` (the script's, where given) first on
     its ``sys.path`` while it imports, as the workers will have it. Its imports then overlap
@@ -304,7 +304,7 @@ def start_fork_server(modules: list[str], ignore: list[int], folder: str | None 
     import multiprocessing
     import multiprocessing.forkserver as forkserver
 
-    multiprocessing.set_forkserver_preload(["slurm_spot.jobs.warm_preload"])
+    multiprocessing.set_forkserver_preload(["slurm_spot.jobs.injob.warm_preload"])
     saved = {number: signal.signal(number, signal.SIG_IGN) for number in ignore}
     before = {name: os.environ.get(name) for name in (PRELOAD_ENV, AGENT_ENV, PATH0_ENV)}
     os.environ[PRELOAD_ENV] = ",".join(modules)

@@ -1,7 +1,7 @@
 """Replacements for an elastic job's lost nodes: one-node companion jobs that join its rendezvous.
 
 The batch script of ``slurm-spot sbatch --torchrun --elastic MIN:MAX`` starts one agent per node
-and, next to them, this supervisor (``python -m slurm_spot.jobs.elastic_replacement``). Every
+and, next to them, this supervisor (``python -m slurm_spot.jobs.injob.elastic_replacement``). Every
 ``--interval`` seconds it counts the job's agents that still run (the batch script's ``srun``
 processes, ``--pids``) and its companion jobs that are pending or running; while that is fewer
 than the nodes the job started with (``--target``, never more than MAX) it submits one more
@@ -27,7 +27,7 @@ A companion:
 - is named ``<job name>+replacement`` with the comment ``slurm-spot replacement for job <job>``
   (``squeue``, ``sacct`` show which job it serves) and is submitted ``--no-requeue``: losing it
   just makes the supervisor request another one (the watcher does not requeue a
-  ``--no-requeue`` job either: :mod:`slurm_spot.jobs.requeue`);
+  ``--no-requeue`` job either: :mod:`slurm_spot.jobs.interruption.requeue`);
 - never outlives the job: the supervisor cancels its companions when it is told to stop (the
   batch script's EXIT trap, or SIGTERM when Slurm ends the batch step), cancels those left over
   from an earlier run of the job when it starts, and a companion's agent exits by itself when
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from slurm_spot.errors import SlurmCommandError
-from slurm_spot.jobs import jobenv
+from slurm_spot.jobs.injob import jobenv
 from slurm_spot.slurm.client import SlurmClient
 from slurm_spot.slurm.jobtext import job_fields_with_user_text, split_job_records
 
@@ -266,7 +266,7 @@ def _on_stop(signum: int, _frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] = os.environ) -> int:
     parser = argparse.ArgumentParser(
-        prog="slurm_spot.jobs.elastic_replacement",
+        prog="slurm_spot.jobs.injob.elastic_replacement",
         description="Keep an elastic job at its node count with one-node companion jobs.")
     parser.add_argument("--target", type=int, required=True,
                         help="nodes the job started with (replacements refill to this)")
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] = os.environ) -> 
         parser.error("give the agent command after '--' (it holds a '--' of its own)")
     pids = [int(p) for p in re.split(r"[\s,]+", args.pids.strip()) if p]
     job_id = jobenv.requeue_target(env)
-    from slurm_spot.jobs.torchrun_agent import elastic_run_id
+    from slurm_spot.jobs.injob.torchrun_agent import elastic_run_id
 
     client = SlurmClient(os.environ.get("SLURM_SPOT_SLURM_BIN_DIR", "/usr/bin"))
     say = lambda text: print(text, flush=True)  # noqa: E731

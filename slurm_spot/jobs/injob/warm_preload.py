@@ -1,5 +1,5 @@
 """Imported by the fork server of an elastic torchrun agent, and only there
-(:func:`slurm_spot.jobs.warm_worker.start_fork_server` makes it the server's preload):
+(:func:`slurm_spot.jobs.injob.warm_worker.start_fork_server` makes it the server's preload):
 
 - ties the server's life to the agent's: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (prctl(2),
   Linux), so that an agent killed outright (SIGKILL, the OOM killer) takes the server with it,
@@ -11,7 +11,7 @@
   of an installed one's name would be preloaded instead of it (``python SCRIPT`` never
   looks there);
 - imports the modules named in ``$SLURM_SPOT_WARM_PRELOAD`` (comma-separated), skipping any that
-  fails whatever it raises (:func:`~slurm_spot.jobs.warm_worker.preload`);
+  fails whatever it raises (:func:`~slurm_spot.jobs.injob.warm_worker.preload`);
 - removes the variables, so that the workers forked from the server do not see them.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from slurm_spot.jobs.warm_worker import (
+from slurm_spot.jobs.injob.warm_worker import (
     AGENT_ENV,
     PATH0_ENV,
     PRELOAD_ENV,

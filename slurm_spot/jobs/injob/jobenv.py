@@ -38,7 +38,7 @@ DEFAULT_PREEMPT_SIGNAL = "USR2"
 DEFAULT_REQUEUE_EXIT_CODE = 85
 #: Exit code of an elastic job's worker that stops only because the world changes (another
 #: node leaves or joins): torchrun's agent restarts it after a new rendezvous round. The
-#: elastic agent (:mod:`slurm_spot.jobs.torchrun_agent`) counts it, like the requeue code, as
+#: elastic agent (:mod:`slurm_spot.jobs.injob.torchrun_agent`) counts it, like the requeue code, as
 #: an interruption, not a crash.
 REJOIN_EXIT_CODE = 86
 

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.jobenv import parse_signal
-from slurm_spot.jobs.sbatch_options import (
+from slurm_spot.jobs.injob.jobenv import parse_signal
+from slurm_spot.jobs.submit.sbatch_options import (
     canonical_option,
     parse_command_line,
     split_clusters,
@@ -72,7 +72,7 @@ def read_directives(script: str) -> ScriptDirectives:
 
 def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
     """Split ``[sbatch options] SCRIPT [ARGS]`` into (options, script, script args), knowing
-    which of sbatch's options take a value (:mod:`slurm_spot.jobs.sbatch_options`).
+    which of sbatch's options take a value (:mod:`slurm_spot.jobs.submit.sbatch_options`).
 
     Options keep their original form (``-N 2`` stays two words, ``--nodes=2`` one).
     ``script`` is None for ``--wrap`` jobs, which have no script file.
@@ -166,7 +166,7 @@ def plan_submission(
     for value in given:
         spec = parse_signal(value)
         # The job's own choice is kept: the watcher reads it from the script's directives and
-        # sends it to the processes that catch it (jobs/signal_choice.py), the batch shell
+        # sends it to the processes that catch it (jobs/interruption/signal_choice.py), the batch shell
         # included for 'B:', so a job written for another framework (Lightning: SIGUSR1)
         # is submitted as its users wrote it. Only say what slurm-spot's library will do.
         if spec.number != wanted.number:

@@ -36,7 +36,12 @@ from slurm_spot import events
 from slurm_spot.checkpoint.location import job_directory
 from slurm_spot.config.plain import S3_ROOT_PATTERN  # pydantic-free: hooks use the cache
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.jobenv import ENV_SLURM_BIN_DIR, checkpoint_key, find_scontrol, restart_count
+from slurm_spot.jobs.injob.jobenv import (
+    ENV_SLURM_BIN_DIR,
+    checkpoint_key,
+    find_scontrol,
+    restart_count,
+)
 
 if TYPE_CHECKING:
     from slurm_spot.config import SpotConfig

@@ -1,6 +1,6 @@
 """One torchrun agent per node, as ``slurm-spot sbatch --torchrun`` starts them with srun.
 
-``python -m slurm_spot.jobs.torchrun_agent [--nproc-per-node N] [--port P] -- SCRIPT ARGS``
+``python -m slurm_spot.jobs.injob.torchrun_agent [--nproc-per-node N] [--port P] -- SCRIPT ARGS``
 
 - rendezvous: c10d, id = the job id (the same after a requeue, so a restarted job forms a new
   rendezvous of its own), endpoint = the first node's NodeAddr (cloud nodes have no DNS for
@@ -32,13 +32,13 @@ Elastic mode (``--elastic MIN:MAX --rendezvous HOST:PORT``, as ``slurm-spot sbat
   save at the next step boundary, all ranks agreeing, and exit) and stops without closing the
   rendezvous (torchrun closes it only on a normal end), so the other nodes' workers exit,
   their agents re-rendezvous with the smaller world and restart them from the checkpoint;
-- a replacement node (a one-node companion job, :mod:`slurm_spot.jobs.elastic_replacement`)
+- a replacement node (a one-node companion job, :mod:`slurm_spot.jobs.injob.elastic_replacement`)
   runs the same agent with ``--rdzv-run-id`` (the elastic job's ``<job>-<restart count>``, not
   its own) and ``--checkpoint-dir`` (the elastic job's checkpoints); it waits in the
   rendezvous until the running agents see a node waiting, restart their workers (SIGTERM:
   they save at the step boundary) and form the next round with it (torch/distributed/elastic/
   agent/server/api.py, ``_invoke_run``: ``num_nodes_waiting() > 0``);
-- workers start warm (:func:`launch_warm`, :mod:`slurm_spot.jobs.warm_worker`): forks of a
+- workers start warm (:func:`launch_warm`, :mod:`slurm_spot.jobs.injob.warm_worker`): forks of a
   fork server that imported torch and the script's top-level imports while the first
   rendezvous formed, so a restart after a re-rendezvous starts no interpreter and imports
   nothing; ``--no-preload`` keeps torchrun's ``python -u SCRIPT`` per worker (slower restarts,
@@ -66,12 +66,12 @@ from typing import NoReturn
 
 from slurm_spot.errors import BadInputError
 from slurm_spot.hostlist import expand
-from slurm_spot.jobs import jobenv
+from slurm_spot.jobs.injob import jobenv
 from slurm_spot.slurm.client import SlurmClient
 
 DEFAULT_PORT_BASE = 29400
 #: torchrun's rendezvous backend of elastic runs: the c10d backend on the store of
-#: ``slurm-spot rendezvous``, reached as the job's owner (slurm_spot.jobs.rendezvous_client).
+#: ``slurm-spot rendezvous``, reached as the job's owner (slurm_spot.jobs.injob.rendezvous_client).
 RENDEZVOUS_BACKEND = "slurm-spot"
 
 
@@ -173,7 +173,7 @@ def rendezvous_port(env: Mapping[str, str], base: int = DEFAULT_PORT_BASE) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="slurm_spot.jobs.torchrun_agent")
+    parser = argparse.ArgumentParser(prog="slurm_spot.jobs.injob.torchrun_agent")
     parser.add_argument("--nproc-per-node", type=int, default=1)
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--elastic", default=None, metavar="MIN:MAX")
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=20)
     parser.add_argument("--rdzv-run-id", default=None, metavar="JOB-RESTART",
                         help="join this run's rendezvous (a replacement node's agent, which "
-                             "runs in a job of its own: slurm_spot.jobs.elastic_replacement)")
+                             "runs in a job of its own: slurm_spot.jobs.injob.elastic_replacement)")
     parser.add_argument("--checkpoint-dir", default=None,
                         help="the workers' SLURM_SPOT_CHECKPOINT_DIR (a replacement's workers "
                              "use the elastic job's checkpoints, not their own job's)")
@@ -284,7 +284,7 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
     agent's exit status: 0, ``requeue_code`` when a worker exited with it (or, ``elastic``,
     when the rendezvous could not be formed again), 128 + the signal when a death signal
     stopped the agent, else 1 (a worker failed). ``elastic``: workers whose last exit was
-    :data:`~slurm_spot.jobs.jobenv.REJOIN_EXIT_CODE` (the world changed) when torchrun's
+    :data:`~slurm_spot.jobs.injob.jobenv.REJOIN_EXIT_CODE` (the world changed) when torchrun's
     ``--max-restarts`` were spent also give the requeue code. ``joining`` (a replacement's agent): a
     rendezvous already closed means the run is over, exit 0 (nothing to requeue: the
     replacement's job is not the elastic job).
@@ -299,7 +299,7 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
     from torch.distributed.run import main as torchrun_main
 
     if elastic:
-        from slurm_spot.jobs.rendezvous_client import register_backend
+        from slurm_spot.jobs.injob.rendezvous_client import register_backend
 
         register_backend()
         _capture_rendezvous_handler()
@@ -350,10 +350,10 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
 def launch_warm(targs: list[str], ignore_signals: list[int]) -> None:
     """torchrun with ``targs`` (the same arguments, parsed by ``torch.distributed.run``'s own
     ``parse_args``/``config_from_args``), but its workers started warm
-    (:mod:`slurm_spot.jobs.warm_worker`): the fork server is started now, preloading torch
+    (:mod:`slurm_spot.jobs.injob.warm_worker`): the fork server is started now, preloading torch
     and the training script's top-level imports while the agent joins the first rendezvous,
     and each worker, in that round and every later one, is a fork of it that runs the script
-    with :func:`~slurm_spot.jobs.warm_worker.run_script` (start method ``forkserver``,
+    with :func:`~slurm_spot.jobs.injob.warm_worker.run_script` (start method ``forkserver``,
     torch's ``MultiprocessContext``). ``ignore_signals`` (signal numbers): ignored in the
     fork server, which Slurm signals with the rest of the step; the workers get their
     default action back.
@@ -364,7 +364,7 @@ def launch_warm(targs: list[str], ignore_signals: list[int]) -> None:
     import torch.distributed.run as torchrun
     from torch.distributed.launcher.api import elastic_launch
 
-    from slurm_spot.jobs import warm_worker
+    from slurm_spot.jobs.injob import warm_worker
 
     args = torchrun.parse_args(targs)
     if args.master_port is None:

@@ -16,12 +16,13 @@ replicated store. One service serves every job, each in a key space of its own.
 Who may use a job's keys (issue 25): the service listens on one address, this machine's
 on the cluster network (:func:`default_listen_host`; every interface is refused), and a
 client reaches a job's keys only after proving, with a MUNGE credential bound to a fresh
-nonce and the job, that its uid owns the job in Slurm (:mod:`.rendezvous_wire`). So a
-client that knows only host, port and job id (public in squeue) reads, writes and deletes
-nothing. Each job's keys are bounded (:class:`~.rendezvous_store.StoreLimits`), and the
-keys of jobs Slurm no longer knows are dropped. The agents use it through torchrun's c10d
-backend logic on a store of ours (``--rdzv-backend=slurm-spot``,
-:mod:`.rendezvous_client`): a TCPStore server cannot authenticate nor separate its clients.
+nonce and the job, that its uid owns the job in Slurm
+(:mod:`slurm_spot.jobs.rendezvous_wire`). So a client that knows only host, port and job id
+(public in squeue) reads, writes and deletes nothing. Each job's keys are bounded
+(:class:`~.rendezvous_store.StoreLimits`), and the keys of jobs Slurm no longer knows are
+dropped. The agents use it through torchrun's c10d backend logic on a store of ours
+(``--rdzv-backend=slurm-spot``, :mod:`slurm_spot.jobs.injob.rendezvous_client`): a TCPStore
+server cannot authenticate nor separate its clients.
 
 What it costs: the store keeps its keys in memory only; if the service restarts, running
 elastic jobs keep training (the workers' process group is already formed), but the next
@@ -38,7 +39,7 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 
-from slurm_spot.jobs.rendezvous_store import RendezvousServer, StoreLimits
+from slurm_spot.jobs.services.rendezvous_store import RendezvousServer, StoreLimits
 from slurm_spot.slurm.client import SlurmClient
 from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
 

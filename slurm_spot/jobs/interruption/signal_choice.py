@@ -53,8 +53,8 @@ from pathlib import Path
 from slurm_spot.config import SIGNAL_NAMES
 from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.events import Action
-from slurm_spot.jobs.jobenv import JobEnvError, SignalSpec, parse_signal
-from slurm_spot.jobs.sbatch import option_values, read_directives
+from slurm_spot.jobs.injob.jobenv import JobEnvError, SignalSpec, parse_signal
+from slurm_spot.jobs.submit.sbatch import option_values, read_directives
 from slurm_spot.rawtext import decode
 from slurm_spot.slurm.client import SlurmClient
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.rendezvous import ALL_INTERFACES, format_endpoint, parse_host
+from slurm_spot.jobs.services.rendezvous import ALL_INTERFACES, format_endpoint, parse_host
 
 
 class TorchftMissingError(BadInputError):
