@@ -19,7 +19,7 @@ On an interruption notice for its node it:
    (``scontrol update jobid=N StartTime=now``), waits briefly for their new allocation and
    restores the replacements' Weight;
    An *elastic* job (``slurm-spot sbatch --torchrun --elastic``: one job step per node, marked
-   by :data:`~slurm_spot.jobs.services.rendezvous.ELASTIC_MARK` in its batch script) goes on without
+   by :data:`~slurm_spot.jobs.contract.ELASTIC_MARK` in its batch script) goes on without
    this node: once its steps here have ended (this node's ranks saved and left) and its batch
    script runs elsewhere, the node is released from the job (``scontrol update JobId=N
    NodeList=<the other nodes>``, scontrol(1) 22.05: "Change the nodes allocated to a running

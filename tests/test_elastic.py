@@ -27,8 +27,9 @@ from slurm_spot.checkpoint.elastic import (
 )
 from slurm_spot.cli import cli
 from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.contract import ELASTIC_MARK
 from slurm_spot.jobs.injob.torchrun_agent import ElasticSettings, elastic_torchrun_args, parse_nnodes
-from slurm_spot.jobs.services.rendezvous import ELASTIC_MARK, format_endpoint, parse_endpoint, serve
+from slurm_spot.jobs.services.rendezvous import format_endpoint, parse_endpoint, serve
 from slurm_spot.jsonenvelope import read_envelope
 from tests.elastic_runs import rendezvous_service
 

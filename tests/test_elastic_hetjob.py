@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
 from slurm_spot.events import read_events
-from slurm_spot.jobs.services.rendezvous import ELASTIC_MARK, HETJOB_PORT_BASE
+from slurm_spot.jobs.contract import ELASTIC_MARK
+from slurm_spot.jobs.services.rendezvous import HETJOB_PORT_BASE
 from slurm_spot.jobs.submit.sbatch import read_directives, take_option
 from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.slurm.client import CommandResult, SlurmClient

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from slurm_spot.checkpoint.location import as_location
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.injob import jobenv
 from slurm_spot.jobs.node.prolog import checkpoint_dir, prepare_checkpoint_dir, task_prolog_lines
 
 JOB = {"SLURM_JOB_ID": "777", "SLURM_JOB_USER": "nobody", "SLURM_JOB_UID": "65534",
@@ -135,6 +137,43 @@ def test_task_prolog_says_early_when_scontrol_is_not_on_the_jobs_path(tmp_path: 
     cfg = cfg.model_copy(update={"slurm_bin_dir": bin_dir})
     [notice] = [line for line in task_prolog_lines(cfg, nowhere) if line.startswith("print")]
     assert f"will use {bin_dir / 'scontrol'}" in notice
+
+
+
+def test_what_the_task_prolog_exports_the_job_reads_back(tmp_path: Path) -> None:
+    """The job contract (slurm_spot.jobs.contract) from both ends: a task whose environment is
+    the TaskProlog's ``export`` lines (as slurmd sets it) finds in jobenv the checkpoint
+    directory the prolog created, the preemption signal and requeue code of spot.yaml, and
+    the scontrol of its slurm_bin_dir; an S3 root's endpoint reaches the job the same way."""
+    bin_dir = _scontrol_in(tmp_path / "opt" / "slurm" / "bin").parent
+    cfg = parse_config({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 1}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "checkpoint": {"root": str(tmp_path / "ck")}, "log_dir": str(tmp_path / "log"),
+        "slurm_bin_dir": str(bin_dir),
+        "preemption": {"signal": "SIGUSR1", "requeue_exit_code": 77}})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    job = {**JOB, "SLURM_RESTART_COUNT": "3", "PATH": str(empty)}
+    task = {**job, **_exports(task_prolog_lines(cfg, job))}
+    assert jobenv.checkpoint_dir(task) == as_location(prepare_checkpoint_dir(cfg, job))
+    assert jobenv.preemption_signal(task).name == "USR1"
+    assert jobenv.requeue_exit_code(task) == 77
+    assert jobenv.find_scontrol(task) == str(bin_dir / "scontrol")
+    assert task["SLURM_SPOT_RESTART_COUNT"] == "3"
+    s3_job = {**job, "SLURM_SPOT_CHECKPOINT_ROOT": "s3://mine/runs",
+              "SLURM_SPOT_S3_ENDPOINT_URL": "http://127.0.0.1:9000"}
+    s3_task = {**s3_job, **_exports(task_prolog_lines(cfg, s3_job))}
+    assert jobenv.checkpoint_dir(s3_task) == as_location("s3://mine/runs/nobody/777")
+    assert s3_task["SLURM_SPOT_S3_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+
+
+def _exports(lines: list[str]) -> dict[str, str]:
+    """The environment slurmd gives a task from TaskProlog output (slurm.conf(5), TaskProlog:
+    ``export NAME=value``, the value taken literally)."""
+    pairs = [line.removeprefix("export ").split("=", 1) for line in lines
+             if line.startswith("export ")]
+    return {name: value for name, value in pairs}
 
 
 def _swap_forever(user_fd: int, target: str) -> None:

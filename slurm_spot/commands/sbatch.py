@@ -15,6 +15,13 @@ from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, pass_app, print_json
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.jobs.contract import (
+    ELASTIC_MARK,
+    ENV_CHECKPOINT_ROOT,
+    ENV_RENDEZVOUS,
+    ENV_S3_ADDRESSING_STYLE,
+    ENV_S3_ENDPOINT_URL,
+)
 from slurm_spot.jobs.submit.sbatch import Submission, plan_submission
 from slurm_spot.jobs.submit.sbatch_options import CommandLine, parse_command_line
 from slurm_spot.render import render_template
@@ -33,7 +40,7 @@ def _torchrun_fields(config: SpotConfig, script: str, args: list[str], nproc_per
                      python: str, env: list[tuple[str, str]]) -> dict[str, object]:
     """The template fields both torchrun batch scripts share, shell-quoted."""
     command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
-    return {"version": __version__, "python": shlex.quote(python),
+    return {"version": __version__, "python": shlex.quote(python), "elastic_mark": ELASTIC_MARK,
             "nproc_per_node": nproc_per_node, "command": command,
             "requeue_exit_code": config.preemption.requeue_exit_code,
             "env": [(k, shlex.quote(v)) for k, v in env]}
@@ -152,9 +159,8 @@ def default_rendezvous(config: SpotConfig) -> str:
         parse_host,
     )
 
-    if "SLURM_SPOT_RENDEZVOUS" in os.environ:
-        return format_endpoint(*parse_endpoint(os.environ["SLURM_SPOT_RENDEZVOUS"],
-                                               "$SLURM_SPOT_RENDEZVOUS"))
+    if ENV_RENDEZVOUS in os.environ:
+        return format_endpoint(*parse_endpoint(os.environ[ENV_RENDEZVOUS], f"${ENV_RENDEZVOUS}"))
     try:
         proc = run_command([str(config.slurm_bin_dir / "scontrol"), "show", "config"], 30)
     except SlurmCommandError as exc:  # no scontrol here (a --dry-run off the cluster)
@@ -172,9 +178,9 @@ def default_rendezvous(config: SpotConfig) -> str:
 
 #: Per-job checkpoint settings: passed to the job in its environment (sbatch's default
 #: --export=ALL), read by the TaskProlog (slurm_spot.jobs.node.prolog.checkpoint_root).
-_JOB_ENV_OPTIONS = {"--checkpoint-root": "SLURM_SPOT_CHECKPOINT_ROOT",
-                    "--s3-endpoint-url": "SLURM_SPOT_S3_ENDPOINT_URL",
-                    "--s3-addressing-style": "SLURM_SPOT_S3_ADDRESSING_STYLE"}
+_JOB_ENV_OPTIONS = {"--checkpoint-root": ENV_CHECKPOINT_ROOT,
+                    "--s3-endpoint-url": ENV_S3_ENDPOINT_URL,
+                    "--s3-addressing-style": ENV_S3_ADDRESSING_STYLE}
 
 
 def _job_env(values: dict[str, str]) -> dict[str, str]:
@@ -188,12 +194,12 @@ def _job_env(values: dict[str, str]) -> dict[str, str]:
         option = names[var]
         if any(c in value for c in "\n\r"):
             raise BadInputError(f"{option}: the value must be one line")
-        if var == "SLURM_SPOT_CHECKPOINT_ROOT" and not re.fullmatch(S3_ROOT_PATTERN, value):
+        if var == ENV_CHECKPOINT_ROOT and not re.fullmatch(S3_ROOT_PATTERN, value):
             raise BadInputError(f"{option}={value!r}: expected s3://bucket/prefix (a job may "
                                 "choose an S3 root; directory roots are the admin's)")
-        if var == "SLURM_SPOT_S3_ENDPOINT_URL" and not re.fullmatch(r"https?://\S+", value):
+        if var == ENV_S3_ENDPOINT_URL and not re.fullmatch(r"https?://\S+", value):
             raise BadInputError(f"{option}={value!r}: expected an http(s):// URL")
-        if var == "SLURM_SPOT_S3_ADDRESSING_STYLE" and value not in ("auto", "path", "virtual"):
+        if var == ENV_S3_ADDRESSING_STYLE and value not in ("auto", "path", "virtual"):
             raise BadInputError(f"{option}={value!r}: expected auto, path or virtual")
     return values
 

@@ -10,6 +10,7 @@
 - :mod:`.interruption`: what slurm-spot's daemons do to a job whose node is taken (the
   watcher on the node, with notice; the reconciler on the controller, without).
 
-Modules at this level are shared by several of them: :mod:`.rendezvous_wire` (the frames and
-handshake between the rendezvous client and service).
+Modules at this level are shared by several of them: :mod:`.contract` (the job contract's
+environment-variable names and the elastic mark, written by one part and read by others) and
+:mod:`.rendezvous_wire` (the frames and handshake between the rendezvous client and service).
 """

@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] = os.environ) -> 
     job_id = jobenv.requeue_target(env)
     from slurm_spot.jobs.injob.torchrun_agent import elastic_run_id
 
-    client = SlurmClient(os.environ.get("SLURM_SPOT_SLURM_BIN_DIR", "/usr/bin"))
+    client = SlurmClient(os.environ.get(jobenv.ENV_SLURM_BIN_DIR, "/usr/bin"))
     say = lambda text: print(text, flush=True)  # noqa: E731
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(number, _on_stop)

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 from slurm_spot.checkpoint.location import Location, as_location
 from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.contract import (  # the names, re-exported for the checkpoint library
+    ENV_CHECKPOINT_DIR,
+    ENV_PREEMPT_SIGNAL,
+    ENV_REQUEUE_EXIT_CODE,
+    ENV_SLURM_BIN_DIR,
+)
 
-ENV_PREEMPT_SIGNAL = "SLURM_SPOT_PREEMPT_SIGNAL"
-ENV_REQUEUE_EXIT_CODE = "SLURM_SPOT_REQUEUE_EXIT_CODE"
-ENV_CHECKPOINT_DIR = "SLURM_SPOT_CHECKPOINT_DIR"
-#: spot.yaml's ``slurm_bin_dir``, exported by the TaskProlog: where rank 0 finds ``scontrol``
-#: for the requeue when the job's own PATH has no Slurm commands.
-ENV_SLURM_BIN_DIR = "SLURM_SPOT_SLURM_BIN_DIR"
 DEFAULT_PREEMPT_SIGNAL = "USR2"
 DEFAULT_REQUEUE_EXIT_CODE = 85
 #: Exit code of an elastic job's worker that stops only because the world changes (another

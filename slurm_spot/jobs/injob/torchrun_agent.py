@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no training script given")
     env = os.environ
     spec = jobenv.preemption_signal(env)
-    client = SlurmClient(os.environ.get("SLURM_SPOT_SLURM_BIN_DIR", "/usr/bin"))
+    client = SlurmClient(os.environ.get(jobenv.ENV_SLURM_BIN_DIR, "/usr/bin"))
     head = expand(env.get("SLURM_JOB_NODELIST", env.get("SLURMD_NODENAME", "localhost")))[0]
     me = env.get("SLURMD_NODENAME", head)
     if args.elastic:

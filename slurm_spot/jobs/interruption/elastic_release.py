@@ -2,7 +2,7 @@
 
 An *elastic* job (``slurm-spot sbatch --torchrun --elastic``) runs one job step per node and
 is submitted ``--no-kill``; its batch script carries
-:data:`~slurm_spot.jobs.services.rendezvous.ELASTIC_MARK`. When one of its nodes goes, the job must lose
+:data:`~slurm_spot.jobs.contract.ELASTIC_MARK`. When one of its nodes goes, the job must lose
 that node only, never be requeued. Two callers:
 
 - the watcher (:mod:`slurm_spot.watch`), with notice: once the node's ranks saved and left
@@ -21,7 +21,7 @@ Both record the release as a ``released`` event with :data:`RELEASE_REASON` and
 from __future__ import annotations
 
 from slurm_spot.hostlist import compress, expand
-from slurm_spot.jobs.services.rendezvous import ELASTIC_MARK
+from slurm_spot.jobs.contract import ELASTIC_MARK
 from slurm_spot.slurm.client import SlurmClient
 
 #: The ``reason`` of every ``released`` event.

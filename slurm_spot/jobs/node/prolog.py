@@ -36,12 +36,17 @@ from slurm_spot import events
 from slurm_spot.checkpoint.location import job_directory
 from slurm_spot.config.plain import S3_ROOT_PATTERN  # pydantic-free: hooks use the cache
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.injob.jobenv import (
+from slurm_spot.jobs.contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_ROOT,
+    ENV_PREEMPT_SIGNAL,
+    ENV_REQUEUE_EXIT_CODE,
+    ENV_RESTART_COUNT,
+    ENV_S3_ADDRESSING_STYLE,
+    ENV_S3_ENDPOINT_URL,
     ENV_SLURM_BIN_DIR,
-    checkpoint_key,
-    find_scontrol,
-    restart_count,
 )
+from slurm_spot.jobs.injob.jobenv import checkpoint_key, find_scontrol, restart_count
 
 if TYPE_CHECKING:
     from slurm_spot.config import SpotConfig
@@ -50,8 +55,6 @@ _USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?", re.IGNORECASE | re.ASCII)
 _KEY = re.compile(r"[0-9]+(_[0-9]+)?")
 log = logging.getLogger(__name__)
 
-
-ENV_CHECKPOINT_ROOT = "SLURM_SPOT_CHECKPOINT_ROOT"
 
 
 def checkpoint_root(config: SpotConfig, env: Mapping[str, str]) -> Path | str:
@@ -267,18 +270,18 @@ def task_prolog_lines(config: SpotConfig, env: Mapping[str, str]) -> list[str]:
     if isinstance(target, str):
         s3 = config.checkpoint.s3
         # slurmd takes the text after "NAME=" literally (no shell quoting): no newlines here
-        endpoint = _one_line(env.get("SLURM_SPOT_S3_ENDPOINT_URL")) or s3.endpoint_url
-        style = _one_line(env.get("SLURM_SPOT_S3_ADDRESSING_STYLE")) or s3.addressing_style
+        endpoint = _one_line(env.get(ENV_S3_ENDPOINT_URL)) or s3.endpoint_url
+        style = _one_line(env.get(ENV_S3_ADDRESSING_STYLE)) or s3.addressing_style
         if endpoint:
-            s3_lines.append(f"export SLURM_SPOT_S3_ENDPOINT_URL={endpoint}")
-        s3_lines.append(f"export SLURM_SPOT_S3_ADDRESSING_STYLE={style}")
+            s3_lines.append(f"export {ENV_S3_ENDPOINT_URL}={endpoint}")
+        s3_lines.append(f"export {ENV_S3_ADDRESSING_STYLE}={style}")
     notice = scontrol_notice(config, env)
     return [
-        f"export SLURM_SPOT_CHECKPOINT_DIR={target}",
+        f"export {ENV_CHECKPOINT_DIR}={target}",
         *s3_lines,
-        f"export SLURM_SPOT_RESTART_COUNT={restart_count(env)}",
-        f"export SLURM_SPOT_PREEMPT_SIGNAL={config.preemption.signal}",
-        f"export SLURM_SPOT_REQUEUE_EXIT_CODE={config.preemption.requeue_exit_code}",
+        f"export {ENV_RESTART_COUNT}={restart_count(env)}",
+        f"export {ENV_PREEMPT_SIGNAL}={config.preemption.signal}",
+        f"export {ENV_REQUEUE_EXIT_CODE}={config.preemption.requeue_exit_code}",
         f"export {ENV_SLURM_BIN_DIR}={config.slurm_bin_dir}",
         *([f"print {notice}"] if notice else []),
     ]

@@ -45,10 +45,6 @@ from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
 
 log = logging.getLogger(__name__)
 
-#: The line that marks an elastic job's batch script: the watcher releases a departing node
-#: from such a job instead of requeueing it (slurm_spot.watch).
-ELASTIC_MARK = "# slurm-spot: elastic job (one job step per node)"
-
 #: The service's port unless told otherwise (torchrun's own default c10d port is 29400; the
 #: per-job agents of non-elastic jobs use 29400 + job id % 1000, see torchrun_agent).
 DEFAULT_PORT = 29390
