@@ -13,7 +13,7 @@ worker, right after the nodes are marked:
 1. **The node set is cooled down at once** (:func:`cooldown_targets`): every other node of
    the failed node set that is powered down and free (``idle~``, no admin reason) is set
    ``DOWN`` with ``(Code:<code>)Temporarily disabled until <T>`` (``reconcile.cooldown_s``),
-   the reason the reconciler writes and reads back (:mod:`slurm_spot.reconcile.reasons`), so
+   the reason the reconciler writes and reads back (:mod:`slurm_spot.slurm.reasons`), so
    the scheduler skips the whole node set while the cooldown lasts and the reconciler ends it
    (``cooldown_end``). Without this the requeued job would land on the next ``idle~`` node of
    the same cheap node set (lowest Weight) and fail again.
@@ -58,8 +58,8 @@ from slurm_spot.errors import SlurmCommandError
 from slurm_spot.hostlist import expand
 from slurm_spot.power import PowerResult
 from slurm_spot.providers.base import ErrorClass, LaunchFailure
-from slurm_spot.reconcile.reasons import cooldown_reason, is_clearable, parse_cooldown, utc_stamp
 from slurm_spot.slurm.client import Job, Node, SlurmClient
+from slurm_spot.slurm.reasons import cooldown_reason, is_clearable, parse_cooldown, utc_stamp
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def cooldown_targets(config: SpotConfig, failures: Sequence[LaunchFailure],
     ``reconcile.cooldown_s`` (or a cooldown already running there, if it ends later, read
     back from node reasons); its nodes to set DOWN now are the set's other nodes that are
     powered down and free: not failed just now, not DOWN or drained, no job, and no reason but
-    one the reconciler may replace (:func:`~slurm_spot.reconcile.reasons.is_clearable`). A
+    one the reconciler may replace (:func:`~slurm_spot.slurm.reasons.is_clearable`). A
     ``cooldown_s`` of 0 turns cooldowns off: nothing then."""
     if config.reconcile.cooldown_s <= 0:
         return []

@@ -42,8 +42,8 @@ from slurm_spot.config import AwsProviderConfig, NodeSetConfig, SpotConfig
 from slurm_spot.cost.order import DEFAULT_SPOT_BAND, FIRST_WEIGHT, Offer, band_rate_per_h, order_weights
 from slurm_spot.cost.prices import AwsSpotPrices, PriceBook, UnknownPriceError
 from slurm_spot.errors import SlurmCommandError
-from slurm_spot.reconcile.reasons import parse_cooldown
 from slurm_spot.slurm.client import Node, SlurmClient
+from slurm_spot.slurm.reasons import parse_cooldown
 
 log = logging.getLogger(__name__)
 

@@ -78,7 +78,7 @@ def wait_node_set_cooled(cluster: Cluster, failed: str, others: list[str], code:
     is powered down is DOWN with ``(Code:<code>)Temporarily disabled until <T>``,
     so its jobs try the partition's next node set, not this one again (issue 24); the nodes
     that are up keep their jobs."""
-    from slurm_spot.reconcile.reasons import COOLDOWN_TEXT
+    from slurm_spot.slurm.reasons import COOLDOWN_TEXT
 
     def cooled() -> bool:
         for node in others:

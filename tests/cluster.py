@@ -184,8 +184,8 @@ class Cluster:
         """End every node set's capacity cooldown the way docs/admin.md tells an admin to when
         capacity is back (``scontrol update nodename=... state=resume`` on the nodes whose
         reason is a cooldown), so the next test's jobs can use them; returns those nodes."""
-        from slurm_spot.reconcile.reasons import parse_cooldown
         from slurm_spot.slurm.output import split_reason
+        from slurm_spot.slurm.reasons import parse_cooldown
 
         cooled = []
         for line in self.slurm("scontrol", "-o", "show", "node").splitlines():

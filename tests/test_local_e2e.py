@@ -8,7 +8,7 @@ import time
 import pytest
 
 from slurm_spot.jsonenvelope import read_envelope
-from slurm_spot.reconcile.reasons import COOLDOWN_TEXT
+from slurm_spot.slurm.reasons import COOLDOWN_TEXT
 from tests.cluster import Cluster, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -10,8 +10,8 @@ from pathlib import Path
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.events import read_events
 from slurm_spot.prewarm import PREWARM_WEIGHT, Prewarm, choose_replacements
-from slurm_spot.reconcile.reasons import cooldown_reason
 from slurm_spot.slurm.client import Node
+from slurm_spot.slurm.reasons import cooldown_reason
 from slurm_spot.slurm.states import parse_node_state
 from tests.fakes.fake_slurm import FakeSlurm
 

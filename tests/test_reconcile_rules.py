@@ -14,10 +14,10 @@ import yaml
 from slurm_spot.config import SpotConfig
 from slurm_spot.events import Event, emit, read_events
 from slurm_spot.providers.base import InstanceState
-from slurm_spot.reconcile.reasons import cooldown_reason, is_clearable, parse_cooldown, short_state
 from slurm_spot.reconcile.reconciler import PassResult, Reconciler
 from slurm_spot.reconcile.rules import History, Settings, Verdict, classify_node
 from slurm_spot.slurm.client import Node
+from slurm_spot.slurm.reasons import cooldown_reason, is_clearable, parse_cooldown, short_state
 from slurm_spot.slurm.states import parse_node_state
 from tests.fakes.fake_provider import FakeProvider
 from tests.fakes.fake_slurm import FakeSlurm

@@ -12,9 +12,9 @@ from prometheus_client import generate_latest
 
 from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.events import Action, Event, emit, read_events
-from slurm_spot.reconcile.reasons import cooldown_reason
 from slurm_spot.reconcile.reconciler import Reconciler
 from slurm_spot.render import render
+from slurm_spot.slurm.reasons import cooldown_reason
 from slurm_spot.weights import live_weights, static_weights
 from tests.fakes.fake_provider import FakeProvider
 from tests.fakes.fake_slurm import FakeSlurm

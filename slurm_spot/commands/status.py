@@ -19,9 +19,9 @@ from slurm_spot.errors import BadInputError, SlurmCommandError, SlurmSpotError
 from slurm_spot.power import ProviderFactory, _controller_unreachable
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.base import Instance
-from slurm_spot.reconcile.reasons import parse_cooldown, reason_code, short_state, utc_stamp
 from slurm_spot.reconcile.rules import pick_kept
 from slurm_spot.slurm.client import Node, SlurmClient
+from slurm_spot.slurm.reasons import parse_cooldown, reason_code, short_state, utc_stamp
 
 COLUMNS = ("node", "state", "instance", "market", "type", "zone", "uptime", "job", "reason")
 NODE_SET_COLUMNS = ("node_set", "provider", "weight", "capacity", "until", "why")
@@ -103,7 +103,7 @@ def status_rows(
 def node_set_rows(config: SpotConfig, nodes: Sequence[Node],
                   now: datetime) -> list[dict[str, object]]:
     """One row per node set: its capacity state, read from Slurm's node reasons (Slurm is
-    the record; :mod:`slurm_spot.reconcile.reasons`). Pure.
+    the record; :mod:`slurm_spot.slurm.reasons`). Pure.
 
     ``capacity`` is ``cooldown`` while a node of the set is DOWN with ``(Code:X)Temporarily
     disabled until T`` and T (``until``, ISO 8601 UTC) is after ``now`` (aware); else ``ok``.

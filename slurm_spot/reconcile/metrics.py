@@ -48,8 +48,8 @@ from slurm_spot.reconcile.latency import (
     LatencyTracker,
     Observation,
 )
-from slurm_spot.reconcile.reasons import short_state
 from slurm_spot.slurm.client import Node
+from slurm_spot.slurm.reasons import short_state
 
 PASS_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 # Cloud instances take ~30 s to several minutes to boot and register; ResumeTimeout caps it.

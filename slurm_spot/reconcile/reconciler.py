@@ -72,7 +72,6 @@ from slurm_spot.reconcile.held_jobs import (
 )
 from slurm_spot.reconcile.history import EventTail, build_history, history_keep_s
 from slurm_spot.reconcile.metrics import ReconcileMetrics
-from slurm_spot.reconcile.reasons import low_memory_of
 from slurm_spot.reconcile.requeue_exit import (
     cap_fast_requeues,
     exit_reason,
@@ -91,6 +90,7 @@ from slurm_spot.reconcile.rules import (
     plan_pass,
 )
 from slurm_spot.slurm.client import JobRecord, Node, SlurmClient
+from slurm_spot.slurm.reasons import low_memory_of
 from slurm_spot.weights import PriceOf
 
 log = logging.getLogger(__name__)

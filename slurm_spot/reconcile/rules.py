@@ -20,7 +20,8 @@ from datetime import datetime, timedelta
 
 from slurm_spot.config import PowerConfig, ReconcileConfig
 from slurm_spot.providers.base import Instance, normalize_code
-from slurm_spot.reconcile.reasons import (
+from slurm_spot.slurm.client import Node
+from slurm_spot.slurm.reasons import (
     BREAKER_PREFIX,
     KILL_TASK_FAILED,
     cooldown_reason,
@@ -33,7 +34,6 @@ from slurm_spot.reconcile.reasons import (
     reason_code,
     utc_stamp,
 )
-from slurm_spot.slurm.client import Node
 
 # A node's BootTime (second precision) is a little later than its instance's launch.
 BOOT_SLACK = timedelta(seconds=2)
