@@ -36,6 +36,7 @@ from slurm_spot.providers.base import (
     Provider,
 )
 from slurm_spot.slurm.client import SlurmClient
+from slurm_spot.slurm.reasons import launch_failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +150,10 @@ def flag_jobs_beyond_quota(config: SpotConfig, jobs: Mapping[int, Sequence[str]]
             if need <= failure.quota_limit:
                 continue
             unit = failure.quota_unit or "units"
-            reason = (f"(Code:{failure.code})quota: job {job_id} needs {need} {unit} "
-                      f"({len(same_set)} nodes x {failure.quota_per_node}), more than the "
-                      f"{failure.quota_limit} {unit} quota; job held until the quota is raised")
+            reason = launch_failure_reason(
+                failure.code, f"quota: job {job_id} needs {need} {unit} ({len(same_set)} nodes "
+                f"x {failure.quota_per_node}), more than the {failure.quota_limit} {unit} "
+                "quota; job held until the quota is raised")
             mine = sorted(failed & set(nodes))
             events.record(config.log_dir, "resume", events.Action.LAUNCH_FAILED, mine,
                           reason=reason, job_ids=(job_id,),

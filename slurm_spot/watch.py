@@ -67,6 +67,7 @@ from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
 from slurm_spot.providers.notices import Notice, NoticeSource
 from slurm_spot.sdnotify import Notifier
 from slurm_spot.slurm.client import Job, SlurmClient
+from slurm_spot.slurm.reasons import interruption_reason
 
 log = logging.getLogger(__name__)
 
@@ -448,7 +449,7 @@ class Watcher:
         self._event(events.Action.REBALANCE, reason=notice.reason,
                     extra={"drained": drain})
         if drain:
-            reason = f"spot-interruption:rebalance@{notice.deadline:%Y-%m-%dT%H:%M:%SZ}"
+            reason = interruption_reason("rebalance", notice.deadline)
             try:
                 self.slurm.set_state([self.node], "DRAIN", reason)
             except SlurmCommandError as exc:

@@ -90,7 +90,7 @@ from slurm_spot.reconcile.rules import (
     plan_pass,
 )
 from slurm_spot.slurm.client import JobRecord, Node, SlurmClient
-from slurm_spot.slurm.reasons import low_memory_of
+from slurm_spot.slurm.reasons import low_memory_of, parse_interruption
 from slurm_spot.weights import PriceOf
 
 log = logging.getLogger(__name__)
@@ -482,7 +482,7 @@ class Reconciler:
         self.slurm.power_down_force(nodes, reason)
 
     def _record_lost(self, d: NodeDecision, result: PassResult) -> None:
-        reclaimed = d.reason.startswith("spot-interruption:")
+        reclaimed = parse_interruption(d.reason) is not None
         if reclaimed:
             self.metrics.interruptions.labels(self.node_set_of[d.node]).inc()
         action = Action.RECLAIMED if d.verdict is Verdict.RECLAIMED else Action.BOOT_LOST

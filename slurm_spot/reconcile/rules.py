@@ -24,15 +24,17 @@ from slurm_spot.slurm.client import Node
 from slurm_spot.slurm.reasons import (
     BREAKER_PREFIX,
     KILL_TASK_FAILED,
+    breaker_reason,
     cooldown_reason,
+    interruption_reason,
     is_clearable,
     kill_task_failed_reason,
+    lost_while_booting_reason,
     low_memory_of,
     low_memory_reason,
     parse_cooldown,
     parse_slurm_time,
     reason_code,
-    utc_stamp,
 )
 
 # A node's BootTime (second precision) is a little later than its instance's launch.
@@ -246,7 +248,7 @@ def classify_node(
                             why="no instance listed yet; within missing_grace_s")
     dead = _newest(instances)
     return NodeDecision(
-        node.name, Verdict.RECLAIMED, f"spot-interruption:reclaimed@{utc_stamp(now)}",
+        node.name, Verdict.RECLAIMED, interruption_reason("reclaimed", now),
         instance=dead.instance_id if dead else None, jobs=node.jobs,
         why=dead.state_reason if dead else "no instance",
     )
@@ -294,9 +296,8 @@ def _powering_up(
         return NodeDecision(node.name, Verdict.WAIT, why="booting; no instance yet")
     if (node.state.is_down or node.state.is_drained) and not is_clearable(node.reason):
         return NodeDecision(node.name, Verdict.HANDS_OFF, why="admin reason; instance gone")
-    stamp = utc_stamp(now)
-    reason = (f"spot-interruption:reclaimed@{stamp}" if newest.was_reclaimed
-              else f"slurm-spot:instance lost while booting@{stamp}")
+    reason = (interruption_reason("reclaimed", now) if newest.was_reclaimed
+              else lost_while_booting_reason(now))
     return NodeDecision(node.name, Verdict.BOOT_LOST, reason, instance=newest.instance_id,
                         jobs=node.jobs, why=newest.state_reason or newest.state.value)
 
@@ -355,9 +356,8 @@ def _resume_failed(
 
 def _breaker(node: Node, failures: int, terminate: tuple[Termination, ...],
              settings: Settings) -> NodeDecision:
-    reason = (f"{BREAKER_PREFIX}: {failures} resume failures within "
-              f"{settings.failure_window_s:g} s, last: {node.reason or 'no reason'}")
-    return NodeDecision(node.name, Verdict.BREAKER, reason[:200], terminate=terminate,
+    reason = breaker_reason(failures, settings.failure_window_s, node.reason)
+    return NodeDecision(node.name, Verdict.BREAKER, reason, terminate=terminate,
                         why=node.reason)
 
 

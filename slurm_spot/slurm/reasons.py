@@ -1,9 +1,13 @@
-"""Node reasons slurm-spot writes and reads back, and the small time helpers they need.
+"""Node reasons slurm-spot writes and reads back, and the small time helpers they need: the
+one home of their shapes. Each reason has its builder here, next to the parser that reads it
+back (tests/test_reasons.py checks that every builder's reason parses back).
 
 Every reason slurm-spot writes starts with a fixed tag, so the reconciler can tell its own
-reasons from an admin's (docs/DESIGN.md, "Contract"): ``spot-interruption:<action>@<time>`` (watcher,
-reconciler), ``(Code:<provider code>)<message>`` (resume, cooldowns) and ``slurm-spot:...``.
-Times in reasons are UTC, ``2026-03-01T08:00:00Z``.
+reasons from an admin's (docs/DESIGN.md, "Contract"): ``spot-interruption:<action>@<time>``
+(watcher, reconciler: :func:`interruption_reason`), ``(Code:<provider code>)<message>``
+(resume, cooldowns: :func:`launch_failure_reason`, :func:`cooldown_reason`) and
+``slurm-spot:...`` (reconciler: :func:`lost_while_booting_reason`, :func:`breaker_reason`,
+:func:`kill_task_failed_reason`). Times in reasons are UTC, ``2026-03-01T08:00:00Z``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ from slurm_spot.slurm.states import NodeState
 
 OUR_PREFIXES = ("spot-interruption:", "(Code:", "slurm-spot:")
 _STAMP = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z"
+_STAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+_INTERRUPTION_RE = re.compile(rf"spot-interruption:(?P<action>[a-z][a-z_-]*)@(?P<when>{_STAMP})")
+#: Slurm keeps a node reason of any length, but slurm-spot keeps its own to one line of at most
+#: this many characters, so that ``sinfo -R`` and the status table stay readable.
+MAX_REASON_CHARS = 200
 # The exact shapes of the reasons slurm-spot writes: a reason an admin typed that merely starts
 # like one (``slurm-spot: keep drained``, ``spot-interruption: check GPU 3``) is not ours.
 OUR_REASONS = re.compile(
@@ -47,7 +56,57 @@ _COOLDOWN_RE = re.compile(r"^\(Code:(?P<code>[^)]*)\)Temporarily disabled until 
 
 def utc_stamp(when: datetime) -> str:
     """``2026-03-01T08:00:00Z``: the time format of every reason slurm-spot writes."""
-    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return when.astimezone(timezone.utc).strftime(_STAMP_FORMAT)
+
+
+def _parse_stamp(text: str) -> datetime | None:
+    """The aware UTC time of a :func:`utc_stamp`, None if ``text`` is none."""
+    try:
+        return datetime.strptime(text, _STAMP_FORMAT).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def interruption_reason(action: str, when: datetime) -> str:
+    """``spot-interruption:<action>@<UTC time>``: a node drained under a provider's notice
+    (the watcher; ``action`` is the notice's: ``terminate``, ``stop``, ``rebalance``...) or
+    found reclaimed without one (the reconciler: ``reclaimed``).
+
+    Raises:
+        ValueError: ``action`` is not a lowercase word (``[a-z][a-z_-]*``): the reason would
+            not read back as slurm-spot's (:func:`parse_interruption`).
+    """
+    if not re.fullmatch(r"[a-z][a-z_-]*", action):
+        raise ValueError(f"interruption action {action!r}: expected a lowercase word")
+    return f"spot-interruption:{action}@{utc_stamp(when)}"
+
+
+def parse_interruption(reason: str) -> tuple[str, datetime] | None:
+    """``(action, when)`` of a reason written by :func:`interruption_reason`, else None (an
+    admin's ``spot-interruption: check GPU 3`` included)."""
+    found = _INTERRUPTION_RE.fullmatch(reason)
+    when = _parse_stamp(found.group("when")) if found else None
+    return (found.group("action"), when) if found and when else None
+
+
+def lost_while_booting_reason(when: datetime) -> str:
+    """``slurm-spot:instance lost while booting@<UTC time>``: the reconciler's reason for a
+    node whose instance went away before its slurmd registered."""
+    return f"slurm-spot:instance lost while booting@{utc_stamp(when)}"
+
+
+def breaker_reason(failures: int, window_s: float, last: str) -> str:
+    """``slurm-spot:circuit-breaker: <n> resume failures within <s> s, last: <reason>``: the
+    reconciler's reason for a node it stops resuming, cut to :data:`MAX_REASON_CHARS`."""
+    return (f"{BREAKER_PREFIX}: {failures} resume failures within {window_s:g} s, "
+            f"last: {last or 'no reason'}")[:MAX_REASON_CHARS]
+
+
+def launch_failure_reason(code: str, message: str) -> str:
+    """``(Code:<code>)<message>``: the reason of a node whose instance could not be launched,
+    ``code`` being the provider's error code; one line (runs of white space, newlines
+    included, become one space) of at most :data:`MAX_REASON_CHARS` characters."""
+    return " ".join(f"(Code:{code}){message}".split())[:MAX_REASON_CHARS]
 
 
 def is_ours(reason: str) -> bool:
@@ -97,13 +156,8 @@ def cooldown_reason(code: str, until: datetime) -> str:
 def parse_cooldown(reason: str) -> tuple[str, datetime] | None:
     """``(code, until)`` of a reason written by :func:`cooldown_reason`, else None."""
     match = _COOLDOWN_RE.match(reason)
-    if not match:
-        return None
-    try:
-        until = datetime.strptime(match.group("until"), "%Y-%m-%dT%H:%M:%SZ")
-    except ValueError:
-        return None
-    return match.group("code"), until.replace(tzinfo=timezone.utc)
+    until = _parse_stamp(match.group("until")) if match else None
+    return (match.group("code"), until) if match and until else None
 
 
 def parse_slurm_time(text: str) -> datetime | None:
