@@ -380,8 +380,8 @@ def _run_batch_script(tmp_path: Path, outcomes: dict[str, str],
     """Run the rendered elastic batch script with stand-ins for scontrol and srun on PATH:
     ``outcomes`` maps a node to what its agent does (``exit N`` or ``hang``); ``job_nodes``:
     the job's nodes by then, as ``scontrol show job`` gives them (default: all of them)."""
-    from slurm_spot.commands.sbatch import elastic_script
     from slurm_spot.config import load_config
+    from slurm_spot.jobs.submit.torchrun_scripts import elastic_script
 
     train = tmp_path / "train.py"
     train.write_text("print('hi')\n")

@@ -5,246 +5,40 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
-from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, pass_app, print_json
-from slurm_spot.config import SpotConfig
-from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.jobs.contract import (
-    ELASTIC_MARK,
-    ENV_CHECKPOINT_ROOT,
-    ENV_RENDEZVOUS,
-    ENV_S3_ADDRESSING_STYLE,
-    ENV_S3_ENDPOINT_URL,
+from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.submit.sbatch import (
+    JOB_ENV_OPTIONS,
+    Submission,
+    check_job_environment,
+    plan_submission,
 )
-from slurm_spot.jobs.submit.sbatch import Submission, plan_submission
 from slurm_spot.jobs.submit.sbatch_options import CommandLine, parse_command_line
-from slurm_spot.render import render_template
-from slurm_spot.slurm.client import run_command
+from slurm_spot.jobs.submit.torchrun_scripts import (
+    check_coordinator_partition,
+    check_nodes_within,
+    default_rendezvous,
+    elastic_script,
+    hetjob_script,
+    one_line,
+    refuse_training_directives,
+    split_hetjob_options,
+    torchrun_script,
+)
+from slurm_spot.slurm.client import SlurmClient
 from slurm_spot.slurm.version import SlurmVersion
-
-
-def torchrun_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
-                    python: str, env: list[tuple[str, str]]) -> str:
-    """The batch script that starts one torchrun agent per node for ``script`` (pure)."""
-    return render_template("torchrun-batch.sh.j2",
-                           **_torchrun_fields(config, script, args, nproc_per_node, python, env))
-
-
-def _torchrun_fields(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
-                     python: str, env: list[tuple[str, str]]) -> dict[str, object]:
-    """The template fields both torchrun batch scripts share, shell-quoted."""
-    command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
-    return {"version": __version__, "python": shlex.quote(python), "elastic_mark": ELASTIC_MARK,
-            "nproc_per_node": nproc_per_node, "command": command,
-            "requeue_exit_code": config.preemption.requeue_exit_code,
-            "env": [(k, shlex.quote(v)) for k, v in env]}
-
-
-def elastic_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
-                   python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
-                   endpoint: str, join_timeout_s: int, replacements: bool = True,
-                   preload: bool = True) -> str:
-    """The batch script of an elastic torchrun job: one job step (one agent) per node,
-    ``--no-kill``, ``--nodes=MIN-MAX`` (pure). An agent told to leave exits 128 + the
-    preemption signal (``preemption.signal``, slurm_spot.jobs.injob.torchrun_agent); when every
-    agent did, the script exits with the requeue code, as below MIN nodes. With
-    ``replacements``, lost nodes are replaced by one-node companion jobs that join the
-    rendezvous (slurm_spot.jobs.injob.elastic_replacement; their ``--signal`` is
-    ``preemption.signal@preemption.lead_s``, as the job's). ``preload`` False: the agents
-    get ``--no-preload`` (workers start as ``python -u SCRIPT``, not warm:
-    :mod:`slurm_spot.jobs.injob.warm_worker`).
-
-    Raises:
-        BadInputError: ``endpoint`` or ``python`` is not one line.
-    """
-    from slurm_spot.jobs.injob.jobenv import parse_signal
-
-    preempt = parse_signal(config.preemption.signal)
-    _one_line("--rendezvous", endpoint)
-    _one_line("--python", python)
-    return render_template("torchrun-elastic-batch.sh.j2",
-        **_torchrun_fields(config, script, args, nproc_per_node, python, env),
-        min_nodes=nodes[0], max_nodes=nodes[1], endpoint=shlex.quote(endpoint),
-        join_timeout_s=join_timeout_s, signal_name=preempt.name,
-        signalled_exit_code=128 + preempt.number, replacements=replacements,
-        companion_signal=shlex.quote(f"{preempt.name}@{config.preemption.lead_s}"),
-        preload=preload,
-    )
-
-
-def hetjob_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
-                  python: str, env: list[tuple[str, str]], nodes: tuple[int, int],
-                  coordinator_partition: str, partition: str | None, worker_nodes: str | None,
-                  join_timeout_s: int, worker_options: Sequence[str] = (),
-                  preload: bool = True) -> str:
-    """The batch script of an elastic torchrun job with an on-demand coordinator (pure): a
-    heterogeneous job (sbatch(1), ``#SBATCH hetjob``; Slurm 17.11+) whose component 0 is one
-    node of ``coordinator_partition``, which runs the script and hosts the rendezvous store
-    there (``slurm-spot rendezvous`` at its NodeAddr, port
-    :data:`~slurm_spot.jobs.services.rendezvous.HETJOB_PORT_BASE` + job id % 1000), and whose
-    component 1 is the workers on ``partition`` (None: the default partition),
-    ``worker_nodes`` of them (None: ``MIN-MAX``), ``--no-kill``, one job step (one agent)
-    per node (``srun --het-group=1 --nodelist=<node>``), each with ``worker_options`` (sbatch
-    options, shell-quoted: what a worker node needs). The agents' wait loop, exit codes and
-    ``preload`` are :func:`elastic_script`'s.
-
-    Raises:
-        BadInputError: a partition or ``python`` is not one line.
-    """
-    from slurm_spot.jobs.injob.jobenv import parse_signal
-    from slurm_spot.jobs.services.rendezvous import HETJOB_PORT_BASE
-
-    preempt = parse_signal(config.preemption.signal)
-    _one_line("--coordinator-partition", coordinator_partition)
-    _one_line("--partition", partition or "")
-    _one_line("--python", python)
-    return render_template("torchrun-elastic-hetjob.sh.j2",
-        **_torchrun_fields(config, script, args, nproc_per_node, python, env),
-        min_nodes=nodes[0], max_nodes=nodes[1], join_timeout_s=join_timeout_s,
-        signal_name=preempt.name, signalled_exit_code=128 + preempt.number,
-        coordinator_partition=coordinator_partition, partition=partition,
-        worker_nodes=worker_nodes or f"{nodes[0]}-{nodes[1]}", port_base=HETJOB_PORT_BASE,
-        worker_options=list(worker_options), preload=preload,
-    )
-
-
-def check_coordinator_partition(config: SpotConfig, coordinator: str,
-                                 partition: str | None) -> None:
-    """``--coordinator-partition P`` must name a partition Slurm has (``scontrol show
-    partition P``; skipped where there is no scontrol, as for a ``--dry-run`` elsewhere) and
-    not the workers' (``-p``).
-
-    Raises:
-        BadInputError: P is the workers' partition, or Slurm does not know it.
-    """
-    import re
-
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", coordinator):
-        raise BadInputError(f"--coordinator-partition={coordinator!r}: not a partition name")
-    if partition is not None and coordinator == partition:
-        raise BadInputError(f"--coordinator-partition={coordinator} is also the workers' "
-                            "partition (-p): the coordinator belongs on an on-demand partition "
-                            "of its own")
-    scontrol = str(config.slurm_bin_dir / "scontrol")
-    if not os.access(scontrol, os.X_OK):
-        return
-    proc = run_command([scontrol, "-o", "show", "partition", coordinator], 30)
-    if proc.returncode != 0 or f"PartitionName={coordinator} " not in proc.stdout + " ":
-        raise BadInputError(f"--coordinator-partition={coordinator}: Slurm has no such "
-                            "partition (scontrol show partition)")
-
-
-def default_rendezvous(config: SpotConfig) -> str:
-    """Where elastic jobs rendezvous unless ``--rendezvous`` says: ``$SLURM_SPOT_RENDEZVOUS``
-    (checked as ``--rendezvous`` is; set but empty is an error too), else the controller
-    (``SlurmctldHost``'s address, else its name, from ``scontrol show config``) at
-    :data:`~slurm_spot.jobs.services.rendezvous.DEFAULT_PORT`.
-
-    Raises:
-        BadInputError: neither is known, or scontrol cannot be run (names --rendezvous);
-            ``$SLURM_SPOT_RENDEZVOUS`` is no HOST:PORT (names the variable).
-    """
-    import re
-
-    from slurm_spot.jobs.services.rendezvous import (
-        DEFAULT_PORT,
-        format_endpoint,
-        parse_endpoint,
-        parse_host,
-    )
-
-    if ENV_RENDEZVOUS in os.environ:
-        return format_endpoint(*parse_endpoint(os.environ[ENV_RENDEZVOUS], f"${ENV_RENDEZVOUS}"))
-    try:
-        proc = run_command([str(config.slurm_bin_dir / "scontrol"), "show", "config"], 30)
-    except SlurmCommandError as exc:  # no scontrol here (a --dry-run off the cluster)
-        raise BadInputError(f"--elastic: cannot tell where the controller is ({exc}); give "
-                            "--rendezvous HOST:PORT (slurm-spot rendezvous)") from None
-    found = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout,
-                      re.MULTILINE) if proc.returncode == 0 else None
-    if found is None:
-        raise BadInputError("--elastic: cannot tell where the controller is (scontrol show "
-                            "config); give --rendezvous HOST:PORT (slurm-spot rendezvous)")
-    host = parse_host(found.group(2) or found.group(1), "SlurmctldHost (scontrol show config); "
-                      "give --rendezvous HOST:PORT instead")
-    return format_endpoint(host, DEFAULT_PORT)
-
-
-#: Per-job checkpoint settings: passed to the job in its environment (sbatch's default
-#: --export=ALL), read by the TaskProlog (slurm_spot.jobs.node.prolog.checkpoint_root).
-_JOB_ENV_OPTIONS = {"--checkpoint-root": ENV_CHECKPOINT_ROOT,
-                    "--s3-endpoint-url": ENV_S3_ENDPOINT_URL,
-                    "--s3-addressing-style": ENV_S3_ADDRESSING_STYLE}
-
-
-def _job_env(values: dict[str, str]) -> dict[str, str]:
-    """Validate the per-job checkpoint settings (BadInputError names the option)."""
-    import re
-
-    from slurm_spot.config import S3_ROOT_PATTERN
-
-    names = {v: k for k, v in _JOB_ENV_OPTIONS.items()}
-    for var, value in values.items():
-        option = names[var]
-        if any(c in value for c in "\n\r"):
-            raise BadInputError(f"{option}: the value must be one line")
-        if var == ENV_CHECKPOINT_ROOT and not re.fullmatch(S3_ROOT_PATTERN, value):
-            raise BadInputError(f"{option}={value!r}: expected s3://bucket/prefix (a job may "
-                                "choose an S3 root; directory roots are the admin's)")
-        if var == ENV_S3_ENDPOINT_URL and not re.fullmatch(r"https?://\S+", value):
-            raise BadInputError(f"{option}={value!r}: expected an http(s):// URL")
-        if var == ENV_S3_ADDRESSING_STYLE and value not in ("auto", "path", "virtual"):
-            raise BadInputError(f"{option}={value!r}: expected auto, path or virtual")
-    return values
-
-
-def _one_line(where: str, value: str) -> str:
-    """``value`` if it has no line break (a value rendered into the batch script must not
-    start a line of its own there).
-
-    Raises:
-        BadInputError: it has one (names ``where``).
-    """
-    if any(c in value for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"):
-        raise BadInputError(f"{where}={value!r}: the value must be one line")
-    return value
-
-
-def _check_nodes_within(options: list[str], elastic: tuple[int, int]) -> None:
-    """An ``-N``/``--nodes`` given with ``--elastic MIN:MAX`` must lie within MIN..MAX: sbatch's
-    -N replaces the script's ``--nodes=MIN-MAX``, and a job given fewer than MIN nodes can
-    never form its rendezvous (it would be requeued forever); nodes beyond MAX get no rank.
-
-    Raises:
-        BadInputError: it does not, or it is not ``N`` or ``A-B`` (names both options).
-    """
-    from slurm_spot.jobs.submit.sbatch import option_values
-
-    low, high = elastic
-    for value in option_values(options, "--nodes", "-N"):
-        first, sep, last = value.partition("-")
-        last = last if sep else first
-        if not (first.isascii() and first.isdigit() and last.isascii() and last.isdigit()):
-            raise BadInputError(f"--nodes/-N {value!r} with --elastic {low}:{high}: expected "
-                                f"N or A-B within {low}..{high} (or leave -N out)")
-        if not low <= int(first) <= int(last) <= high:
-            raise BadInputError(f"--nodes/-N {value} is outside --elastic {low}:{high}: the "
-                                f"job needs {low} to {high} nodes (leave -N out, or give a "
-                                f"count within {low}..{high})")
 
 
 def _our_options(line: CommandLine) -> dict[str, object]:
     """slurm-spot's own options from the parsed command line, checked (BadInputError names
     the option)."""
     ours = line.ours
-    job_env = {_JOB_ENV_OPTIONS[f"--{name}"]: str(value) for name, value in ours.items()
-               if f"--{name}" in _JOB_ENV_OPTIONS}
+    job_env = {JOB_ENV_OPTIONS[f"--{name}"]: str(value) for name, value in ours.items()
+               if f"--{name}" in JOB_ENV_OPTIONS}
     nproc = str(ours.get("nproc-per-node", "1"))
     if not (nproc.isascii() and nproc.isdigit()) or int(nproc) < 1:
         raise BadInputError(f"--nproc-per-node={nproc}: expected a positive integer")
@@ -255,7 +49,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
         if not ours.get("torchrun"):
             raise BadInputError("--elastic needs --torchrun (it starts elastic torchrun agents)")
         elastic = parse_nnodes(str(ours["elastic"]))
-        _check_nodes_within(line.options, elastic)
+        check_nodes_within(line.options, elastic)
     for name in ("rendezvous", "join-timeout", "coordinator-partition", "no-replacements",
                  "no-preload"):
         if name in ours and elastic is None:
@@ -272,7 +66,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
     if not (join.isascii() and join.isdigit()) or not 1 <= int(join) <= 86400:
         raise BadInputError(f"--join-timeout={join}: expected seconds, 1..86400")
     python = str(ours.get("python", sys.executable))
-    _one_line("--python", python)
+    one_line("--python", python)
     return {"torchrun": bool(ours.get("torchrun")), "dry_run": bool(ours.get("dry-run")),
             "json": bool(ours.get("json")), "nproc": int(nproc),
             "python": python, "job_env": job_env,
@@ -339,7 +133,7 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     words = tuple(click.get_current_context().meta.get(RAW_WORDS, words))
     line = parse_command_line(list(words))
     ours = _our_options(line)
-    job_env = _job_env(dict(ours["job_env"]))  # type: ignore[call-overload]
+    job_env = check_job_environment(dict(ours["job_env"]))  # type: ignore[call-overload]
     if line.help or not words:
         click.echo(click.get_current_context().get_help())
         if not words:
@@ -353,14 +147,22 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     if not path.is_file():
         raise BadInputError(f"{script}: no such file")
     if ours["torchrun"]:
-        _refuse_training_directives(path)
-        env = [("GLOO_SOCKET_IFNAME", _one_line("$GLOO_SOCKET_IFNAME",
+        refuse_training_directives(path)
+        env = [("GLOO_SOCKET_IFNAME", one_line("$GLOO_SOCKET_IFNAME",
                                                 os.environ["GLOO_SOCKET_IFNAME"]))
                ] if os.environ.get("GLOO_SOCKET_IFNAME") else []
         if ours["elastic"] is not None and ours["coordinator"] is not None:
-            text, options = _hetjob(config, ours, script, script_args, env, options)
+            partition, nodes, worker_options, options = split_hetjob_options(options)
+            check_coordinator_partition(SlurmClient(config.slurm_bin_dir),
+                                        str(ours["coordinator"]), partition)
+            text = hetjob_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
+                                 str(ours["python"]), env, ours["elastic"],  # type: ignore[arg-type]
+                                 str(ours["coordinator"]), partition, nodes,
+                                 int(ours["join_timeout"]),  # type: ignore[call-overload]
+                                 worker_options, bool(ours["preload"]))
         elif ours["elastic"] is not None:
-            endpoint = str(ours["rendezvous"] or default_rendezvous(config))
+            endpoint = str(ours["rendezvous"]
+                           or default_rendezvous(SlurmClient(config.slurm_bin_dir), os.environ))
             text = elastic_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
                                   str(ours["python"]), env, ours["elastic"],  # type: ignore[arg-type]
                                   endpoint, int(ours["join_timeout"]),  # type: ignore[call-overload]
@@ -395,95 +197,24 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
                 os.environ[key] = value
 
 
-def _refuse_training_directives(path: Path) -> None:
-    """With ``--torchrun`` the batch script is generated: ``#SBATCH`` lines in the training
-    script (as users of plain sbatch write them in a Python script) would be silently
-    dropped, and the job would run without the GPUs, time or partition they ask for.
-
-    Raises:
-        BadInputError: the script has some (names them and where they belong).
-    """
-    from slurm_spot.jobs.submit.sbatch import read_directives
-
-    try:
-        text = path.read_text()
-    except (UnicodeDecodeError, OSError):
-        return  # not a text script: nothing sbatch would read either
-    found = [" ".join(d.options) for d in read_directives(text).active]
-    if found:
-        raise BadInputError(
-            f"{path}: #SBATCH lines in a --torchrun training script are not applied (the "
-            f"batch script is generated): {'; '.join(found)}; give them on the slurm-spot "
-            "sbatch command line instead, and remove them from the script")
-
-
-#: What each worker node needs (sbatch(1) options, long and short): with
-#: ``--coordinator-partition`` they go into the workers' component, not on the command line,
-#: which sbatch applies to every component (src/sbatch/opt.c, process_options_second_pass:
-#: the command line is read again for each component), so ``--gres=gpu:8`` would ask for
-#: GPUs on the coordinator's on-demand node too.
-_WORKER_RESOURCES = (
-    ("--gres", ""), ("--gpus", "-G"), ("--gpus-per-node", ""), ("--gpus-per-task", ""),
-    ("--gpus-per-socket", ""), ("--cpus-per-gpu", ""), ("--mem-per-gpu", ""),
-    ("--constraint", "-C"), ("--cpus-per-task", "-c"), ("--mem", ""), ("--mem-per-cpu", ""),
-    ("--mincpus", ""), ("--tmp", ""),
-)
-
-
-def _hetjob(config: SpotConfig, ours: dict[str, object], script: str, script_args: list[str],
-            env: list[tuple[str, str]], options: list[str]) -> tuple[str, list[str]]:
-    """The hetjob batch script, and the command-line options without ``-p``/``-N``, which go
-    into the workers' component instead (:func:`~slurm_spot.jobs.submit.sbatch.take_option`).
-
-    Raises:
-        BadInputError: see :func:`check_coordinator_partition`; ``-p`` given twice.
-    """
-    from slurm_spot.jobs.submit.sbatch import take_option
-
-    partitions, options = take_option(options, "--partition", "-p")
-    nodes, options = take_option(options, "--nodes", "-N")
-    worker_options = []
-    for long, short in _WORKER_RESOURCES:
-        values, options = take_option(options, long, short or long)
-        worker_options += [shlex.quote(f"{long}={_one_line(long, v)}") for v in values]
-    if len(set(partitions)) > 1:
-        raise BadInputError(f"-p/--partition given twice ({', '.join(partitions)}): the "
-                            "workers run on one partition")
-    partition = partitions[-1] if partitions else None
-    coordinator = str(ours["coordinator"])
-    check_coordinator_partition(config, coordinator, partition)
-    text = hetjob_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
-                         str(ours["python"]), env, ours["elastic"], coordinator,  # type: ignore[arg-type]
-                         partition, nodes[-1] if nodes else None,
-                         int(ours["join_timeout"]),  # type: ignore[call-overload]
-                         worker_options, bool(ours["preload"]))
-    return text, options
-
-
 def _submit(app: AppContext, plan: Submission, dry_run: bool, as_json: bool) -> None:
-    sbatch = str(app.config.slurm_bin_dir / "sbatch")
+    slurm = SlurmClient(app.config.slurm_bin_dir)
     if dry_run:
-        argv = plan.argv("<script>", sbatch)
+        argv = plan.argv("<script>", str(slurm.bin_dir / "sbatch"))
         if as_json:
             print_json({"script": plan.script, "argv": argv, "warnings": plan.warnings})
         else:
             click.echo(plan.script, nl=False)
             click.echo("# " + " ".join(shlex.quote(w) for w in argv))
         return
-    if not os.access(sbatch, os.X_OK):
-        raise BadInputError(f"{sbatch}: no sbatch to submit with (install Slurm's client "
-                            "commands, or set slurm_bin_dir in "
+    if not slurm.has_command("sbatch"):
+        raise BadInputError(f"{slurm.bin_dir / 'sbatch'}: no sbatch to submit with (install "
+                            "Slurm's client commands, or set slurm_bin_dir in "
                             f"{app.config.source_path}); --dry-run shows the job without it")
-    with tempfile.TemporaryDirectory(prefix="slurm-spot-sbatch-") as folder:
-        script_path = Path(folder) / "batch.sh"
-        script_path.write_text(plan.script)
-        argv = plan.argv(str(script_path), sbatch)
-        proc = run_command(argv, 60)
-    if proc.returncode != 0:
-        raise SlurmCommandError(argv, proc.returncode, proc.stderr or proc.stdout)
+    proc = slurm.submit_batch(plan.script, plan.options, plan.script_args)
     if as_json:
         job = proc.stdout.strip().split()[-1].split(";")[0] if proc.stdout.strip() else ""
-        print_json({"job_id": job, "argv": argv, "warnings": plan.warnings})
+        print_json({"job_id": job, "argv": proc.argv, "warnings": plan.warnings})
     else:
         click.echo(proc.stdout, nl=False)
         click.echo(proc.stderr, nl=False, err=True)

@@ -7,12 +7,15 @@ and down), job requeue/expedite/AdminComment, and signals to job steps (``scontr
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.hostlist import compress
 from slurm_spot.slurm.jobtext import admin_comment_text, split_job_records
 from slurm_spot.slurm.queries import SlurmQueries
+from slurm_spot.slurm.runner import CommandResult
 
 # scontrol accepts a hostlist of any length, but keep each argv well under ARG_MAX.
 _MAX_NODES_PER_UPDATE = 2000
@@ -131,6 +134,29 @@ class SlurmActions(SlurmQueries):
         if reason is not None:
             settings["reason"] = reason
         self.update_nodes(names, **settings)
+
+    def submit_batch(self, script: str, options: Sequence[str], script_args: Sequence[str],
+                     timeout_s: float = 60) -> CommandResult:
+        """``sbatch [options] SCRIPT [script_args]`` with ``script`` (the batch script's text)
+        written to a private temporary file for the call (sbatch(1) copies the script into
+        the job, so the file may go once sbatch returned). Waits at most ``timeout_s`` seconds.
+
+        Returns:
+            sbatch's result; its ``stdout`` is ``Submitted batch job <id>`` (``<id>;<cluster>``
+            with ``--parsable``).
+
+        Raises:
+            SlurmCommandError: sbatch could not be run, did not answer, or refused the job
+                (its message).
+        """
+        with tempfile.TemporaryDirectory(prefix="slurm-spot-sbatch-") as folder:
+            path = Path(folder) / "batch.sh"
+            path.write_text(script)
+            argv = [str(self.bin_dir / "sbatch"), *options, str(path), *script_args]
+            result = self._run(argv, timeout_s)
+        if result.returncode != 0:
+            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+        return result
 
     def requeue(self, job_id: int | str) -> bool:
         """``scontrol requeue <job>``. Returns False if the job was already pending/requeued.

@@ -424,6 +424,34 @@ class SlurmQueries:
                 found.append((int(parts[0]), parts[2]))
         return found
 
+    def has_command(self, tool: str) -> bool:
+        """True if Slurm tool ``tool`` (``scontrol``, ``sbatch``...) is an executable file in
+        :attr:`bin_dir` (a machine without Slurm's client commands has none)."""
+        return os.access(self.bin_dir / tool, os.X_OK)
+
+    def partition_exists(self, name: str) -> bool:
+        """True if Slurm knows partition ``name`` (``scontrol -o show partition NAME``, whose
+        record starts ``PartitionName=NAME``; scontrol(1) 22.05-26.05).
+
+        Raises:
+            SlurmCommandError: scontrol could not be run or did not answer.
+        """
+        result = self.run("scontrol", "-o", "show", "partition", name, check=False)
+        return result.returncode == 0 and f"PartitionName={name} " in result.stdout + " "
+
+    def controller_host(self) -> str | None:
+        """Where slurmctld runs: the address of ``SlurmctldHost[0]`` in ``scontrol show
+        config`` (``SlurmctldHost[0] = name(addr)``), else its name; None when scontrol
+        fails or shows none (slurm.conf(5) SlurmctldHost, 22.05-26.05).
+
+        Raises:
+            SlurmCommandError: scontrol could not be run or did not answer.
+        """
+        result = self.run("scontrol", "show", "config", check=False)
+        found = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?",
+                          result.stdout, re.MULTILINE) if result.returncode == 0 else None
+        return (found.group(2) or found.group(1)) if found else None
+
     def ping(self) -> bool:
         """True if slurmctld answers ``scontrol ping``."""
         result = self.run("scontrol", "ping", check=False)

@@ -1,8 +1,10 @@
 """``slurm-spot sbatch``: sbatch, plus what a job needs to survive spot interruptions.
 
 Pure functions: reading ``#SBATCH`` directives exactly as sbatch does, splitting a command line
-into sbatch options and the script, and building the final script and argv. The command in
-``commands/sbatch.py`` only does the I/O.
+into sbatch options and the script, building the final script and argv, and checking the
+per-job settings passed through the job's environment. The command in ``commands/sbatch.py``
+only parses options and prints; the ``--torchrun`` scripts are
+:mod:`slurm_spot.jobs.submit.torchrun_scripts`.
 
 sbatch(1): "The batch script may contain options preceded with '#SBATCH' before any executable
 commands in the script. sbatch will stop processing further #SBATCH directives once the first
@@ -17,7 +19,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from slurm_spot.config.plain import S3_ROOT_PATTERN
 from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.contract import (
+    ENV_CHECKPOINT_ROOT,
+    ENV_S3_ADDRESSING_STYLE,
+    ENV_S3_ENDPOINT_URL,
+)
 from slurm_spot.jobs.injob.jobenv import parse_signal
 from slurm_spot.jobs.submit.sbatch_options import (
     canonical_option,
@@ -230,3 +238,35 @@ def take_option(options: Sequence[str], long: str, short: str) -> tuple[list[str
             rest.append(word)
         i += 1
     return values, rest
+
+
+#: Per-job checkpoint settings, ``slurm-spot sbatch`` option -> the variable that carries it:
+#: passed to the job in its environment (sbatch's default --export=ALL), read by the
+#: TaskProlog (slurm_spot.jobs.node.prolog.checkpoint_root).
+JOB_ENV_OPTIONS = {"--checkpoint-root": ENV_CHECKPOINT_ROOT,
+                   "--s3-endpoint-url": ENV_S3_ENDPOINT_URL,
+                   "--s3-addressing-style": ENV_S3_ADDRESSING_STYLE}
+
+
+def check_job_environment(values: dict[str, str]) -> dict[str, str]:
+    """``values`` (variable of :data:`JOB_ENV_OPTIONS` -> value), once each value is checked:
+    one line; the checkpoint root an ``s3://bucket/prefix`` URL (directory roots are the
+    admin's); the endpoint an ``http(s)://`` URL; the addressing style ``auto``, ``path`` or
+    ``virtual``.
+
+    Raises:
+        BadInputError: a value is none of these (names the option).
+    """
+    names = {v: k for k, v in JOB_ENV_OPTIONS.items()}
+    for var, value in values.items():
+        option = names[var]
+        if any(c in value for c in "\n\r"):
+            raise BadInputError(f"{option}: the value must be one line")
+        if var == ENV_CHECKPOINT_ROOT and not re.fullmatch(S3_ROOT_PATTERN, value):
+            raise BadInputError(f"{option}={value!r}: expected s3://bucket/prefix (a job may "
+                                "choose an S3 root; directory roots are the admin's)")
+        if var == ENV_S3_ENDPOINT_URL and not re.fullmatch(r"https?://\S+", value):
+            raise BadInputError(f"{option}={value!r}: expected an http(s):// URL")
+        if var == ENV_S3_ADDRESSING_STYLE and value not in ("auto", "path", "virtual"):
+            raise BadInputError(f"{option}={value!r}: expected auto, path or virtual")
+    return values
