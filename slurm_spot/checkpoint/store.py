@@ -36,7 +36,7 @@ from slurm_spot.checkpoint.files import (
     Candidate,
     Checkpoint,
     CheckpointError,
-    _as_checkpoint,
+    as_checkpoint,
     list_candidates,
     root_problem,
     step_dir_name,
@@ -181,7 +181,7 @@ class LocalStore:
                 log.warning("checkpoint %s is not usable, trying an older one: %s",
                             candidate.path, problem)
                 continue
-            found = _as_checkpoint(candidate)
+            found = as_checkpoint(candidate)
             break
         for link in symlinked_steps(self.directory):
             if found is None or link.step > found.step:
