@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import datetime, timezone
-
 import pytest
 
 from slurm_spot import power
@@ -12,13 +9,10 @@ from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.errors import HostlistError, UnknownNodeError
 from slurm_spot.providers.base import (
     ErrorClass,
-    Instance,
-    InstanceState,
     LaunchFailure,
-    LaunchRequest,
-    LaunchResult,
 )
 from slurm_spot.slurm.client import CommandResult, SlurmClient
+from tests.fakes.fake_provider import FakeProvider
 
 
 def make_config(tmp_path) -> SpotConfig:
@@ -33,51 +27,6 @@ def make_config(tmp_path) -> SpotConfig:
         "log_dir": str(tmp_path / "log"),
         "state_dir": str(tmp_path / "state"),
     })
-
-
-class FakeCloud:
-    """A provider that keeps instances in memory and can run out of capacity."""
-
-    name = "fake"
-
-    def __init__(self, capacity: int = 100) -> None:
-        self.instances: list[Instance] = []
-        self.capacity = capacity
-        self.requests: list[LaunchRequest] = []
-
-    def launch(self, request: LaunchRequest) -> LaunchResult:
-        self.requests.append(request)
-        launched, short = [], []
-        alive = {i.node: i for i in self.instances if i.state.is_alive}
-        for node in request.nodes:
-            if node in alive:
-                launched.append(alive[node])
-            elif len([i for i in self.instances if i.state.is_alive]) >= self.capacity:
-                short.append(node)
-            else:
-                inst = Instance(f"i-{len(self.instances)}", node, request.node_set.name,
-                                InstanceState.PENDING, "spot", "t", "z",
-                                datetime.now(timezone.utc), f"10.0.0.{len(self.instances) + 1}",
-                                f"ip-{node}")
-                self.instances.append(inst)
-                launched.append(inst)
-        failed = (LaunchFailure(tuple(short), "InsufficientInstanceCapacity", "no g5 in us-east-1a",
-                                ErrorClass.CAPACITY),) if short else ()
-        return LaunchResult(tuple(launched), failed)
-
-    def terminate(self, nodes):  # type: ignore[no-untyped-def]
-        ended = []
-        for k, inst in enumerate(self.instances):
-            if inst.node in nodes and inst.state.is_alive:
-                self.instances[k] = replace(inst, state=InstanceState.TERMINATED)
-                ended.append(self.instances[k])
-        return ended
-
-    def terminate_instances(self, ids):  # type: ignore[no-untyped-def]
-        self.terminate([i.node for i in self.instances if i.instance_id in ids])
-
-    def list_instances(self):  # type: ignore[no-untyped-def]
-        return list(self.instances)
 
 
 class FakeScontrol:
@@ -104,7 +53,8 @@ class FakeScontrol:
 @pytest.fixture
 def setup(tmp_path):  # type: ignore[no-untyped-def]
     config = make_config(tmp_path)
-    clouds = {"cloud": FakeCloud(), "other": FakeCloud()}
+    clouds = {"cloud": FakeProvider("fake", capacity=100),
+              "other": FakeProvider("fake", capacity=100)}
     scontrol = FakeScontrol()
     return config, clouds, scontrol, SlurmClient("/usr/bin", runner=scontrol)
 
@@ -148,7 +98,7 @@ def test_unknown_node_changes_nothing(setup) -> None:  # type: ignore[no-untyped
         power.resume(config, "gpu-[1-2],gpu-9", slurm, lambda c, name: clouds[name])
     with pytest.raises(HostlistError):
         power.resume(config, "gpu-[1-", slurm, lambda c, name: clouds[name])
-    assert clouds["cloud"].instances == [] and scontrol.calls == []
+    assert clouds["cloud"].instances == {} and scontrol.calls == []
 
 
 def test_suspend_terminates_every_instance_and_is_idempotent(setup) -> None:  # type: ignore[no-untyped-def]
@@ -158,7 +108,7 @@ def test_suspend_terminates_every_instance_and_is_idempotent(setup) -> None:  # 
     second = power.suspend(config, "gpu-[1-2],cpu-1", lambda c, name: clouds[name])
     assert sorted(i.node for i in first.terminated) == ["cpu-1", "gpu-1", "gpu-2"]
     assert second.terminated == [] and second.errors == []
-    alive = [i.node for c in clouds.values() for i in c.instances if i.state.is_alive]
+    alive = [i.node for c in clouds.values() for i in c.instances.values() if i.state.is_alive]
     assert alive == ["cpu-2"]
 
 
@@ -182,7 +132,7 @@ def test_instances_slurm_cannot_record_are_given_back(setup) -> None:  # type: i
     assert result.launched == []
     assert sorted(i.node for i in result.terminated) == ["gpu-1", "gpu-2"]
     assert "Unable to contact slurm controller" in result.errors[0]
-    assert [i for i in clouds["cloud"].instances if i.state.is_alive] == []
+    assert [i for i in clouds["cloud"].instances.values() if i.state.is_alive] == []
 
 
 def test_unwritable_event_log_never_stops_a_hook(setup, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -215,7 +165,7 @@ def test_slurmctld_restart_while_recording_addresses_is_retried(setup) -> None: 
     assert sleeps == [1.0, 2.0]
     assert sorted(i.node for i in result.launched) == ["gpu-1", "gpu-2"] and result.errors == []
     assert scontrol.nodes["gpu-1"]["nodeaddr"] == "10.0.0.1"
-    assert len([i for i in clouds["cloud"].instances if i.state.is_alive]) == 2
+    assert len([i for i in clouds["cloud"].instances.values() if i.state.is_alive]) == 2
 
 
 def test_an_address_refused_for_another_reason_is_not_retried(setup) -> None:  # type: ignore[no-untyped-def]
@@ -230,30 +180,13 @@ def test_an_address_refused_for_another_reason_is_not_retried(setup) -> None:  #
     assert sleeps == [] and result.launched == [] and len(result.terminated) == 1
 
 
-class SlowCloud(FakeCloud):
-    """Looks up alive instances, then takes a while before creating (an API round trip): two
-    unserialized launches for the same nodes would both create."""
-
-    def launch(self, request: LaunchRequest) -> LaunchResult:
-        import time
-
-        alive = {i.node for i in self.instances if i.state.is_alive}
-        time.sleep(0.3)
-        for node in request.nodes:
-            if node not in alive:
-                self.instances.append(Instance(
-                    f"i-{len(self.instances)}", node, request.node_set.name,
-                    InstanceState.PENDING, "spot", "t", "z", datetime.now(timezone.utc),
-                    f"10.0.0.{len(self.instances) + 1}", f"ip-{node}"))
-        mine = {i.node: i for i in self.instances if i.state.is_alive}
-        return LaunchResult(tuple(mine[n] for n in request.nodes))
-
-
 def test_two_overlapping_resumes_never_give_a_node_two_instances(setup) -> None:  # type: ignore[no-untyped-def]
     import threading
 
     config, _, _, slurm = setup
-    cloud = SlowCloud()
+    # looks up alive instances, then takes a while before creating (an API round trip): two
+    # unserialized launches for the same nodes would both create
+    cloud = FakeProvider("fake", capacity=100, launch_delay_s=0.3)
     results: list[power.PowerResult] = []
     threads = [threading.Thread(target=lambda: results.append(
         power.resume(config, "gpu-[1-3]", slurm, lambda c, name: cloud))) for _ in range(2)]
@@ -261,9 +194,9 @@ def test_two_overlapping_resumes_never_give_a_node_two_instances(setup) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(i.node or "" for i in cloud.instances) == ["gpu-1", "gpu-2", "gpu-3"]
+    assert sorted(i.node or "" for i in cloud.instances.values()) == ["gpu-1", "gpu-2", "gpu-3"]
     assert [sorted(i.instance_id for i in r.launched) for r in results] == [
-        ["i-0", "i-1", "i-2"]] * 2
+        ["i-0001", "i-0002", "i-0003"]] * 2
 
 
 def test_a_stuck_hook_holding_the_node_set_is_reported_not_doubled(setup) -> None:  # type: ignore[no-untyped-def]
@@ -273,7 +206,7 @@ def test_a_stuck_hook_holding_the_node_set_is_reported_not_doubled(setup) -> Non
                               lock_timeout_s=0.3)
     assert [i.node for i in result.launched] == ["cpu-1"]  # the other node set went ahead
     assert "another resume still holds" in result.errors[0] and "resume-gpu.lock" in result.errors[0]
-    assert clouds["cloud"].instances == []
+    assert clouds["cloud"].instances == {}
 
 
 # -- all-or-nothing per job (issue 11, section 2) ---------------------------------------------
@@ -315,7 +248,7 @@ def test_a_job_that_cannot_get_all_its_nodes_gives_the_launched_ones_back(setup)
     clouds["cloud"].capacity = 2  # gpu-1, gpu-2 launch; gpu-3, gpu-4 get none
     jobs = parse_resume_file(json.dumps(RESUME_FILE))
     result = power.resume(config, "gpu-[1-4]", slurm, lambda c, name: clouds[name], jobs=jobs)
-    assert [i for i in clouds["cloud"].instances if i.state.is_alive] == []
+    assert [i for i in clouds["cloud"].instances.values() if i.state.is_alive] == []
     assert result.launched == []
     assert sorted(i.node for i in result.terminated) == ["gpu-1", "gpu-2"]
     assert scontrol.nodes["gpu-1"]["state"] == "POWER_DOWN_FORCE"
@@ -333,14 +266,15 @@ def test_nodes_of_complete_jobs_are_kept_and_the_option_turns_it_off(setup, tmp_
     clouds["cloud"].capacity = 2
     jobs = {7: ("gpu-1", "gpu-2"), 8: ("gpu-2", "gpu-3")}  # gpu-2 shared by a complete job
     power.resume(config, "gpu-[1-3]", slurm, lambda c, name: clouds[name], jobs=jobs)
-    assert sorted(i.node for i in clouds["cloud"].instances if i.state.is_alive) == [
+    assert sorted(i.node for i in clouds["cloud"].instances.values() if i.state.is_alive) == [
         "gpu-1", "gpu-2"]
     keep = config.model_copy(update={"power": config.power.model_copy(
         update={"all_or_nothing": False})})
-    clouds2 = {"cloud": FakeCloud(capacity=1), "other": FakeCloud()}
+    clouds2 = {"cloud": FakeProvider("fake", capacity=1),
+               "other": FakeProvider("fake", capacity=100)}
     power.resume(keep, "gpu-[1-2]", slurm, lambda c, name: clouds2[name],
                  jobs={9: ("gpu-1", "gpu-2")})
-    assert [i.node for i in clouds2["cloud"].instances if i.state.is_alive] == ["gpu-1"]
+    assert [i.node for i in clouds2["cloud"].instances.values() if i.state.is_alive] == ["gpu-1"]
 
 
 @pytest.mark.parametrize(("version", "recorded"), [("22.05.8", False), ("24.11.5", True)])
