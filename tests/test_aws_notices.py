@@ -57,6 +57,16 @@ def test_cases_file_row(imds, row):
         assert imds.count("GET", ACTION_PATH) == 2
 
 
+def test_the_notice_time_written_with_z_is_that_utc_instant(imds):
+    """IMDS writes the instance action's ``time`` with ``Z`` (tests/data/notices.yaml); Python
+    3.11's fromisoformat reads it: the deadline the watcher works to is that UTC instant."""
+    imds.set_instance_action(200, '{"action": "stop", "time": "2026-03-01T08:22:00Z"}')
+    notice = source(imds).poll()
+    assert notice is not None
+    assert notice.deadline == datetime(2026, 3, 1, 8, 22, tzinfo=timezone.utc)
+    assert parse_time("2026-03-01T09:22:00+01:00") == notice.deadline
+
+
 def test_expired_token_is_renewed_and_the_notice_still_read(imds):
     src = source(imds)
     assert src.poll() is None
