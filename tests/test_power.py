@@ -1,4 +1,5 @@
-"""The power-saving hooks against a fake provider and a fake scontrol that keeps node state."""
+"""The power-saving hooks against the fake provider and the fake Slurm that keeps node state
+(tests/fakes)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from slurm_spot.providers.base import (
 )
 from slurm_spot.slurm.client import CommandResult, SlurmClient
 from tests.fakes.fake_provider import FakeProvider
+from tests.fakes.fake_slurm import FakeSlurm
 
 
 def make_config(tmp_path) -> SpotConfig:
@@ -29,25 +31,13 @@ def make_config(tmp_path) -> SpotConfig:
     })
 
 
-class FakeScontrol:
-    """Records every argv and keeps per-node settings, as scontrol update would."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-        self.nodes: dict[str, dict[str, str]] = {}
-
-    def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
-        from slurm_spot.hostlist import expand
-
-        self.calls.append(argv)
-        if argv[1:2] == ["update"]:
-            names = expand(argv[2].split("=", 1)[1])
-            settings = dict(a.split("=", 1) for a in argv[3:])
-            for i, node in enumerate(names):
-                per_node = {k: (v.split(",")[i] if k in ("nodeaddr", "nodehostname") else v)
-                            for k, v in settings.items()}
-                self.nodes.setdefault(node, {}).update(per_node)
-        return CommandResult(argv, 0, "", "")
+def _slurm(version: str = "22.05.8") -> FakeSlurm:
+    """Slurm running ResumeProgram for the config's nodes: each is idle# (POWERING_UP) until
+    the hook records its address or gives it up."""
+    fake = FakeSlurm(version)
+    for name in [*(f"gpu-{i}" for i in range(1, 5)), "cpu-1", "cpu-2"]:
+        fake.add_node(name, "IDLE+CLOUD+POWERING_UP")
+    return fake
 
 
 @pytest.fixture
@@ -55,8 +45,8 @@ def setup(tmp_path):  # type: ignore[no-untyped-def]
     config = make_config(tmp_path)
     clouds = {"cloud": FakeProvider("fake", capacity=100),
               "other": FakeProvider("fake", capacity=100)}
-    scontrol = FakeScontrol()
-    return config, clouds, scontrol, SlurmClient("/usr/bin", runner=scontrol)
+    scontrol = _slurm()
+    return config, clouds, scontrol, scontrol.client()
 
 
 def test_resume_launches_one_request_per_node_set_and_records_addresses(setup) -> None:  # type: ignore[no-untyped-def]
@@ -65,8 +55,8 @@ def test_resume_launches_one_request_per_node_set_and_records_addresses(setup) -
     assert [r.nodes for r in clouds["cloud"].requests] == [("gpu-1", "gpu-2", "gpu-3")]
     assert [r.nodes for r in clouds["other"].requests] == [("cpu-1",)]
     assert sorted(i.node for i in result.launched) == ["cpu-1", "gpu-1", "gpu-2", "gpu-3"]
-    assert scontrol.nodes["gpu-2"]["nodeaddr"] == "10.0.0.2"
-    assert scontrol.nodes["gpu-2"]["nodehostname"] == "ip-gpu-2"
+    assert (scontrol.nodes["gpu-2"].addr, scontrol.nodes["gpu-2"].hostname) == (
+        "10.0.0.2", "ip-gpu-2")
     # One scontrol call for the addresses of a whole node set, not one per node.
     updates = [c for c in scontrol.calls if any(a.startswith("nodeaddr=") for a in c)]
     assert len(updates) == 2
@@ -87,9 +77,10 @@ def test_capacity_failure_sets_down_with_code_then_powers_down(setup) -> None:  
     assert result.failed[0].nodes == ("gpu-2", "gpu-3")
     states = [(c[2], c[3]) for c in scontrol.calls if c[1] == "update" and c[3].startswith("state=")]
     assert states == [("nodename=gpu-[2-3]", "state=DOWN"), ("nodename=gpu-[2-3]", "state=POWER_DOWN")]
-    assert scontrol.nodes["gpu-3"]["reason"] == (
+    assert scontrol.nodes["gpu-3"].reason == (
         "(Code:InsufficientInstanceCapacity)no g5 in us-east-1a")
-    assert "state" not in scontrol.nodes.get("gpu-1", {})
+    assert scontrol.nodes["gpu-3"].state == "DOWN+CLOUD+POWER_DOWN"
+    assert scontrol.nodes["gpu-1"].state == "IDLE+CLOUD+POWERING_UP"  # left to boot
 
 
 def test_unknown_node_changes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
@@ -142,7 +133,7 @@ def test_unwritable_event_log_never_stops_a_hook(setup, tmp_path) -> None:  # ty
     clouds["cloud"].capacity = 1
     result = power.resume(config, "gpu-[1-2]", slurm, lambda c, name: clouds[name])
     assert [i.node for i in result.launched] == ["gpu-1"]
-    assert scontrol.nodes["gpu-2"]["state"] == "POWER_DOWN"
+    assert scontrol.nodes["gpu-2"].state == "DOWN+CLOUD+POWER_DOWN"
 
 
 # -- concurrency and restarts (issue 11, section 3) ------------------------------------------
@@ -164,7 +155,7 @@ def test_slurmctld_restart_while_recording_addresses_is_retried(setup) -> None: 
                           lambda c, name: clouds[name], sleep=sleeps.append)
     assert sleeps == [1.0, 2.0]
     assert sorted(i.node for i in result.launched) == ["gpu-1", "gpu-2"] and result.errors == []
-    assert scontrol.nodes["gpu-1"]["nodeaddr"] == "10.0.0.1"
+    assert scontrol.nodes["gpu-1"].addr == "10.0.0.1"
     assert len([i for i in clouds["cloud"].instances.values() if i.state.is_alive]) == 2
 
 
@@ -251,8 +242,8 @@ def test_a_job_that_cannot_get_all_its_nodes_gives_the_launched_ones_back(setup)
     assert [i for i in clouds["cloud"].instances.values() if i.state.is_alive] == []
     assert result.launched == []
     assert sorted(i.node for i in result.terminated) == ["gpu-1", "gpu-2"]
-    assert scontrol.nodes["gpu-1"]["state"] == "POWER_DOWN_FORCE"
-    assert scontrol.nodes["gpu-3"]["state"] == "POWER_DOWN"  # DOWN first: Slurm requeues job 7
+    assert scontrol.nodes["gpu-1"].state == "IDLE+CLOUD+POWERING_DOWN"  # POWER_DOWN_FORCE
+    assert scontrol.nodes["gpu-3"].state == "DOWN+CLOUD+POWER_DOWN"  # DOWN first: job 7 requeues
     from slurm_spot.events import read_events
 
     given_back = [e for e in read_events(config.log_dir) if e["action"] == "terminated"]
@@ -280,20 +271,15 @@ def test_nodes_of_complete_jobs_are_kept_and_the_option_turns_it_off(setup, tmp_
 @pytest.mark.parametrize(("version", "recorded"), [("22.05.8", False), ("24.11.5", True)])
 def test_resume_records_instance_id_and_type_where_slurm_has_them(  # type: ignore[no-untyped-def]
         setup, version: str, recorded: bool) -> None:
-    config, clouds, scontrol, _ = setup
-
-    def runner(argv: list[str], timeout_s: float) -> CommandResult:
-        if argv[1:] == ["-V"]:
-            return CommandResult(argv, 0, f"slurm {version}\n", "")
-        return scontrol(argv, timeout_s)
-
-    result = power.resume(config, "gpu-[1-2]", SlurmClient("/usr/bin", runner=runner),
-                          lambda c, name: clouds[name])
+    config, clouds, _, _ = setup
+    scontrol = _slurm(version)
+    result = power.resume(config, "gpu-[1-2]", scontrol.client(), lambda c, name: clouds[name])
+    assert len(result.launched) == 2
     for inst in result.launched:
         node = scontrol.nodes[str(inst.node)]
-        assert node["nodeaddr"] == inst.private_ip
+        assert node.addr == inst.private_ip
         if recorded:  # 23.11+: InstanceId/InstanceType, the reconciler's key for the node
-            assert (node["instanceid"], node["instancetype"]) == (inst.instance_id,
-                                                                  inst.instance_type)
-        else:
-            assert "instanceid" not in node and "instancetype" not in node
+            assert (node.instance_id, node.instance_type) == (inst.instance_id,
+                                                              inst.instance_type)
+        else:  # 22.05 has no such fields (the fake refuses them, as scontrol does)
+            assert (node.instance_id, node.instance_type) == ("", "")

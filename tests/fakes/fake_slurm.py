@@ -384,6 +384,14 @@ class FakeSlurm:
         if node.base != "DOWN":
             node.base = "IDLE"
 
+    def _to_power_down(self, node: FakeNode) -> None:
+        # scontrol(1) state=POWER_DOWN: powered down once its jobs ended, none is requeued;
+        # a DOWN node shows DOWN+POWER_DOWN until SuspendTimeout (finish_power_downs)
+        if "POWERED_DOWN" in node.flags:
+            return
+        node.flags = (node.flags - {"POWERING_UP"}) | (
+            {"POWER_DOWN"} if node.base == "DOWN" else {"POWERING_DOWN"})
+
     def _to_power_up(self, node: FakeNode) -> None:
         # scontrol(1) state=POWER_UP: slurmctld runs ResumeProgram; the node is POWERING_UP
         # (idle#) until its slurmd registers, or DOWN if the resume hook marks it so.
