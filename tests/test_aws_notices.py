@@ -21,9 +21,8 @@ from slurm_spot.providers.aws.notices import (
     instance_identity,
     parse_time,
 )
-from slurm_spot.slurm.client import Job, Node
-from slurm_spot.slurm.states import parse_job_state, parse_node_state
 from slurm_spot.watch import Watcher, source_for
+from tests.fakes.fake_slurm import FakeSlurm
 from tests.fakes.imds import FakeImds
 
 ROWS = yaml.safe_load((Path(__file__).parent / "data" / "notices.yaml").read_text())["aws_imdsv2"]
@@ -56,6 +55,16 @@ def test_cases_file_row(imds, row):
     if row["status"] == 401:  # a fresh token was fetched and the GET asked again
         assert imds.count("PUT", status=200) == 2
         assert imds.count("GET", ACTION_PATH) == 2
+
+
+def test_the_notice_time_written_with_z_is_that_utc_instant(imds):
+    """IMDS writes the instance action's ``time`` with ``Z`` (tests/data/notices.yaml); Python
+    3.11's fromisoformat reads it: the deadline the watcher works to is that UTC instant."""
+    imds.set_instance_action(200, '{"action": "stop", "time": "2026-03-01T08:22:00Z"}')
+    notice = source(imds).poll()
+    assert notice is not None
+    assert notice.deadline == datetime(2026, 3, 1, 8, 22, tzinfo=timezone.utc)
+    assert parse_time("2026-03-01T09:22:00+01:00") == notice.deadline
 
 
 def test_expired_token_is_renewed_and_the_notice_still_read(imds):
@@ -147,50 +156,14 @@ def test_instance_identity(imds):
 
 
 # ---- the watcher on top -------------------------------------------------------------------------
-class FakeSlurm:
-    """What the watcher asks of Slurm, recorded: node gpu-2 runs job 42, which is pending
-    (requeued) once the node is powered down."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.powered_down = False
-
-    def set_state(self, names: list[str], state: str, reason: str | None = None) -> None:
-        self.calls.append(("state", tuple(names), state, reason))
-        self.powered_down |= state == "POWER_DOWN_FORCE"
-
-    def power_down_force(self, names: list[str], reason: str) -> None:
-        self.set_state(names, "POWER_DOWN_FORCE", reason)  # the client picks the release's form
-
-    def nodes(self, names: list[str] | None = None, with_jobs: bool = True) -> list[Node]:
-        jobs = () if self.powered_down else (42,)
-        return [Node("gpu-2", parse_node_state("MIXED+DRAIN"), jobs=jobs)]
-
-    def batch_script(self, job_id: int) -> str:
-        return "#!/bin/bash\n#SBATCH --requeue\nsrun python train.py\n"
-
-    def list_pids(self, job_id: int, node: str) -> list[tuple[int, str]]:
-        return [(4242, "0")]  # its /proc/4242/status is written by the test
-
-    def signal_step(self, job_id: int, step: str | None, signal: str) -> None:
-        self.calls.append(("signal", job_id, step, signal))
-
-    def job_record(self, job_id: int) -> None:
-        return None
-
-    def jobs(self, job_ids: list[int] | None = None) -> list[Job]:
-        return [Job(42, parse_job_state("PENDING" if self.powered_down else "RUNNING"))]
-
-    def expedite(self, job_id: int) -> None:
-        self.calls.append(("expedite", job_id))
-
-    def known_refs(self, job_ids: list[int]) -> dict[str, str]:
-        return {}  # job 42 is no array task
-
-    def record_interruption(self, job_ids: list[int], text: str) -> list[str]:
-        if job_ids:
-            self.calls.append(("admin_comment", tuple(job_ids), text))
-        return []
+def _slurm() -> FakeSlurm:
+    """Node gpu-2 runs job 42 (requeueable; its step 0 is process 4242, whose
+    /proc/4242/status the test writes)."""
+    fake = FakeSlurm()
+    fake.add_node("gpu-2", "MIXED+CLOUD")
+    job = fake.add_job(42, ["gpu-2"])
+    job.script, job.pids = "#!/bin/bash\n#SBATCH --requeue\nsrun python train.py\n", [(4242, "0")]
+    return fake
 
 
 def test_a_notice_drains_the_node_and_requeues_its_job(imds, tmp_path):
@@ -202,13 +175,13 @@ def test_a_notice_drains_the_node_and_requeues_its_job(imds, tmp_path):
         "partitions": [{"name": "gpu", "node_sets": ["gpu"]}], "log_dir": str(tmp_path),
     })
     assert isinstance(source_for(config, "gpu-2"), ImdsNoticeSource)
-    slurm = FakeSlurm()
+    slurm = _slurm()
     clock = [NOW.timestamp()]
 
     def sleep(seconds: float) -> None:
         clock[0] += seconds
 
-    watcher = Watcher(config, "gpu-2", slurm, source(imds),  # type: ignore[arg-type]
+    watcher = Watcher(config, "gpu-2", slurm.client(), source(imds),
                       clock=lambda: clock[0], sleep=sleep)
     (tmp_path / "proc" / "4242").mkdir(parents=True)  # step 0's task catches SIGUSR2
     (tmp_path / "proc" / "4242" / "status").write_text("Name:\tpython\nSigCgt:\t800\n")
@@ -218,10 +191,17 @@ def test_a_notice_drains_the_node_and_requeues_its_job(imds, tmp_path):
     outcome = watcher.run(once=True)
     assert outcome is not None and outcome.requeued == [42]
     reason = "spot-interruption:terminate@2026-03-01T08:22:00Z"
-    assert slurm.calls == [
-        ("state", ("gpu-2",), "DRAIN", reason),
-        ("signal", 42, "0", "USR2"),
-        ("state", ("gpu-2",), "POWER_DOWN_FORCE", reason),
-        ("expedite", 42),
-        ("admin_comment", (42,), f"requeued: {reason}"),  # on the record sacct shows
+    # Slurm's record shows job 42 still running its interrupted run on gpu-2 alone: the
+    # watcher requeues it before the power-down (watch.py, step 6), then expedites it
+    assert slurm.changes() == [
+        ["scontrol", "update", "nodename=gpu-2", "state=DRAIN", f"reason={reason}"],
+        ["scancel", "-s", "USR2", "42.0"],
+        ["scontrol", "requeue", "42"],
+        ["scontrol", "update", "jobid=42", "StartTime=now"],
+        ["scontrol", "update", "nodename=gpu-2", "state=POWER_DOWN_FORCE", f"reason={reason}"],
+        # on the record sacct shows
+        ["scontrol", "update", "jobid=42", f"AdminComment=requeued: {reason}"],
     ]
+    job, node = slurm.jobs[42], slurm.nodes["gpu-2"]
+    assert (job.state, job.restarts, job.admin_comment) == ("PENDING", 1, f"requeued: {reason}")
+    assert {"DRAIN", "POWERING_DOWN"} <= node.flags and node.reason == reason

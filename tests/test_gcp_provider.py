@@ -179,6 +179,18 @@ def test_instance_resource_becomes_an_instance() -> None:
     assert inst.was_reclaimed
 
 
+@pytest.mark.parametrize("stamp", ["2024-06-26T18:42:22.006Z", "2024-06-26T18:42:22.006+00:00",
+                                   "2024-06-26T11:42:22.006-07:00"])
+def test_a_creation_time_in_z_or_offset_form_is_the_same_utc_instant(stamp: str) -> None:
+    """RFC 3339 lets the Compute API write UTC as ``Z`` (Python 3.11's fromisoformat reads
+    it): the instance's launch time, which the reconciler ages instances by, is that instant."""
+    inst = instance_from_resource({
+        "name": "demo-gpu-3", "status": "RUNNING", "zone": "zones/us-central1-b",
+        "labels": {TAG_CLUSTER: "demo", TAG_NODE_SET: "gpu"},
+        "creationTimestamp": stamp}, "demo")
+    assert inst.launch_time == datetime(2024, 6, 26, 18, 42, 22, 6000, tzinfo=timezone.utc)
+
+
 # -- against the fake Compute API ------------------------------------------------------------
 @pytest.fixture
 def fake():

@@ -1,9 +1,7 @@
-"""The power-saving hooks against a fake provider and a fake scontrol that keeps node state."""
+"""The power-saving hooks against the fake provider and the fake Slurm that keeps node state
+(tests/fakes)."""
 
 from __future__ import annotations
-
-from dataclasses import replace
-from datetime import datetime, timezone
 
 import pytest
 
@@ -12,13 +10,11 @@ from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.errors import HostlistError, UnknownNodeError
 from slurm_spot.providers.base import (
     ErrorClass,
-    Instance,
-    InstanceState,
     LaunchFailure,
-    LaunchRequest,
-    LaunchResult,
 )
 from slurm_spot.slurm.client import CommandResult, SlurmClient
+from tests.fakes.fake_provider import FakeProvider
+from tests.fakes.fake_slurm import FakeSlurm
 
 
 def make_config(tmp_path) -> SpotConfig:
@@ -35,78 +31,22 @@ def make_config(tmp_path) -> SpotConfig:
     })
 
 
-class FakeCloud:
-    """A provider that keeps instances in memory and can run out of capacity."""
-
-    name = "fake"
-
-    def __init__(self, capacity: int = 100) -> None:
-        self.instances: list[Instance] = []
-        self.capacity = capacity
-        self.requests: list[LaunchRequest] = []
-
-    def launch(self, request: LaunchRequest) -> LaunchResult:
-        self.requests.append(request)
-        launched, short = [], []
-        alive = {i.node: i for i in self.instances if i.state.is_alive}
-        for node in request.nodes:
-            if node in alive:
-                launched.append(alive[node])
-            elif len([i for i in self.instances if i.state.is_alive]) >= self.capacity:
-                short.append(node)
-            else:
-                inst = Instance(f"i-{len(self.instances)}", node, request.node_set.name,
-                                InstanceState.PENDING, "spot", "t", "z",
-                                datetime.now(timezone.utc), f"10.0.0.{len(self.instances) + 1}",
-                                f"ip-{node}")
-                self.instances.append(inst)
-                launched.append(inst)
-        failed = (LaunchFailure(tuple(short), "InsufficientInstanceCapacity", "no g5 in us-east-1a",
-                                ErrorClass.CAPACITY),) if short else ()
-        return LaunchResult(tuple(launched), failed)
-
-    def terminate(self, nodes):  # type: ignore[no-untyped-def]
-        ended = []
-        for k, inst in enumerate(self.instances):
-            if inst.node in nodes and inst.state.is_alive:
-                self.instances[k] = replace(inst, state=InstanceState.TERMINATED)
-                ended.append(self.instances[k])
-        return ended
-
-    def terminate_instances(self, ids):  # type: ignore[no-untyped-def]
-        self.terminate([i.node for i in self.instances if i.instance_id in ids])
-
-    def list_instances(self):  # type: ignore[no-untyped-def]
-        return list(self.instances)
-
-
-class FakeScontrol:
-    """Records every argv and keeps per-node settings, as scontrol update would."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-        self.nodes: dict[str, dict[str, str]] = {}
-
-    def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
-        from slurm_spot.hostlist import expand
-
-        self.calls.append(argv)
-        if argv[1:2] == ["update"]:
-            names = expand(argv[2].split("=", 1)[1])
-            settings = dict(a.split("=", 1) for a in argv[3:])
-            for i, node in enumerate(names):
-                per_node = {k: (v.split(",")[i] if k in ("nodeaddr", "nodehostname") else v)
-                            for k, v in settings.items()}
-                self.nodes.setdefault(node, {}).update(per_node)
-        return CommandResult(argv, 0, "", "")
+def _slurm(version: str = "22.05.8") -> FakeSlurm:
+    """Slurm running ResumeProgram for the config's nodes: each is idle# (POWERING_UP) until
+    the hook records its address or gives it up."""
+    fake = FakeSlurm(version)
+    for name in [*(f"gpu-{i}" for i in range(1, 5)), "cpu-1", "cpu-2"]:
+        fake.add_node(name, "IDLE+CLOUD+POWERING_UP")
+    return fake
 
 
 @pytest.fixture
 def setup(tmp_path):  # type: ignore[no-untyped-def]
     config = make_config(tmp_path)
-    clouds = {"cloud": FakeCloud(), "other": FakeCloud()}
-    scontrol = FakeScontrol()
-    return config, clouds, scontrol, SlurmClient("/usr/bin", runner=scontrol)
+    clouds = {"cloud": FakeProvider("fake", capacity=100),
+              "other": FakeProvider("fake", capacity=100)}
+    scontrol = _slurm()
+    return config, clouds, scontrol, scontrol.client()
 
 
 def test_resume_launches_one_request_per_node_set_and_records_addresses(setup) -> None:  # type: ignore[no-untyped-def]
@@ -115,8 +55,8 @@ def test_resume_launches_one_request_per_node_set_and_records_addresses(setup) -
     assert [r.nodes for r in clouds["cloud"].requests] == [("gpu-1", "gpu-2", "gpu-3")]
     assert [r.nodes for r in clouds["other"].requests] == [("cpu-1",)]
     assert sorted(i.node for i in result.launched) == ["cpu-1", "gpu-1", "gpu-2", "gpu-3"]
-    assert scontrol.nodes["gpu-2"]["nodeaddr"] == "10.0.0.2"
-    assert scontrol.nodes["gpu-2"]["nodehostname"] == "ip-gpu-2"
+    assert (scontrol.nodes["gpu-2"].addr, scontrol.nodes["gpu-2"].hostname) == (
+        "10.0.0.2", "ip-gpu-2")
     # One scontrol call for the addresses of a whole node set, not one per node.
     updates = [c for c in scontrol.calls if any(a.startswith("nodeaddr=") for a in c)]
     assert len(updates) == 2
@@ -137,9 +77,10 @@ def test_capacity_failure_sets_down_with_code_then_powers_down(setup) -> None:  
     assert result.failed[0].nodes == ("gpu-2", "gpu-3")
     states = [(c[2], c[3]) for c in scontrol.calls if c[1] == "update" and c[3].startswith("state=")]
     assert states == [("nodename=gpu-[2-3]", "state=DOWN"), ("nodename=gpu-[2-3]", "state=POWER_DOWN")]
-    assert scontrol.nodes["gpu-3"]["reason"] == (
+    assert scontrol.nodes["gpu-3"].reason == (
         "(Code:InsufficientInstanceCapacity)no g5 in us-east-1a")
-    assert "state" not in scontrol.nodes.get("gpu-1", {})
+    assert scontrol.nodes["gpu-3"].state == "DOWN+CLOUD+POWER_DOWN"
+    assert scontrol.nodes["gpu-1"].state == "IDLE+CLOUD+POWERING_UP"  # left to boot
 
 
 def test_unknown_node_changes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
@@ -148,7 +89,7 @@ def test_unknown_node_changes_nothing(setup) -> None:  # type: ignore[no-untyped
         power.resume(config, "gpu-[1-2],gpu-9", slurm, lambda c, name: clouds[name])
     with pytest.raises(HostlistError):
         power.resume(config, "gpu-[1-", slurm, lambda c, name: clouds[name])
-    assert clouds["cloud"].instances == [] and scontrol.calls == []
+    assert clouds["cloud"].instances == {} and scontrol.calls == []
 
 
 def test_suspend_terminates_every_instance_and_is_idempotent(setup) -> None:  # type: ignore[no-untyped-def]
@@ -158,7 +99,7 @@ def test_suspend_terminates_every_instance_and_is_idempotent(setup) -> None:  # 
     second = power.suspend(config, "gpu-[1-2],cpu-1", lambda c, name: clouds[name])
     assert sorted(i.node for i in first.terminated) == ["cpu-1", "gpu-1", "gpu-2"]
     assert second.terminated == [] and second.errors == []
-    alive = [i.node for c in clouds.values() for i in c.instances if i.state.is_alive]
+    alive = [i.node for c in clouds.values() for i in c.instances.values() if i.state.is_alive]
     assert alive == ["cpu-2"]
 
 
@@ -182,7 +123,7 @@ def test_instances_slurm_cannot_record_are_given_back(setup) -> None:  # type: i
     assert result.launched == []
     assert sorted(i.node for i in result.terminated) == ["gpu-1", "gpu-2"]
     assert "Unable to contact slurm controller" in result.errors[0]
-    assert [i for i in clouds["cloud"].instances if i.state.is_alive] == []
+    assert [i for i in clouds["cloud"].instances.values() if i.state.is_alive] == []
 
 
 def test_unwritable_event_log_never_stops_a_hook(setup, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -192,7 +133,7 @@ def test_unwritable_event_log_never_stops_a_hook(setup, tmp_path) -> None:  # ty
     clouds["cloud"].capacity = 1
     result = power.resume(config, "gpu-[1-2]", slurm, lambda c, name: clouds[name])
     assert [i.node for i in result.launched] == ["gpu-1"]
-    assert scontrol.nodes["gpu-2"]["state"] == "POWER_DOWN"
+    assert scontrol.nodes["gpu-2"].state == "DOWN+CLOUD+POWER_DOWN"
 
 
 # -- concurrency and restarts (issue 11, section 3) ------------------------------------------
@@ -214,8 +155,8 @@ def test_slurmctld_restart_while_recording_addresses_is_retried(setup) -> None: 
                           lambda c, name: clouds[name], sleep=sleeps.append)
     assert sleeps == [1.0, 2.0]
     assert sorted(i.node for i in result.launched) == ["gpu-1", "gpu-2"] and result.errors == []
-    assert scontrol.nodes["gpu-1"]["nodeaddr"] == "10.0.0.1"
-    assert len([i for i in clouds["cloud"].instances if i.state.is_alive]) == 2
+    assert scontrol.nodes["gpu-1"].addr == "10.0.0.1"
+    assert len([i for i in clouds["cloud"].instances.values() if i.state.is_alive]) == 2
 
 
 def test_an_address_refused_for_another_reason_is_not_retried(setup) -> None:  # type: ignore[no-untyped-def]
@@ -230,30 +171,13 @@ def test_an_address_refused_for_another_reason_is_not_retried(setup) -> None:  #
     assert sleeps == [] and result.launched == [] and len(result.terminated) == 1
 
 
-class SlowCloud(FakeCloud):
-    """Looks up alive instances, then takes a while before creating (an API round trip): two
-    unserialized launches for the same nodes would both create."""
-
-    def launch(self, request: LaunchRequest) -> LaunchResult:
-        import time
-
-        alive = {i.node for i in self.instances if i.state.is_alive}
-        time.sleep(0.3)
-        for node in request.nodes:
-            if node not in alive:
-                self.instances.append(Instance(
-                    f"i-{len(self.instances)}", node, request.node_set.name,
-                    InstanceState.PENDING, "spot", "t", "z", datetime.now(timezone.utc),
-                    f"10.0.0.{len(self.instances) + 1}", f"ip-{node}"))
-        mine = {i.node: i for i in self.instances if i.state.is_alive}
-        return LaunchResult(tuple(mine[n] for n in request.nodes))
-
-
 def test_two_overlapping_resumes_never_give_a_node_two_instances(setup) -> None:  # type: ignore[no-untyped-def]
     import threading
 
     config, _, _, slurm = setup
-    cloud = SlowCloud()
+    # looks up alive instances, then takes a while before creating (an API round trip): two
+    # unserialized launches for the same nodes would both create
+    cloud = FakeProvider("fake", capacity=100, launch_delay_s=0.3)
     results: list[power.PowerResult] = []
     threads = [threading.Thread(target=lambda: results.append(
         power.resume(config, "gpu-[1-3]", slurm, lambda c, name: cloud))) for _ in range(2)]
@@ -261,9 +185,9 @@ def test_two_overlapping_resumes_never_give_a_node_two_instances(setup) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(i.node or "" for i in cloud.instances) == ["gpu-1", "gpu-2", "gpu-3"]
+    assert sorted(i.node or "" for i in cloud.instances.values()) == ["gpu-1", "gpu-2", "gpu-3"]
     assert [sorted(i.instance_id for i in r.launched) for r in results] == [
-        ["i-0", "i-1", "i-2"]] * 2
+        ["i-0001", "i-0002", "i-0003"]] * 2
 
 
 def test_a_stuck_hook_holding_the_node_set_is_reported_not_doubled(setup) -> None:  # type: ignore[no-untyped-def]
@@ -273,7 +197,7 @@ def test_a_stuck_hook_holding_the_node_set_is_reported_not_doubled(setup) -> Non
                               lock_timeout_s=0.3)
     assert [i.node for i in result.launched] == ["cpu-1"]  # the other node set went ahead
     assert "another resume still holds" in result.errors[0] and "resume-gpu.lock" in result.errors[0]
-    assert clouds["cloud"].instances == []
+    assert clouds["cloud"].instances == {}
 
 
 # -- all-or-nothing per job (issue 11, section 2) ---------------------------------------------
@@ -315,11 +239,11 @@ def test_a_job_that_cannot_get_all_its_nodes_gives_the_launched_ones_back(setup)
     clouds["cloud"].capacity = 2  # gpu-1, gpu-2 launch; gpu-3, gpu-4 get none
     jobs = parse_resume_file(json.dumps(RESUME_FILE))
     result = power.resume(config, "gpu-[1-4]", slurm, lambda c, name: clouds[name], jobs=jobs)
-    assert [i for i in clouds["cloud"].instances if i.state.is_alive] == []
+    assert [i for i in clouds["cloud"].instances.values() if i.state.is_alive] == []
     assert result.launched == []
     assert sorted(i.node for i in result.terminated) == ["gpu-1", "gpu-2"]
-    assert scontrol.nodes["gpu-1"]["state"] == "POWER_DOWN_FORCE"
-    assert scontrol.nodes["gpu-3"]["state"] == "POWER_DOWN"  # DOWN first: Slurm requeues job 7
+    assert scontrol.nodes["gpu-1"].state == "IDLE+CLOUD+POWERING_DOWN"  # POWER_DOWN_FORCE
+    assert scontrol.nodes["gpu-3"].state == "DOWN+CLOUD+POWER_DOWN"  # DOWN first: job 7 requeues
     from slurm_spot.events import read_events
 
     given_back = [e for e in read_events(config.log_dir) if e["action"] == "terminated"]
@@ -333,33 +257,29 @@ def test_nodes_of_complete_jobs_are_kept_and_the_option_turns_it_off(setup, tmp_
     clouds["cloud"].capacity = 2
     jobs = {7: ("gpu-1", "gpu-2"), 8: ("gpu-2", "gpu-3")}  # gpu-2 shared by a complete job
     power.resume(config, "gpu-[1-3]", slurm, lambda c, name: clouds[name], jobs=jobs)
-    assert sorted(i.node for i in clouds["cloud"].instances if i.state.is_alive) == [
+    assert sorted(i.node for i in clouds["cloud"].instances.values() if i.state.is_alive) == [
         "gpu-1", "gpu-2"]
     keep = config.model_copy(update={"power": config.power.model_copy(
         update={"all_or_nothing": False})})
-    clouds2 = {"cloud": FakeCloud(capacity=1), "other": FakeCloud()}
+    clouds2 = {"cloud": FakeProvider("fake", capacity=1),
+               "other": FakeProvider("fake", capacity=100)}
     power.resume(keep, "gpu-[1-2]", slurm, lambda c, name: clouds2[name],
                  jobs={9: ("gpu-1", "gpu-2")})
-    assert [i.node for i in clouds2["cloud"].instances if i.state.is_alive] == ["gpu-1"]
+    assert [i.node for i in clouds2["cloud"].instances.values() if i.state.is_alive] == ["gpu-1"]
 
 
 @pytest.mark.parametrize(("version", "recorded"), [("22.05.8", False), ("24.11.5", True)])
 def test_resume_records_instance_id_and_type_where_slurm_has_them(  # type: ignore[no-untyped-def]
         setup, version: str, recorded: bool) -> None:
-    config, clouds, scontrol, _ = setup
-
-    def runner(argv: list[str], timeout_s: float) -> CommandResult:
-        if argv[1:] == ["-V"]:
-            return CommandResult(argv, 0, f"slurm {version}\n", "")
-        return scontrol(argv, timeout_s)
-
-    result = power.resume(config, "gpu-[1-2]", SlurmClient("/usr/bin", runner=runner),
-                          lambda c, name: clouds[name])
+    config, clouds, _, _ = setup
+    scontrol = _slurm(version)
+    result = power.resume(config, "gpu-[1-2]", scontrol.client(), lambda c, name: clouds[name])
+    assert len(result.launched) == 2
     for inst in result.launched:
         node = scontrol.nodes[str(inst.node)]
-        assert node["nodeaddr"] == inst.private_ip
+        assert node.addr == inst.private_ip
         if recorded:  # 23.11+: InstanceId/InstanceType, the reconciler's key for the node
-            assert (node["instanceid"], node["instancetype"]) == (inst.instance_id,
-                                                                  inst.instance_type)
-        else:
-            assert "instanceid" not in node and "instancetype" not in node
+            assert (node.instance_id, node.instance_type) == (inst.instance_id,
+                                                              inst.instance_type)
+        else:  # 22.05 has no such fields (the fake refuses them, as scontrol does)
+            assert (node.instance_id, node.instance_type) == ("", "")

@@ -21,38 +21,19 @@ from slurm_spot.checkpoint.preemption import (
     PreemptionSignalMismatch,
     ignore_signals_in_worker,
 )
-from slurm_spot.slurm.client import CommandResult, SlurmClient
+from slurm_spot.slurm.client import SlurmClient
+from tests.fakes.fake_slurm import FakeSlurm
 
 USR2 = int(signal.SIGUSR2)
 
 
-class FakeSlurm:
-    """Stands in for squeue/scontrol: answers from a job state, records every argv."""
-
-    def __init__(self, job_state: str | None = "RUNNING", requeue_rc: int = 0,
-                 requeue_err: str = "", squeue_rc: int = 0) -> None:
-        self.job_state = job_state
-        self.requeue_rc = requeue_rc
-        self.requeue_err = requeue_err
-        self.squeue_rc = squeue_rc
-        self.argvs: list[list[str]] = []
-
-    def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
-        self.argvs.append(argv)
-        tool = Path(argv[0]).name
-        if tool == "squeue":
-            jobs = [] if self.job_state is None else [
-                {"job_id": 1235, "job_state": self.job_state, "name": "train"}]
-            err = "slurm_load_jobs error: Unable to contact slurm controller"
-            if self.squeue_rc:
-                return CommandResult(argv, self.squeue_rc, "", err)
-            return CommandResult(argv, 0, json.dumps({"jobs": jobs}), "")
-        if tool == "scontrol" and argv[1] == "requeue":
-            return CommandResult(argv, self.requeue_rc, "", self.requeue_err)
-        raise AssertionError(f"unexpected command {argv}")
-
-    def tools(self) -> list[list[str]]:
-        return [[Path(a[0]).name, *a[1:]] for a in self.argvs]
+def _slurm(job_state: str | None = "RUNNING") -> FakeSlurm:
+    """Slurm holding job 1235 (task 2 of array job 1234) in ``job_state``; None: no such job."""
+    fake = FakeSlurm()
+    if job_state is not None:
+        job = fake.add_job(1235, ["spot-1"] if job_state == "RUNNING" else [], job_state)
+        job.array_job_id, job.array_task_id, job.name = 1234, 2, "train"
+    return fake
 
 
 @pytest.fixture(autouse=True)
@@ -100,21 +81,22 @@ def test_handler_signal_differing_from_sbatch_is_a_startup_error() -> None:
 
 
 def test_requeue_of_a_running_array_task_then_exit_85(caplog: pytest.LogCaptureFixture) -> None:
-    fake = FakeSlurm("RUNNING")
+    fake = _slurm("RUNNING")
     handler = _handler(fake, ARRAY_JOB)
     with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as info:
         handler.exit_for_requeue()
     assert info.value.code == 85
     assert fake.tools() == [["squeue", "--json", "--jobs", "1235"],
                             ["scontrol", "requeue", "1234_2"]]
-    assert fake.argvs[1][0] == "/opt/slurm/bin/scontrol"
+    assert fake.calls[1][0] == "/opt/slurm/bin/scontrol"
+    assert (fake.job("1234_2").state, fake.job("1234_2").restarts) == ("PENDING", 1)
     assert "requeued job 1234_2; exiting with code 85" in caplog.text
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # a late SIGTERM cannot kill it
 
 
 @pytest.mark.parametrize("state", ["PENDING", "REQUEUED"])
 def test_already_requeued_by_the_watcher_is_left_alone(state: str) -> None:
-    fake = FakeSlurm(state)
+    fake = _slurm(state)
     handler = _handler(fake, {"SLURM_JOB_ID": "1235", "SLURM_SPOT_REQUEUE_EXIT_CODE": "86"})
     with pytest.raises(SystemExit) as info:
         handler.exit_for_requeue()
@@ -124,8 +106,13 @@ def test_already_requeued_by_the_watcher_is_left_alone(state: str) -> None:
 
 
 def test_requeue_race_answered_already_pending_is_fine() -> None:
-    fake = FakeSlurm("RUNNING", requeue_rc=1,
-                     requeue_err="scontrol: error: Job is pending execution")
+    fake = _slurm("RUNNING")
+
+    def watcher_requeues_first(argv: list[str]) -> None:  # between squeue and scontrol requeue
+        if argv[1:2] == ["requeue"]:
+            fake.jobs[1235].state, fake.jobs[1235].nodes = "PENDING", []
+
+    fake.on_command = watcher_requeues_first
     handler = _handler(fake, {"SLURM_JOB_ID": "1235"})
     with pytest.raises(SystemExit) as info:
         handler.exit_for_requeue()
@@ -134,8 +121,9 @@ def test_requeue_race_answered_already_pending_is_fine() -> None:
 
 
 def test_slurm_failures_still_exit_with_the_requeue_code() -> None:
-    fake = FakeSlurm(squeue_rc=1, requeue_rc=1,
-                     requeue_err="Unable to contact slurm controller")
+    fake = _slurm("RUNNING")
+    fake.fail[("squeue",)] = (1, "slurm_load_jobs error: Unable to contact slurm controller")
+    fake.fail[("scontrol", "requeue")] = (1, "Unable to contact slurm controller")
     handler = _handler(fake, {"SLURM_JOB_ID": "1235"})
     with pytest.raises(SystemExit) as info:
         handler.exit_for_requeue()
@@ -146,12 +134,12 @@ def test_slurm_failures_still_exit_with_the_requeue_code() -> None:
 
 
 def test_outside_slurm_exits_without_scontrol() -> None:
-    fake = FakeSlurm()
+    fake = _slurm(None)
     handler = _handler(fake, {"SLURM_SPOT_REQUEUE_EXIT_CODE": "3"})
     with pytest.raises(SystemExit) as info:
         handler.exit_for_requeue()
     assert info.value.code == 3
-    assert fake.argvs == []
+    assert fake.calls == []
     assert "no SLURM_JOB_ID" in handler.requeue_outcome
 
 
@@ -200,7 +188,8 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    fake = FakeSlurm("RUNNING")
+    fake = FakeSlurm()
+    fake.add_job(777, ["spot-1"])
     handler = PreemptionHandler(env={"SLURM_JOB_ID": "777"},
                                 client=SlurmClient(runner=fake)).install()
     step = 0

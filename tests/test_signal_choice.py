@@ -18,7 +18,7 @@ from slurm_spot.jobs.interruption.signal_choice import (
     plan_signal,
     read_processes,
 )
-from slurm_spot.slurm.client import CommandResult, SlurmClient
+from tests.fakes.fake_slurm import FakeSlurm
 
 USR1, USR2, TERM, INT = (int(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM,
                                          signal.SIGINT))
@@ -93,24 +93,15 @@ def test_a_job_in_its_prolog_gets_nothing_yet() -> None:
     assert plan.signal == "USR1" and not plan.delivers
 
 
-class FakeSlurm:
-    """scontrol/scancel as the signaller calls them; listpids has no answer (rc 1), so the
-    processes are found by their environment."""
-
-    def __init__(self, script: str) -> None:
-        self.script = script
-        self.commands: list[list[str]] = []
-
-    def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
-        args = argv[1:]
-        self.commands.append(args)
-        if args[:2] == ["write", "batch_script"]:
-            return CommandResult(argv, 0, self.script, "")
-        if args[:1] == ["listpids"]:
-            return CommandResult(argv, 1, "", "no steps")
-        if args[:1] == ["-h"]:  # squeue -h -j ... (job_ref)
-            return CommandResult(argv, 0, "", "")
-        return CommandResult(argv, 0, "", "")
+def _slurm(job_id: int, node: str, script: str,
+           pids: list[tuple[int, str]] | None = None) -> FakeSlurm:
+    """Slurm running job ``job_id`` on ``node`` with batch ``script``; ``pids`` is what
+    ``scontrol listpids`` answers (None: no step daemon answers, so the watcher finds the
+    processes by their environment)."""
+    fake = FakeSlurm()
+    fake.add_job(job_id, [node]).script = script
+    fake.jobs[job_id].pids = pids
+    return fake
 
 
 HANDLER = """
@@ -139,7 +130,7 @@ def test_signaller_kills_only_the_batch_process_that_catches_it(tmp_path: Path) 
         found = read_processes(77, "spot-9", None)
         assert {p.pid for p in found} == {catcher.pid, bystander.pid}
         emitted: list[tuple[str, dict]] = []
-        signaller = JobSignaller(SlurmClient("/usr/bin", runner=FakeSlurm("#!/bin/sh\n")),
+        signaller = JobSignaller(_slurm(77, "spot-9", "#!/bin/sh\n").client(),
                                  "spot-9", "USR2", lambda a, **f: emitted.append((a, f)))
         assert signaller.deliver([77]) == []
         assert catcher.wait(timeout=20) == 0 and marker.read_text() == "TERM"
@@ -162,27 +153,20 @@ def test_signaller_withholds_then_delivers_once_a_handler_appears(tmp_path: Path
     status = tmp_path / "proc" / "50" / "status"
     status.parent.mkdir(parents=True)
     status.write_text("Name:\tpython\nSigIgn:\t0\nSigCgt:\t0000000000000002\n")
-    fake = FakeSlurm(SCRIPT_USR1)
-
-    def runner(argv: list[str], timeout_s: float) -> CommandResult:
-        if argv[1:2] == ["listpids"]:
-            fake.commands.append(argv[1:])
-            return CommandResult(argv, 0, "PID JOBID STEPID LOCALID GLOBALID\n50 5 0 0 0\n", "")
-        return fake(argv, timeout_s)
-
+    fake = _slurm(5, "spot-1", SCRIPT_USR1, pids=[(50, "0")])
     emitted: list[str] = []
-    signaller = JobSignaller(SlurmClient("/usr/bin", runner=runner), "spot-1", "USR2",
+    signaller = JobSignaller(fake.client(), "spot-1", "USR2",
                              lambda a, **f: emitted.append(a), proc_root=tmp_path / "proc")
     signaller.deliver([5])
-    assert emitted == ["signal_withheld"] and not any(c[0] == "-s" for c in fake.commands)
+    assert emitted == ["signal_withheld"] and fake.signals == []
     signaller.deliver([5])
     assert emitted == ["signal_withheld"]  # withheld once, not once per poll
     status.write_text("Name:\tpython\nSigIgn:\t0\nSigCgt:\t0000000000000202\n")  # + USR1
     signaller.deliver([5])
     assert emitted == ["signal_withheld", "signalled"]
-    assert ["-s", "USR1", "5.0"] in fake.commands
-    assert [c for c in fake.commands if c[:2] == ["write", "batch_script"]] == [
-        ["write", "batch_script", "5", "-"]]  # the script is read once
+    assert fake.signals == [["-s", "USR1", "5.0"]]
+    assert [c for c in fake.tools() if c[1:3] == ["write", "batch_script"]] == [
+        ["scontrol", "write", "batch_script", "5", "-"]]  # the script is read once
 
 
 def test_a_step_scancel_cannot_reach_gets_the_signal_by_kill_and_the_failure_is_an_event(
@@ -197,24 +181,16 @@ def test_a_step_scancel_cannot_reach_gets_the_signal_by_kill_and_the_failure_is_
         while not Path(str(marker) + ".ready").exists():
             assert time.monotonic() < deadline, "handler did not start"
             time.sleep(0.05)
-        fake = FakeSlurm("#!/bin/sh\nsrun python train.py\n")
-
-        def runner(argv: list[str], timeout_s: float) -> CommandResult:
-            if argv[1:2] == ["listpids"]:
-                return CommandResult(argv, 0, f"PID JOBID STEPID LOCALID GLOBALID\n"
-                                              f"{catcher.pid} 3 0 0 0\n", "")
-            if argv[1:2] == ["-s"]:
-                fake.commands.append(argv[1:])
-                return CommandResult(argv, 225, "", "scancel: error: Kill job error on job "
-                                                    "step id 3: Invalid job id specified\n")
-            return fake(argv, timeout_s)
-
+        fake = _slurm(3, "a+b-1", "#!/bin/sh\nsrun python train.py\n",
+                      pids=[(catcher.pid, "0")])
+        fake.fail[("scancel", "-s")] = (225, "scancel: error: Kill job error on job step id 3: "
+                                             "Invalid job id specified\n")
         emitted: list[tuple[str, dict]] = []
-        signaller = JobSignaller(SlurmClient("/usr/bin", runner=runner), "a+b-1", "USR2",
+        signaller = JobSignaller(fake.client(), "a+b-1", "USR2",
                                  lambda a, **f: emitted.append((a, f)))
         assert signaller.deliver([3]) == []
         assert catcher.wait(timeout=20) == 0 and marker.read_text() == "USR2"
-        assert ["-s", "USR2", "3.0"] in fake.commands  # scancel was tried first
+        assert ["scancel", "-s", "USR2", "3.0"] in fake.tools()  # scancel was tried first
         assert [a for a, _ in emitted] == ["signal_failed", "signalled"]
         failed, done = emitted[0][1], emitted[1][1]
         assert "Invalid job id specified" in failed["reason"]

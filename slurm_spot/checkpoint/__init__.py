@@ -6,7 +6,9 @@ The names load on first use (PEP 562), so ``slurm_spot.checkpoint.files`` and
 ones import it:
 
 - :mod:`.checkpointer`: :class:`Checkpointer` (atomic, validated checkpoints, sync and async
-  save, restore; torch.distributed.checkpoint for sharded state);
+  save, restore; torch.distributed.checkpoint for sharded state), built from :mod:`.saving`
+  (one save written, agreed and committed), :mod:`.restoring` (which checkpoint to resume
+  from, loading it) and :mod:`.collectives` (the save's own gloo group);
 - :mod:`.trainstate`: :class:`TrainState`, :class:`SkipSampler`, the RNG helpers, the
   restorable-state check (what a checkpoint holds);
 - :mod:`.snapshot` and :mod:`.writer`: the asynchronous save (the snapshot, :class:`SaveHandle`,
@@ -15,7 +17,8 @@ ones import it:
   (a POSIX directory, the default) and :func:`open_store`;
 - :mod:`.location`: which store a root names (a directory, or an ``s3://`` URL kept as a
   string) and the per-job layout ``<root>/<user>/<key>`` (no torch);
-- :mod:`.s3`: :class:`S3Store` (``s3://bucket/prefix``, boto3; no torch);
+- :mod:`.s3`: :class:`S3Store` (``s3://bucket/prefix``, boto3; no torch): the save protocol,
+  on :mod:`.s3objects` (client, listing, manifests, downloads) and :mod:`.s3inflight`;
 - :mod:`.files`: the on-disk layout, validation, :func:`find_latest_valid`; :mod:`.commit`: the
   commit protocol (manifest last, rename, retention); :mod:`.diskerrors`: a failed save's
   error, a full device named as such;

@@ -64,50 +64,52 @@ import numbers
 import os
 import time
 import weakref
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
-from slurm_spot.checkpoint.diskerrors import describe_write_error
+from slurm_spot.checkpoint.collectives import SaveGroup
 from slurm_spot.checkpoint.files import (
-    Candidate,
+    META_FILE,
+    STATE_FILE,
     Checkpoint,
     CheckpointError,
     find_latest_valid,
-    validate,
 )
 from slurm_spot.checkpoint.location import Location, as_location
-from slurm_spot.checkpoint.s3 import CommitOutcomeUnknown
+from slurm_spot.checkpoint.restoring import (
+    apply_payload,
+    check_none_valid,
+    explicit_checkpoint,
+    read_checkpoint,
+    resolve,
+)
+from slurm_spot.checkpoint.saving import run_save
 from slurm_spot.checkpoint.snapshot import PendingCopies, Snapshotter, step_tensors, wait_for
 from slurm_spot.checkpoint.store import CheckpointStore, open_store
 from slurm_spot.checkpoint.trainstate import (
     SkipSampler,
     TrainState,
-    _counters,
-    _dcp_state,
-    _optimizers,
-    _payload,
-    _rank_state,
-    _unwrap,
+    build_payload,
+    capture_rank_state,
     capture_rng_state,
     check_restorable,
+    counters_of,
+    dcp_state_dict,
     is_sharded,
     restore_rng_state,
+    unwrap_model,
 )
-from slurm_spot.checkpoint.verify import _check_dcp_shapes, _check_shapes, _Corrupt, _load, _own
-from slurm_spot.checkpoint.writer import SaveHandle, _Job, _write_file, _WriterThread
+from slurm_spot.checkpoint.writer import SaveHandle, SaveJob, WriterThread
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "Checkpointer", "SkipSampler", "TrainState",
-    "capture_rng_state", "find_latest_valid", "restore_rng_state",
+    "META_FILE", "STATE_FILE", "Checkpoint", "CheckpointError", "Checkpointer", "SkipSampler",
+    "TrainState", "capture_rng_state", "find_latest_valid", "restore_rng_state",
 ]
 
 log = logging.getLogger(__name__)
-STATE_FILE = "state.pt"
-META_FILE = "meta.pt"
 
 
 class Checkpointer:
@@ -131,7 +133,7 @@ class Checkpointer:
         writer_timeout_s: longest wait (seconds) on a writer and on a save collective; a hung
             writer raises :class:`CheckpointError` naming the checkpoint instead of hanging.
         start_fresh_if_invalid: when checkpoints exist but none is valid, start from step 0
-            with a warning instead of raising (default False; env
+            logged at ERROR instead of raising (default False; env
             ``SLURM_SPOT_START_FRESH_IF_INVALID=1`` sets it too).
         snapshot: how :meth:`save_async` copies the state (:mod:`~slurm_spot.checkpoint.snapshot`):
             ``eager`` copies every tensor before it returns; ``deferred`` copies the
@@ -141,6 +143,11 @@ class Checkpointer:
             ``optimizer.step()`` in between fail the save, through ``.data`` go unnoticed).
 
     Attributes:
+        store: where the checkpoints are (the store ``directory`` opened, or the one given).
+        directory: the store's location (a :class:`~pathlib.Path`, or an ``s3://`` URL
+            string).
+        ranks: the save's collectives (:class:`~slurm_spot.checkpoint.collectives.SaveGroup`).
+        last_save_s: seconds the last committed save took (None before the first).
         last_snapshot_wait_s: seconds the last deferred snapshot held up ``optimizer.step()``
             (or another call of this checkpointer); 0.0 when it was done in time.
 
@@ -180,15 +187,15 @@ class Checkpointer:
         self.directory: Location = as_location(self.store.location)
         self.keep = keep
         self.group = process_group
+        self.ranks = SaveGroup(process_group, writer_timeout_s)
         self.verify_checksums = verify_checksums
         self.writer_timeout_s = writer_timeout_s
         if start_fresh_if_invalid is None:
             start_fresh_if_invalid = os.environ.get(
                 "SLURM_SPOT_START_FRESH_IF_INVALID", "").strip().lower() in ("1", "true", "yes")
         self.start_fresh_if_invalid = start_fresh_if_invalid
-        self._save_group: Any = None
         self._inflight: SaveHandle | None = None
-        self._writer: _WriterThread | None = None
+        self._writer: WriterThread | None = None
         self.snapshot = snapshot
         # host buffers of the last snapshot, reused once its writer is done
         self._snapshots = {"torch": Snapshotter(), "dcp": Snapshotter()}
@@ -197,54 +204,11 @@ class Checkpointer:
         self.last_snapshot_wait_s = 0.0
         self.last_save_s: float | None = None
 
-    # -- collective plumbing -----------------------------------------------------------------
-    def _dist(self) -> bool:
-        return dist.is_available() and dist.is_initialized()
-
-    def _rank_world(self) -> tuple[int, int]:
-        if not self._dist():
-            return 0, 1
-        return dist.get_rank(self.group), dist.get_world_size(self.group)
-
-    def _pg(self) -> Any:
-        """The save's own gloo group over the same ranks (created once, collectively)."""
-        if not self._dist():
-            return None
-        if self._save_group is None:
-            ranks = (dist.get_process_group_ranks(self.group) if self.group is not None
-                     else list(range(dist.get_world_size())))
-            self._save_group = dist.new_group(
-                ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.writer_timeout_s))
-        return self._save_group
-
-    def _src(self) -> int:
-        return dist.get_global_rank(self._pg(), 0)
-
-    def _from_rank0(self, value: Any) -> Any:
-        if not self._dist():
-            return value
-        box = [value]
-        dist.broadcast_object_list(box, src=self._src(), group=self._pg())
-        return box[0]
-
-    def _gather(self, value: Any) -> list[Any]:
-        if not self._dist():
-            return [value]
-        out: list[Any] = [None] * self._rank_world()[1]
-        dist.all_gather_object(out, value, group=self._pg())
-        return out
-
-    def _agree(self, problem: str) -> str:
-        """All ranks' problems joined ("" when every rank succeeded): one rank's failure is
-        every rank's failure."""
-        problems = self._gather(problem)
-        return "; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p)
-
     # -- resolving ----------------------------------------------------------------------------
     def latest(self) -> Checkpoint | None:
         """The newest valid checkpoint (resolved on rank 0, shared with all ranks). Writes
         nothing in the store."""
-        return self._resolve(self.verify_checksums)
+        return resolve(self.ranks, self.store, self.verify_checksums)
 
     # -- saving -------------------------------------------------------------------------------
     def save(self, state: TrainState, *, sharded: bool | None = None) -> Path | str:
@@ -332,9 +296,9 @@ class Checkpointer:
 
     def _settle_previous(self) -> None:
         """Before a new save: wait for the one in flight. If it failed, its writer logged the
-        failure once at ERROR (``_write``) and this save goes on to write its own checkpoint;
-        the old error is not raised again (``SaveHandle.wait`` still raises it to code that
-        waits on that save).
+        failure once at ERROR (:func:`~slurm_spot.checkpoint.saving.run_save`) and this save
+        goes on to write its own checkpoint; the old error is not raised again
+        (``SaveHandle.wait`` still raises it to code that waits on that save).
 
         Raises:
             CheckpointError: the save in flight did not finish within ``writer_timeout_s``
@@ -350,14 +314,14 @@ class Checkpointer:
         started_s = time.monotonic()
         if self._inflight is not None:
             self._settle_previous()
-        rank, world = self._rank_world()
+        rank, world = self.ranks.rank_world()
         problem, counters = "", (0, 0, 0)
         try:
-            counters = _counters(state)
+            counters = counters_of(state)
             check_restorable(state.extra)
         except CheckpointError as exc:
             problem = f"step {state.step!r}: {exc}"
-        problem = self._agree(problem)
+        problem = self.ranks.agree(problem)
         if problem:
             raise CheckpointError(f"refusing to save to {self.store.location}: {problem}")
         step, epoch, batch_in_epoch = counters
@@ -365,11 +329,11 @@ class Checkpointer:
         kind: Literal["torch", "dcp"] = "dcp" if use_dcp else "torch"
         handle = SaveHandle(step, self.store.location, self.writer_timeout_s, owner=self)
         # per_rank is filled in by the writer, after gathering every rank's RNG state
-        payload = _payload(state, counters, [], world, kind) if rank == 0 else None
-        dcp_state = _dcp_state(state) if use_dcp else None
+        payload = build_payload(state, counters, [], world, kind) if rank == 0 else None
+        dcp_state = dcp_state_dict(state) if use_dcp else None
         pending = None
         if background:  # the snapshot: copies the trainer can no longer change
-            defer = (step_tensors(_unwrap(state.model), state.optimizer)
+            defer = (step_tensors(unwrap_model(state.model), state.optimizer)
                      if self.snapshot == "deferred" and kind == "torch"
                      and state.optimizer is not None else [])
             payload, pending = self._snapshots["torch"].take(payload, step, defer)
@@ -381,94 +345,16 @@ class Checkpointer:
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", ""),
                 "async": background}
-        job = _Job(step, "", kind, payload, dcp_state, meta, world, rank, started_s,
-                   _rank_state(state), pending)
+        job = SaveJob(step, "", kind, payload, dcp_state, meta, world, rank, started_s,
+                      capture_rank_state(state), pending)
         if not background:
-            self._write(job, handle)
+            run_save(self, job, handle)
             return handle
         if self._writer is None:
-            self._writer = _WriterThread(self)
+            self._writer = WriterThread(self, run_save)
         self._inflight = handle
         self._writer.submit(job, handle)
         return handle
-
-    def _write(self, job: _Job, handle: SaveHandle) -> None:
-        """Write, upload, agree, commit (rank 0), prune. Runs in the writer thread for an
-        asynchronous save; every collective is on the save group."""
-        where = f"checkpoint of step {job.step} to {self.store.location}"
-        if job.pending is not None:
-            job.pending.run()  # first: the next optimizer.step() waits for it
-        # the gather and the plan run here, on the save group, so the stall is the snapshot
-        per_rank = self._gather(job.rank_state)
-        try:
-            plan = self.store.stage(job.step) if job.rank == 0 else None
-        except Exception as exc:
-            plan = ("error", self.store.location, f"cannot prepare {where}: {exc}")
-        plan = self._from_rank0(plan)
-        if plan[0] != "write":
-            if plan[0] == "skip":
-                log.warning("%s", plan[2])
-                handle._finish(plan[1], None, time.monotonic() - job.started_s)
-            else:
-                log.error("%s", plan[2])  # the one report of this failure in the log
-                handle._finish(None, plan[2], time.monotonic() - job.started_s)
-            return
-        job.token = plan[1]
-        if job.payload is not None:
-            job.payload["per_rank"] = per_rank
-        problem, staging = "", None
-        try:
-            if job.pending is not None and job.pending.error:
-                raise CheckpointError(job.pending.error)
-            staging = self.store.local_staging(job.token)
-            if job.kind == "dcp":
-                import torch.distributed.checkpoint as dcp
-
-                dcp.save(job.dcp_state, checkpoint_id=staging, process_group=self._pg())
-            known: dict[str, dict[str, Any]] = {}
-            if job.rank == 0:
-                name = STATE_FILE if job.kind == "torch" else META_FILE
-                known[name] = _write_file(staging / name, job.payload)
-            files = self.store.upload(staging, job.token, known=known)
-        except Exception as exc:  # disk full, upload error, pickling: every rank must hear it
-            problem = describe_write_error(
-                exc, staging.parent if staging is not None else self.store.location)
-            files = {}
-        gathered = self._gather((problem, files))
-        problem = "; ".join(f"rank {r}: {p}" for r, (p, _f) in enumerate(gathered) if p)
-        final, outcome = "", "nothing committed"
-        if job.rank == 0:
-            if not problem:
-                merged: dict[str, dict[str, Any]] = {}
-                for _p, f in gathered:
-                    merged.update(f)
-                try:
-                    final = self.store.commit_manifest(job.token, job.kind, job.world, job.meta,
-                                                       merged, job.started_s)
-                except Exception as exc:
-                    problem = "rank 0: commit failed: " + describe_write_error(
-                        exc, self.store.location)
-                    if isinstance(exc, CommitOutcomeUnknown):
-                        outcome = "commit outcome unknown"
-            if problem:
-                self.store.abort(job.token)
-            else:
-                try:
-                    removed = self.store.prune(self.keep, final)
-                    if removed:
-                        log.info("pruned %s", ", ".join(removed))
-                except Exception as exc:  # retention failing must not fail a committed save
-                    log.warning("retention in %s failed: %s", self.store.location, exc)
-        if staging is not None:
-            self.store.discard_staging(staging)
-        problem, final, outcome = self._from_rank0((problem, final, outcome))
-        save_s = time.monotonic() - job.started_s
-        if problem:
-            log.error("%s failed, %s: %s", where, outcome, problem)
-            handle._finish(None, f"{where} failed, {outcome}: {problem}", save_s)
-            return
-        self.last_save_s = save_s
-        handle._finish(final, None, save_s)
 
     def _hook(self, optimizer: torch.optim.Optimizer) -> None:
         """Make ``optimizer.step()`` wait for a deferred snapshot (registered once per
@@ -535,19 +421,20 @@ class Checkpointer:
 
             restarts = restart_count(os.environ)
             if restarts == 0:
-                found, explicit = self._explicit(Path(resume_from)), True
+                found, explicit = explicit_checkpoint(self.ranks, Path(resume_from)), True
                 log.info("resuming from %s (given on the command line; first run)", found.path)
             else:
                 log.info("restart %d: resuming from the newest valid checkpoint in %s, not "
                          "from %s given on the command line", restarts, self.store.location,
                          resume_from)
         if found is None:
-            found = self._resolve(verify_checksums=False)  # sha256 below, while loading
+            found = resolve(self.ranks, self.store, False)  # sha256 below, while loading
         while True:
             if found is None:
-                self._none_valid()
+                check_none_valid(self.ranks, self.store, self.start_fresh_if_invalid)
                 return None
-            found, payload, problem, corrupt = self._read(found)
+            found, payload, problem, corrupt = read_checkpoint(self.ranks, self.store, found,
+                                                               self.verify_checksums)
             if not problem:
                 break
             if explicit or not corrupt:
@@ -555,130 +442,12 @@ class Checkpointer:
             log.warning("checkpoint of step %d in %s is not usable, trying an older one: %s",
                         found.step, self.store.location, problem)
             explicit = True  # hash every older candidate first: a second failure is final
-            found = self._resolve(verify_checksums=self.verify_checksums)
+            found = resolve(self.ranks, self.store, self.verify_checksums)
         log.info("resuming from step %d at %s", found.step, found.path)
-        rank, world = self._rank_world()
-        if found.kind == "dcp":
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import set_state_dict
-
-            loaded = _dcp_state(state)
-            _check_dcp_shapes(found.path, loaded)
-            dcp.load(loaded, checkpoint_id=found.path, process_group=self._pg())
-            set_state_dict(state.model, _optimizers(state), model_state_dict=loaded["model"],
-                           optim_state_dict=loaded.get("optim", {}))
-        else:
-            model = _unwrap(state.model)
-            _check_shapes(found.path, payload["model"], model.state_dict())
-            model.load_state_dict(payload["model"])  # copies out of the file's pages
-        # what outlives this call gets its own memory, not the file's mapped pages
-        payload = {k: v if k == "model" else _own(v) for k, v in payload.items()}
-        if found.kind != "dcp" and state.optimizer is not None \
-                and payload.get("optimizer") is not None:
-            state.optimizer.load_state_dict(payload["optimizer"])
-        if state.scheduler is not None and payload.get("scheduler") is not None:
-            state.scheduler.load_state_dict(payload["scheduler"])
-        state.step, state.epoch = int(payload["step"]), int(payload["epoch"])
-        state.batch_in_epoch = int(payload.get("batch_in_epoch", 0))
-        state.extra = dict(payload.get("extra") or {})
-        per_rank = payload["per_rank"]
-        if len(per_rank) != world:
-            log.warning("checkpoint %s was written by %d ranks, this run has %d: RNG streams "
-                        "are reused round-robin and the run is no longer bit-exact",
-                        found.path, len(per_rank), world)
-        mine = per_rank[rank % len(per_rank)]
-        for name, gen in state.generators.items():
-            if name in mine["generators"]:
-                gen.set_state(mine["generators"][name])
-        if restore_rng:
-            restore_rng_state(mine["rng"])
+        apply_payload(state, found, payload, self.ranks, restore_rng)
         del payload
-        if self._dist():
-            dist.barrier(group=self._pg())  # every rank has read it (ranks may share a copy)
+        if self.ranks.active():
+            # every rank has read it (ranks may share a copy)
+            dist.barrier(group=self.ranks.group())
         self.store.release(found)
-        return found
-
-    def _resolve(self, verify_checksums: bool) -> Checkpoint | None:
-        """The newest checkpoint that passes validation on rank 0 (sha256 too with
-        ``verify_checksums``), shared with every rank."""
-        found = None
-        if self._rank_world()[0] == 0:
-            found = self.store.latest(verify_checksums)
-        return self._from_rank0(found)
-
-    def _none_valid(self) -> None:
-        """No usable checkpoint: None for a first run; if the store holds checkpoints (none
-        valid), raise unless ``start_fresh_if_invalid``."""
-        exists = self._from_rank0(
-            self.store.has_committed() if self._rank_world()[0] == 0 else False)
-        if exists:
-            msg = (f"{self.store.location} holds checkpoints but none is valid "
-                   "(see the warnings above)")
-            if not self.start_fresh_if_invalid:
-                raise CheckpointError(
-                    f"{msg}; refusing to start from step 0 (pass "
-                    "start_fresh_if_invalid=True or set "
-                    "SLURM_SPOT_START_FRESH_IF_INVALID=1 to start over)")
-            log.error("%s; starting from step 0 as configured", msg)
-        return None
-
-    def _read(self, found: Checkpoint) -> tuple[Checkpoint, dict[str, Any], str, bool]:
-        """Every rank: fetch ``found`` (a download for S3 on ranks other than 0), verify it
-        while loading its payload, and agree: ``(local checkpoint, payload, problem,
-        corrupt)``. ``problem`` is "" when every rank succeeded; ``corrupt`` says that some
-        rank found it damaged (try an older one) rather than unloadable. On a problem this
-        rank's download is released."""
-        rank = self._rank_world()[0]
-        local, payload, problem, corrupt = found, {}, "", False
-        try:
-            if not found.path.exists():
-                local = self.store.fetch(found)
-            if local.kind == "dcp":
-                if self.verify_checksums and (rank == 0 or local is not found):
-                    why = validate(Candidate(local.path, local.step, "dir"), True)
-                    if why:
-                        raise _Corrupt(f"{local.path}: {why}")
-                payload = _load(local.path / META_FILE)
-            elif local.kind == "torch":
-                entry = (local.manifest or {}).get("files", {}).get(STATE_FILE)
-                payload = _load(local.path / STATE_FILE,
-                                entry if self.verify_checksums else None)
-            else:  # a single archive of other code, given explicitly
-                payload = _load(local.path, mmap=False)
-        except _Corrupt as exc:
-            problem, corrupt = str(exc), True
-        except CheckpointError as exc:
-            problem = str(exc)
-        except OSError as exc:
-            problem, corrupt = f"{found.path}: cannot read it: {exc}", True
-        gathered = self._gather((problem, corrupt))
-        if len(gathered) > 1:
-            problem = "; ".join(f"rank {r}: {p}" for r, (p, _c) in enumerate(gathered) if p)
-        corrupt = any(c for _p, c in gathered)
-        if problem:
-            payload = {}
-            self.store.release(local)
-        return local, payload, problem, corrupt
-
-    def _explicit(self, path: Path) -> Checkpoint:
-        """A checkpoint named on the command line, validated (rank 0 decides for all).
-
-        Raises:
-            CheckpointError: it is not a valid slurm-spot checkpoint.
-        """
-        from slurm_spot.checkpoint.files import _as_checkpoint
-
-        result: tuple[str, Checkpoint | None] = ("", None)
-        if self._rank_world()[0] == 0:
-            name = path.name
-            step = int(name.removeprefix("step_")) if name.removeprefix("step_").isdigit() else -1
-            # sizes and structure here; the sha256 is verified while it is loaded
-            problem = (f"{path}: not a step_<N> checkpoint directory" if step < 0 or
-                       not path.is_dir() else
-                       validate(Candidate(path, step, "dir"), verify_checksums=False))
-            result = (f"{path}: {problem}" if problem else "",
-                      None if problem else _as_checkpoint(Candidate(path, step, "dir")))
-        problem, found = self._from_rank0(result)
-        if problem or found is None:
-            raise CheckpointError(f"cannot resume from {path}: {problem}")
         return found

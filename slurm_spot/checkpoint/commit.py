@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from slurm_spot.checkpoint.files import (
-    _TEMP_DIR_RE,
     FORMAT,
     MANIFEST_NAME,
+    TEMP_DIR_RE,
     CheckpointError,
     file_digest,
     known_digest,
@@ -168,7 +168,7 @@ def prune(directory: str | os.PathLike[str], keep: int, newest: Path) -> list[Pa
             kept.append(cand.path)
     removed = [c.path for c in ours if c.path not in kept]
     removed += [root / e.name for e in os.scandir(root)
-                if _TEMP_DIR_RE.match(e.name) and e.is_dir(follow_symlinks=False)]
+                if TEMP_DIR_RE.match(e.name) and e.is_dir(follow_symlinks=False)]
     for path in removed:
         remove_checkpoint_dir(path)
     if removed:

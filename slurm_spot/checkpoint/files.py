@@ -3,7 +3,8 @@ protocol that writes them is :mod:`slurm_spot.checkpoint.commit`).
 
 No torch here, so the prologue, the CLI and tests can resolve checkpoints without it.
 
-Layout of a checkpoint directory (one per job, see :func:`~slurm_spot.jobs.injob.jobenv.checkpoint_key`)::
+Layout of a checkpoint directory (one per job, ``<root>/<user>/<key>``:
+:mod:`slurm_spot.checkpoint.location`)::
 
     step_000000500/            a committed checkpoint of step 500
         state.pt               everything, one torch.save archive (non-sharded save), or
@@ -40,9 +41,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 MANIFEST_NAME = "manifest.json"
+#: The payload of a non-sharded checkpoint (``torch.save`` by rank 0: model, optimizer, ...).
+STATE_FILE = "state.pt"
+#: Beside the DCP shards of a sharded checkpoint: step, scheduler, RNG states (rank 0).
+META_FILE = "meta.pt"
 FORMAT = "slurm-spot-checkpoint/1"
 _DIR_RE = re.compile(r"^step_(?P<step>\d+)$")
-_TEMP_DIR_RE = re.compile(r"^step_\d+\.tmp-[0-9a-f]+$")
+#: A staging directory of :func:`~slurm_spot.checkpoint.commit.new_temp_dir`, never a checkpoint.
+TEMP_DIR_RE = re.compile(r"^step_\d+\.tmp-[0-9a-f]+$")
 _FILE_RE = re.compile(r"^(?!\.)(?P<stem>.*?)(?P<step>\d+)\.(?:pt|pth|ckpt)$")
 _TEMP_MARKERS = (".tmp", ".partial", ".incomplete", "~")
 _CHUNK = 1 << 20
@@ -310,7 +316,14 @@ def scan(directory: str | os.PathLike[str], verify_checksums: bool = True) -> li
     return [Verdict(c, validate(c, verify_checksums)) for c in list_candidates(directory)]
 
 
-def _as_checkpoint(candidate: Candidate) -> Checkpoint:
+def as_checkpoint(candidate: Candidate) -> Checkpoint:
+    """The :class:`Checkpoint` of a candidate that passed :func:`validate`: a ``file``
+    candidate as it is, a directory with its manifest read (kind ``dcp`` or ``torch``).
+
+    Raises:
+        CheckpointError: the directory's manifest is missing or malformed (it changed since it
+            was validated).
+    """
     if candidate.kind == "file":
         return Checkpoint(candidate.path, candidate.step, "file")
     manifest = read_manifest(candidate.path)
@@ -325,7 +338,7 @@ def iter_valid(
     """Valid checkpoints of ``directory``, newest step first, validated lazily. Reads only."""
     for candidate in list_candidates(directory):
         if not validate(candidate, verify_checksums):
-            yield _as_checkpoint(candidate)
+            yield as_checkpoint(candidate)
 
 
 def find_latest_valid(

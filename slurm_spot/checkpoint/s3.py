@@ -35,6 +35,9 @@ workload metadata); they are never logged. Endpoint and addressing style come fr
 arguments, else ``SLURM_SPOT_S3_ENDPOINT_URL`` / ``SLURM_SPOT_S3_ADDRESSING_STYLE`` (exported
 by the TaskProlog from ``checkpoint.s3``), else boto3's own ``AWS_ENDPOINT_URL_S3`` handling.
 
+The client, listing, manifests and downloads are :mod:`slurm_spot.checkpoint.s3objects`; this
+module is the save protocol on top (staging, upload, commit, abort, retention).
+
 boto3 references: ``S3.Client.upload_file`` / ``download_file`` with
 ``boto3.s3.transfer.TransferConfig`` (multipart threshold, chunk size, max concurrency),
 ``list_objects_v2`` (``Delimiter``/``CommonPrefixes``), ``delete_objects`` (at most 1000 keys a
@@ -51,22 +54,18 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import unquote, urlparse
 
 from slurm_spot.checkpoint.commit import build_manifest
 from slurm_spot.checkpoint.files import (
-    FORMAT,
     MANIFEST_NAME,
-    Candidate,
     Checkpoint,
     CheckpointError,
     file_digest,
     known_digest,
     step_dir_name,
-    validate,
 )
 from slurm_spot.checkpoint.s3inflight import (
     INFLIGHT,
@@ -77,16 +76,22 @@ from slurm_spot.checkpoint.s3inflight import (
     markers,
     put_marker,
 )
+from slurm_spot.checkpoint.s3objects import (
+    ENV_ADDRESSING_STYLE,
+    ENV_ENDPOINT_URL,
+    NOT_FOUND,
+    MiB,
+    S3Objects,
+    error_code,
+    parse_s3_url,
+)
 from slurm_spot.checkpoint.store import StagePlan
 
 log = logging.getLogger(__name__)
 
-ENV_ENDPOINT_URL = "SLURM_SPOT_S3_ENDPOINT_URL"
-ENV_ADDRESSING_STYLE = "SLURM_SPOT_S3_ADDRESSING_STYLE"
 ENV_STAGING_DIR = "SLURM_SPOT_STAGING_DIR"
-_MiB = 1 << 20
-__all__ = ["INFLIGHT", "INFLIGHT_STALE_S", "CommitOutcomeUnknown", "S3Store",
-           "parse_s3_url"]
+__all__ = ["ENV_ADDRESSING_STYLE", "ENV_ENDPOINT_URL", "ENV_STAGING_DIR", "INFLIGHT",
+           "INFLIGHT_STALE_S", "CommitOutcomeUnknown", "S3Store", "parse_s3_url"]
 
 
 class CommitOutcomeUnknown(CheckpointError):
@@ -95,21 +100,7 @@ class CommitOutcomeUnknown(CheckpointError):
     the next save or restore finds out (a manifest that does not verify is never used)."""
 
 
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """``("bucket", "prefix/")`` of ``s3://bucket/prefix`` (the prefix ends with ``/`` or is
-    empty; percent-escapes are decoded, other characters kept as they are).
-
-    Raises:
-        CheckpointError: not an ``s3://`` URL, or no bucket.
-    """
-    parsed = urlparse(url)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise CheckpointError(f"{url!r} is not an s3://bucket/prefix URL")
-    prefix = unquote(parsed.path).strip("/")
-    return parsed.netloc, f"{prefix}/" if prefix else ""
-
-
-class S3Store:
+class S3Store(S3Objects):
     """One job's checkpoints under ``s3://bucket/prefix`` (a
     :class:`~slurm_spot.checkpoint.store.CheckpointStore`).
 
@@ -128,119 +119,28 @@ class S3Store:
         clock: seconds since the epoch (default :func:`time.time`; tests move it on).
 
     Raises:
-        CheckpointError: a malformed URL or addressing style.
+        CheckpointError: a malformed URL or addressing style, a part size under 5 MiB.
     """
 
     def __init__(self, url: str, *, endpoint_url: str | None = None,
                  addressing_style: str | None = None, staging_dir: str | None = None,
-                 part_size: int = 16 * _MiB, max_concurrency: int = 8,
+                 part_size: int = 16 * MiB, max_concurrency: int = 8,
                  inflight_stale_s: float = INFLIGHT_STALE_S,
                  client: Any = None, env: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         env = os.environ if env is None else env
-        self.url = url.rstrip("/")
-        self.bucket, self.prefix = parse_s3_url(url)
-        self.endpoint_url = endpoint_url or env.get(ENV_ENDPOINT_URL) or None
-        style = addressing_style or env.get(ENV_ADDRESSING_STYLE) or "auto"
-        if style not in ("auto", "path", "virtual"):
-            raise CheckpointError(f"S3 addressing style {style!r}: use auto, path or virtual")
-        self.addressing_style = style
+        super().__init__(url, endpoint_url=endpoint_url, addressing_style=addressing_style,
+                         part_size=part_size, max_concurrency=max_concurrency, client=client,
+                         env=env)
         self.staging_root = Path(staging_dir or env.get(ENV_STAGING_DIR) or tempfile.gettempdir())
-        if part_size < 5 * _MiB:
-            raise CheckpointError(f"S3 part size {part_size} bytes is under S3's 5 MiB minimum")
-        self.part_size = part_size
-        self.max_concurrency = max_concurrency
         self.inflight_stale_s = inflight_stale_s
-        self._client = client
         self._clock = clock
         self._downloaded: Path | None = None
 
-    # -- plumbing -----------------------------------------------------------------------------
     @property
     def location(self) -> str:
+        """The store's URL, ``s3://bucket/prefix`` (no trailing ``/``)."""
         return self.url
-
-    @property
-    def client(self) -> Any:
-        """The boto3 S3 client (created on first use; credentials from boto3's chain)."""
-        if self._client is None:
-            import boto3
-            from botocore.config import Config
-
-            self._client = boto3.session.Session().client(
-                "s3", endpoint_url=self.endpoint_url,
-                config=Config(s3={"addressing_style": self.addressing_style},  # type: ignore[typeddict-item,arg-type]
-                              retries={"max_attempts": 5, "mode": "standard"},
-                              max_pool_connections=max(10, 2 * self.max_concurrency)))
-        return self._client
-
-    def _transfer(self) -> Any:
-        from boto3.s3.transfer import TransferConfig
-
-        return TransferConfig(multipart_threshold=self.part_size,
-                              multipart_chunksize=self.part_size,
-                              max_concurrency=self.max_concurrency, use_threads=True)
-
-    def _key(self, *parts: str) -> str:
-        return self.prefix + "/".join(parts)
-
-    def _where(self, key: str) -> str:
-        return f"s3://{self.bucket}/{key}"
-
-    def _list(self, prefix: str, delimiter: str = "") -> Iterator[dict[str, Any]]:
-        """Pages of ``list_objects_v2`` under ``prefix``."""
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
-        if delimiter:
-            kwargs["Delimiter"] = delimiter
-        yield from self.client.get_paginator("list_objects_v2").paginate(**kwargs)
-
-    def _get_json(self, key: str) -> dict[str, Any] | None:
-        """The JSON object at ``key``, None when it does not exist.
-
-        Raises:
-            CheckpointError: it exists but is not JSON.
-        """
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except Exception as exc:
-            if _error_code(exc) in _NOT_FOUND:
-                return None
-            raise
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise CheckpointError(f"{self._where(key)}: unreadable manifest: {exc}") from None
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{self._where(key)}: not a manifest")
-        return data
-
-    def steps(self) -> list[int]:
-        """Step numbers that have a ``step_N/`` prefix (committed or not), newest first."""
-        found: set[int] = set()
-        for page in self._list(self.prefix, "/"):
-            for common in page.get("CommonPrefixes", []):
-                name = common["Prefix"][len(self.prefix):].rstrip("/")
-                if name.startswith("step_") and name[5:].isdigit():
-                    found.add(int(name[5:]))
-        return sorted(found, reverse=True)
-
-    def manifest(self, step: int) -> dict[str, Any] | None:
-        """The manifest of ``step``, or None when the step is not committed."""
-        return self._get_json(self._key(step_dir_name(step), MANIFEST_NAME))
-
-    def committed(self) -> list[tuple[int, dict[str, Any]]]:
-        """``(step, manifest)`` of every committed checkpoint, newest first (unreadable
-        manifests are skipped with a warning)."""
-        out = []
-        for step in self.steps():
-            try:
-                manifest = self.manifest(step)
-            except CheckpointError as exc:
-                log.warning("skipping %s", exc)
-                continue
-            if manifest is not None:
-                out.append((step, manifest))
-        return out
 
     # -- the CheckpointStore protocol ----------------------------------------------------------
     def latest(self, verify_checksums: bool = True) -> Checkpoint | None:
@@ -252,12 +152,12 @@ class S3Store:
             local = Path(tempfile.mkdtemp(prefix=f"{step_dir_name(step)}.restore-",
                                           dir=self._staging_root()))
             try:
-                problem = self._download(step, manifest, local, verify_checksums)
+                problem = self.download(step, manifest, local, verify_checksums)
             except Exception as exc:  # a transport error on one checkpoint: try the older one
                 problem = f"download failed: {exc}"
             if problem:
                 log.warning("checkpoint %s is not usable, trying an older one: %s",
-                            self._where(self._key(step_dir_name(step))), problem)
+                            self.url_of(self.key(step_dir_name(step))), problem)
                 shutil.rmtree(local, ignore_errors=True)
                 continue
             if self._downloaded is not None:
@@ -271,60 +171,6 @@ class S3Store:
         self.staging_root.mkdir(parents=True, exist_ok=True)
         return self.staging_root
 
-    @staticmethod
-    def _manifest_problem(step: int, manifest: dict[str, Any]) -> str:
-        """What makes ``manifest`` unusable as the manifest of ``step`` ("" when nothing)."""
-        attempt = manifest.get("attempt")
-        if manifest.get("format") != FORMAT or manifest.get("step") != step:
-            return "not a slurm-spot manifest of this step"
-        if not isinstance(attempt, str) or not attempt or "/" in attempt:
-            return "the manifest names no attempt"
-        files = manifest.get("files")
-        if not isinstance(files, dict) or not files:
-            return "the manifest lists no files"
-        for rel in files:
-            parts = Path(rel).parts
-            if not parts or Path(rel).is_absolute() or ".." in parts:
-                return f"manifest entry {rel!r} is not a plain relative path"
-        return ""
-
-    def verify_sizes(self, step: int, manifest: dict[str, Any]) -> str:
-        """Why the checkpoint of ``step`` described by ``manifest`` cannot be loaded, judged
-        from one listing of its attempt's prefix (every file present, with the manifest's size
-        in bytes; nothing is downloaded), or "" when it can. The sha256 is checked when it is
-        downloaded (:meth:`latest`). Used by :meth:`stage` and :meth:`prune`.
-
-        Raises:
-            botocore errors: the listing failed (after botocore's retries).
-        """
-        problem = self._manifest_problem(step, manifest)
-        if problem:
-            return problem
-        base = self._key(step_dir_name(step), manifest["attempt"]) + "/"
-        sizes = {o["Key"][len(base):]: o["Size"] for page in self._list(base)
-                 for o in page.get("Contents", [])}
-        for rel, entry in sorted(manifest["files"].items()):
-            if rel not in sizes:
-                return f"{rel} named by the manifest is missing"
-            if not isinstance(entry, dict) or sizes[rel] != entry.get("size"):
-                return f"{rel} has {sizes[rel]} bytes, not the manifest's"
-        return ""
-
-    def _download(self, step: int, manifest: dict[str, Any], local: Path,
-                  verify_checksums: bool) -> str:
-        problem = self._manifest_problem(step, manifest)
-        if problem:
-            return problem
-        attempt = manifest["attempt"]
-        for rel in manifest["files"]:
-            target = local / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.client.download_file(self.bucket, self._key(step_dir_name(step), attempt, rel),
-                                      str(target), Config=self._transfer())
-        # the local copy now has the POSIX layout: validate it with the POSIX rules
-        (local / MANIFEST_NAME).write_text(json.dumps(manifest))
-        return validate(Candidate(local, step, "dir"), verify_checksums)
-
     def stage(self, step: int) -> StagePlan:
         """Rank 0: ``skip`` when ``step`` is committed and verifies (:meth:`verify_sizes`),
         else ``write`` with a token ``"<step>:<attempt>"`` (:meth:`local_staging` turns it into
@@ -333,7 +179,7 @@ class S3Store:
         ``manifest.json.invalid-<random>`` with a warning, as the local store moves an invalid
         directory aside: a step is never reported saved when restore cannot load it."""
         name = step_dir_name(step)
-        where = self._where(self._key(name))
+        where = self.url_of(self.key(name))
         try:
             problem = self._committed_problem(step)
             if problem == "":
@@ -345,10 +191,10 @@ class S3Store:
             put_marker(self.client, self.bucket, marker_key(self.prefix, name, attempt),
                        self._clock())
         except CheckpointError as exc:
-            return ("error", self._where(self._key(name)), str(exc))
+            return ("error", self.url_of(self.key(name)), str(exc))
         except Exception as exc:
-            return ("error", self._where(self._key(name)),
-                    f"cannot prepare checkpoint {self._where(self._key(name))}: {exc}")
+            return ("error", self.url_of(self.key(name)),
+                    f"cannot prepare checkpoint {self.url_of(self.key(name))}: {exc}")
         return ("write", f"{step}:{attempt}", "")
 
     def _committed_problem(self, step: int) -> str | None:
@@ -360,13 +206,13 @@ class S3Store:
         return None if manifest is None else self.verify_sizes(step, manifest)
 
     def _set_aside(self, name: str, problem: str) -> None:
-        key = self._key(name, MANIFEST_NAME)
+        key = self.key(name, MANIFEST_NAME)
         aside = f"{key}.invalid-{secrets.token_hex(4)}"
         self.client.copy_object(Bucket=self.bucket, Key=aside,
                                 CopySource={"Bucket": self.bucket, "Key": key})
         self.client.delete_object(Bucket=self.bucket, Key=key)
         log.warning("checkpoint %s is not usable (%s); its manifest is moved aside to %s and "
-                    "the step is saved again", self._where(self._key(name)), problem,
+                    "the step is saved again", self.url_of(self.key(name)), problem,
                     aside.rsplit("/", 1)[1])
 
     def local_staging(self, token: str) -> Path:
@@ -401,8 +247,8 @@ class S3Store:
             rel = path.relative_to(staging).as_posix()
             size, sha = known_digest(path, (known or {}).get(rel)) or file_digest(path)
             self.client.upload_file(str(path), self.bucket,
-                                    self._key(step_dir_name(int(step)), attempt, rel),
-                                    Callback=heartbeat, Config=self._transfer())
+                                    self.key(step_dir_name(int(step)), attempt, rel),
+                                    Callback=heartbeat, Config=self.transfer_config())
             files[rel] = {"size": size, "sha256": sha}
         return files
 
@@ -425,12 +271,12 @@ class S3Store:
         step_s, attempt = token.split(":")
         step, name = int(step_s), step_dir_name(int(step_s))
         if not files:
-            raise CheckpointError(f"{self._where(self._key(name))}: nothing to commit")
+            raise CheckpointError(f"{self.url_of(self.key(name))}: nothing to commit")
         manifest = build_manifest(step, kind, world_size, meta, files, started_s)
         manifest["attempt"] = attempt
-        key = self._key(name, MANIFEST_NAME)
+        key = self.key(name, MANIFEST_NAME)
         if self.manifest(step) is not None:
-            raise CheckpointError(f"{self._where(key)} already exists; a checkpoint is never "
+            raise CheckpointError(f"{self.url_of(key)} already exists; a checkpoint is never "
                                   "overwritten")
         body = json.dumps(manifest, indent=1, sort_keys=True).encode()
         try:
@@ -438,7 +284,7 @@ class S3Store:
         except Exception as exc:
             self._read_back(key, body, exc)
         self._drop_inflight(name, attempt)
-        return self._where(self._key(name))
+        return self.url_of(self.key(name))
 
     def _read_back(self, key: str, body: bytes, failure: Exception) -> None:
         """After the manifest PUT of ``body`` to ``key`` raised ``failure``: return when S3
@@ -452,11 +298,11 @@ class S3Store:
             CommitOutcomeUnknown: S3 could not be read either.
             ``failure``: no manifest is stored.
         """
-        where = self._where(key)
+        where = self.url_of(key)
         try:
             stored = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except Exception as exc:
-            if _error_code(exc) in _NOT_FOUND:
+            if error_code(exc) in NOT_FOUND:
                 raise failure from None
             raise CommitOutcomeUnknown(
                 f"{where}: commit outcome unknown: the manifest PUT failed ({failure}) and "
@@ -494,17 +340,17 @@ class S3Store:
         name = step_dir_name(int(step))
         why_kept = self._referenced(int(step), attempt)
         if why_kept:
-            log.warning("keeping the uploaded data of %s: %s", self._where(self._key(name,
+            log.warning("keeping the uploaded data of %s: %s", self.url_of(self.key(name,
                         attempt)), why_kept)
             self._drop_inflight(name, attempt)
             return
         try:
-            keys = [o["Key"] for page in self._list(self._key(name, attempt) + "/")
+            keys = [o["Key"] for page in self.list_pages(self.key(name, attempt) + "/")
                     for o in page.get("Contents", [])]
-            self._delete(keys)
+            self.delete_keys(keys)
         except Exception as exc:
             log.warning("could not clean up the failed upload %s: %s",
-                        self._where(self._key(name, attempt)), exc)
+                        self.url_of(self.key(name, attempt)), exc)
         self._drop_inflight(name, attempt)
 
     def commit(self, staging: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
@@ -541,7 +387,7 @@ class S3Store:
             raise CheckpointError(f"{self.url}: step {checkpoint.step} is no longer committed")
         local = Path(tempfile.mkdtemp(prefix=f"{step_dir_name(checkpoint.step)}.restore-",
                                       dir=self._staging_root()))
-        problem = self._download(checkpoint.step, manifest, local, False)
+        problem = self.download(checkpoint.step, manifest, local, False)
         if problem:
             shutil.rmtree(local, ignore_errors=True)
             raise CheckpointError(f"{self.url} step {checkpoint.step}: {problem}")
@@ -562,24 +408,8 @@ class S3Store:
         Raises:
             botocore errors: S3 could not be read (after botocore's retries).
         """
-        return any(self._exists(self._key(step_dir_name(step), MANIFEST_NAME))
+        return any(self.exists(self.key(step_dir_name(step), MANIFEST_NAME))
                    for step in self.steps())
-
-    def _exists(self, key: str) -> bool:
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=key)
-        except Exception as exc:
-            if _error_code(exc) in _NOT_FOUND:
-                return False
-            raise
-        return True
-
-    def _delete(self, keys: list[str]) -> None:
-        for i in range(0, len(keys), 1000):
-            chunk = keys[i:i + 1000]
-            if chunk:
-                self.client.delete_objects(Bucket=self.bucket, Delete={
-                    "Objects": [{"Key": k} for k in chunk], "Quiet": True})
 
     def inflight(self) -> list[str]:
         """Keys of live in-flight markers: saves that made progress within
@@ -611,7 +441,7 @@ class S3Store:
         if stale:
             log.info("dropping in-flight markers of saves without progress for %g s (their "
                      "writers died): %s", self.inflight_stale_s, ", ".join(stale))
-            self._delete(stale)
+            self.delete_keys(stale)
         newest_step = int(newest.rstrip("/").rsplit("step_", 1)[1])
         removed, kept = [], 1
         for step in self.steps():
@@ -624,23 +454,14 @@ class S3Store:
                 continue
             if problem:
                 log.warning("retention: deleting checkpoint %s, it is not usable: %s",
-                            self._where(self._key(name)), problem)
+                            self.url_of(self.key(name)), problem)
             if problem is not None:
-                self._delete([self._key(name, MANIFEST_NAME)])
-            self._delete([o["Key"] for page in self._list(self._key(name) + "/")
+                self.delete_keys([self.key(name, MANIFEST_NAME)])
+            self.delete_keys([o["Key"] for page in self.list_pages(self.key(name) + "/")
                           for o in page.get("Contents", [])])
-            removed.append(self._where(self._key(name)))
+            removed.append(self.url_of(self.key(name)))
         aborted = abort_dead_multipart_uploads(self.client, self.bucket, self.prefix,
                                                self.inflight_stale_s, self._clock())
         if aborted:
             log.info("aborted multipart uploads of dead saves: %s", ", ".join(aborted))
         return removed
-
-
-_NOT_FOUND = ("NoSuchKey", "404", "NotFound")
-
-
-def _error_code(exc: BaseException) -> str:
-    """The S3 error code of a botocore ``ClientError`` ("" for anything else)."""
-    response = getattr(exc, "response", None)
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""

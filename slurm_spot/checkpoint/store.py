@@ -8,7 +8,8 @@ the bytes live and what "committed" means:
 
 - :class:`LocalStore` (this module): the job's checkpoint directory on a local or shared POSIX
   file system; staging is a temporary directory beside the checkpoints and the commit is an
-  atomic ``rename`` (protocol in :mod:`slurm_spot.checkpoint.files`).
+  atomic ``rename`` (protocol in :mod:`slurm_spot.checkpoint.commit`, layout in
+  :mod:`slurm_spot.checkpoint.files`).
 - :class:`~slurm_spot.checkpoint.s3.S3Store`: staging on each rank's local disk, every rank
   uploads its own files, rank 0 writes the manifest last once all ranks agreed that their
   uploads succeeded; ``latest`` lists the prefix and downloads the newest valid checkpoint.
@@ -36,7 +37,7 @@ from slurm_spot.checkpoint.files import (
     Candidate,
     Checkpoint,
     CheckpointError,
-    _as_checkpoint,
+    as_checkpoint,
     list_candidates,
     root_problem,
     step_dir_name,
@@ -66,9 +67,12 @@ class CheckpointStore(Protocol):
         ...
 
     def stage(self, step: int) -> StagePlan:
-        """Prepare a new, empty staging directory for a checkpoint of ``step`` on a file system
-        all ranks share. Reports ``skip`` when a valid checkpoint of ``step`` already exists (a
-        committed checkpoint is never overwritten); an invalid one is moved out of the way."""
+        """Rank 0: prepare a save of ``step``: ``("write", token, "")``, where the token is
+        what :meth:`local_staging` turns into each rank's staging directory (for the local
+        store, a new empty directory beside the checkpoints). Reports ``skip`` when a valid
+        checkpoint of ``step`` already exists (a committed checkpoint is never overwritten;
+        an invalid one is moved out of the way) and ``error`` when the store cannot be
+        prepared (the message says why)."""
         ...
 
     def commit(self, staging: Path, step: int, kind: Literal["torch", "dcp"], world_size: int,
@@ -181,7 +185,7 @@ class LocalStore:
                 log.warning("checkpoint %s is not usable, trying an older one: %s",
                             candidate.path, problem)
                 continue
-            found = _as_checkpoint(candidate)
+            found = as_checkpoint(candidate)
             break
         for link in symlinked_steps(self.directory):
             if found is None or link.step > found.step:

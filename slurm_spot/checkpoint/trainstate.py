@@ -109,7 +109,10 @@ class SkipSampler(Sampler[int]):
         return max(0, len(self.base) - self._skip)  # type: ignore[arg-type]
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose ``state_dict`` is saved: ``model.module`` of a
+    ``DistributedDataParallel`` wrapper, else ``model`` itself (so a checkpoint of a DDP run
+    loads into a plain model and back). Raises nothing."""
     from torch.nn.parallel import DistributedDataParallel
 
     return model.module if isinstance(model, DistributedDataParallel) else model
@@ -179,7 +182,7 @@ def check_restorable(extra: Mapping[str, Any], where: str = "TrainState.extra") 
                               "limit); flatten it") from None
 
 
-def _counters(state: TrainState) -> tuple[int, int, int]:
+def counters_of(state: TrainState) -> tuple[int, int, int]:
     """``(step, epoch, batch_in_epoch)`` of ``state`` as ints.
 
     Whole numbers of any type are accepted: ``int``, numpy integers, a one-element integer
@@ -210,8 +213,14 @@ def _counters(state: TrainState) -> tuple[int, int, int]:
     return out[0], out[1], out[2]
 
 
-def _payload(state: TrainState, counters: tuple[int, int, int], per_rank: list[Any],
+def build_payload(state: TrainState, counters: tuple[int, int, int], per_rank: list[Any],
              world: int, kind: Literal["torch", "dcp"]) -> dict[str, Any]:
+    """What rank 0 writes (``state.pt``, or ``meta.pt`` beside DCP shards): the format tag,
+    ``counters`` (``(step, epoch, batch_in_epoch)`` from :func:`counters_of`), ``extra``,
+    ``world_size``, ``per_rank`` (one :func:`capture_rank_state` per rank, filled in by the
+    writer after its gather), the scheduler's ``state_dict``; for ``kind == "torch"`` also the
+    model's (unwrapped) and the optimizer's ``state_dict``. The tensors are the live ones, not
+    copies (the snapshot copies them). Raises what ``state_dict()`` raises."""
     step, epoch, batch_in_epoch = counters
     payload: dict[str, Any] = {
         "format": FORMAT, "step": step, "epoch": epoch,
@@ -220,22 +229,29 @@ def _payload(state: TrainState, counters: tuple[int, int, int], per_rank: list[A
         "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
     }
     if kind == "torch":
-        payload["model"] = _unwrap(state.model).state_dict()
+        payload["model"] = unwrap_model(state.model).state_dict()
         payload["optimizer"] = state.optimizer.state_dict() if state.optimizer else None
     return payload
 
 
-def _rank_state(state: TrainState) -> dict[str, Any]:
+def capture_rank_state(state: TrainState) -> dict[str, Any]:
+    """This rank's part of a checkpoint: ``{"rng": capture_rng_state(), "generators": {name:
+    uint8 state tensor}}`` for every named generator of ``state``. Runs no collective."""
     return {"rng": capture_rng_state(),
             "generators": {name: g.get_state() for name, g in state.generators.items()}}
 
 
-def _optimizers(state: TrainState) -> list[torch.optim.Optimizer]:
+def optimizers_of(state: TrainState) -> list[torch.optim.Optimizer]:
+    """``[state.optimizer]``, or ``[]`` without one (the form DCP's state-dict helpers take)."""
     return [state.optimizer] if state.optimizer is not None else []
 
 
-def _dcp_state(state: TrainState) -> dict[str, Any]:
+def dcp_state_dict(state: TrainState) -> dict[str, Any]:
+    """``{"model": ..., "optim": ...}`` (``optim`` only with an optimizer) from
+    ``torch.distributed.checkpoint.state_dict.get_state_dict``: the sharded state DCP saves
+    and loads in place. With FSDP it runs collectives on the model's process group, so every
+    rank calls it together."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(state.model, _optimizers(state))
+    model_sd, optim_sd = get_state_dict(state.model, optimizers_of(state))
     return {"model": model_sd, "optim": optim_sd} if state.optimizer else {"model": model_sd}

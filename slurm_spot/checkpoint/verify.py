@@ -15,8 +15,18 @@ from slurm_spot.checkpoint.files import FORMAT, CheckpointError
 from slurm_spot.checkpoint.hashing import mapped_digest
 
 
-def _check_shapes(where: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
-    """Raise before loading when ``saved`` does not fit the model (keys or shapes)."""
+def check_shapes(where: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Check a saved model ``state_dict`` against the model's before anything is loaded.
+
+    Args:
+        where: the checkpoint, for the message.
+        saved: the checkpoint's model state (name -> tensor).
+        current: the model's ``state_dict()``.
+
+    Raises:
+        CheckpointError: keys missing or unexpected, or a tensor of another shape (up to five
+            of each are named); nothing was loaded.
+    """
     missing = sorted(set(current) - set(saved))
     unexpected = sorted(set(saved) - set(current))
     wrong = [f"{k}: checkpoint {tuple(saved[k].shape)}, model {tuple(current[k].shape)}"
@@ -30,8 +40,15 @@ def _check_shapes(where: Path, saved: Mapping[str, Any], current: Mapping[str, A
                               f"loaded ({'; '.join(parts)})")
 
 
-def _check_dcp_shapes(where: Path, loaded: Mapping[str, Any]) -> None:
-    """The DCP form of :func:`_check_shapes`, from the checkpoint's ``.metadata``."""
+def check_dcp_shapes(where: Path, loaded: Mapping[str, Any]) -> None:
+    """The DCP form of :func:`check_shapes`: the model tensors of ``loaded`` (from
+    :func:`~slurm_spot.checkpoint.trainstate.dcp_state_dict`) against the sizes recorded in the
+    DCP checkpoint directory ``where`` (its ``.metadata``). Reads only the metadata.
+
+    Raises:
+        CheckpointError: a model tensor missing in the checkpoint or of another shape.
+        OSError: the metadata cannot be read.
+    """
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -49,41 +66,47 @@ def _check_dcp_shapes(where: Path, loaded: Mapping[str, Any]) -> None:
                               f"loaded ({'; '.join(wrong[:5])})")
 
 
-class _Corrupt(CheckpointError):
-    """A checkpoint file does not match its manifest (size or sha256): try an older one."""
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint file does not match its manifest (size or sha256): damaged since it was
+    written, so restore tries an older one (a plain :class:`CheckpointError` from loading is
+    final)."""
 
 
-def _own(value: Any) -> Any:
+def own_tensors(value: Any) -> Any:
     """``value`` with every tensor cloned into memory of its own (out of a memory-mapped
-    checkpoint file, which must not stay mapped once restore returns)."""
+    checkpoint file, which must not stay mapped once restore returns). Dicts (of their own
+    type), lists and plain tuples are walked; named tuples and other values are returned as
+    they are. Raises nothing but what ``Tensor.clone`` raises (out of memory)."""
     if isinstance(value, torch.Tensor):
         return value.clone()
     if isinstance(value, dict):
-        return type(value)((k, _own(v)) for k, v in value.items())
+        return type(value)((k, own_tensors(v)) for k, v in value.items())
     if isinstance(value, list):
-        return [_own(v) for v in value]
+        return [own_tensors(v) for v in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_own(v) for v in value)
+        return tuple(own_tensors(v) for v in value)
     return value
 
 
-def _load(path: Path, expected: Mapping[str, Any] | None = None, *,
-          mmap: bool = True) -> dict[str, Any]:
-    """Load a slurm-spot payload file. With ``expected`` (its manifest entry) the file is
+def load_payload(path: Path, expected: Mapping[str, Any] | None = None, *,
+                 mmap: bool = True) -> dict[str, Any]:
+    """Load a slurm-spot payload file (``state.pt`` or ``meta.pt``) onto the CPU with
+    ``torch.load(weights_only=True)``. With ``expected`` (its manifest entry, ``{"size": bytes,
+    "sha256": hex}``) the file is
     first hashed through a memory map (:func:`~slurm_spot.checkpoint.hashing.mapped_digest`);
     ``torch.load(mmap=True)`` then maps the same page-cache pages, so the file is read from
-    the disk once. Tensors of the result live in that map until copied (:func:`_own`).
+    the disk once. Tensors of the result live in that map until copied (:func:`own_tensors`).
 
     Raises:
-        _Corrupt: size or sha256 differ from ``expected``.
+        CorruptCheckpoint: size or sha256 differ from ``expected``.
         CheckpointError: not loadable with ``weights_only=True``, or not a slurm-spot payload.
     """
     if expected is not None:
         size, sha = mapped_digest(path)
         if size != expected.get("size"):
-            raise _Corrupt(f"{path}: {size} bytes, the manifest says {expected.get('size')}")
+            raise CorruptCheckpoint(f"{path}: {size} bytes, the manifest says {expected.get('size')}")
         if sha != expected.get("sha256"):
-            raise _Corrupt(f"{path}: sha256 does not match the manifest (damaged since it "
+            raise CorruptCheckpoint(f"{path}: sha256 does not match the manifest (damaged since it "
                            "was written)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)

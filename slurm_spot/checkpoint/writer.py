@@ -1,6 +1,7 @@
 """The asynchronous side of a save: :class:`SaveHandle` (a save that may still be running),
-the long-lived writer thread that runs a checkpointer's saves one at a time, the job handed to
-it, and the hashed, fsynced write of one payload file.
+the long-lived :class:`WriterThread` that runs a checkpointer's saves one at a time, the
+:class:`SaveJob` handed to it, and the hashed, fsynced write of one payload file
+(:func:`write_payload_file`). What a save does once written: :mod:`slurm_spot.checkpoint.saving`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
@@ -51,7 +53,11 @@ class SaveHandle:
         self._error: str | None = None
         self.save_s: float | None = None
 
-    def _finish(self, result: str | None, error: str | None, save_s: float) -> None:
+    def finish(self, result: str | None, error: str | None, save_s: float) -> None:
+        """Record the outcome, once, and wake every :meth:`wait`: ``result`` is where the
+        checkpoint is (a committed or skipped step), else ``error`` says why it failed;
+        ``save_s`` is the save's duration in seconds. Called by the checkpointer's writer
+        (:func:`~slurm_spot.checkpoint.saving.run_save`), not by training code."""
         self._result, self._error, self.save_s = result, error, save_s
         self._owner = None
         self._finished.set()
@@ -83,13 +89,22 @@ class SaveHandle:
         return as_location(self._result)
 
 
-class _WriterThread:
+class WriterThread:
     """One long-lived writer thread per checkpointer: handing a save over is a queue put, not
     a thread start (starting a thread cost milliseconds of the stall on a busy machine). It
-    ends when its checkpointer is garbage-collected."""
+    ends when its checkpointer is garbage-collected (it holds only a weak reference).
 
-    def __init__(self, owner: Checkpointer) -> None:
-        self._queue: queue.SimpleQueue[tuple[_Job, SaveHandle] | None] = queue.SimpleQueue()
+    Args:
+        owner: the checkpointer whose saves it runs.
+        run: runs one save, ``run(owner, job, handle)``
+            (:func:`~slurm_spot.checkpoint.saving.run_save`); whatever it raises fails that
+            save's handle (logged once at ERROR), and the thread goes on with the next.
+    """
+
+    def __init__(self, owner: Checkpointer,
+                 run: Callable[[Checkpointer, SaveJob, SaveHandle], None]) -> None:
+        self._save = run
+        self._queue: queue.SimpleQueue[tuple[SaveJob, SaveHandle] | None] = queue.SimpleQueue()
         ref = weakref.ref(owner)
         self._thread = threading.Thread(target=self._run, args=(ref,), daemon=True,
                                         name="slurm-spot-checkpoint-writer")
@@ -103,21 +118,39 @@ class _WriterThread:
             if owner is None:
                 return
             try:
-                owner._write(job, handle)
+                self._save(owner, job, handle)
             except BaseException as exc:  # a failed collective or a bug: the save failed
                 error = (f"checkpoint of step {job.step} to {handle.location} failed: "
                          f"{type(exc).__name__}: {exc}")
                 log.error("%s", error)  # the one report of this failure in the log
-                handle._finish(None, error, time.monotonic() - job.started_s)
+                handle.finish(None, error, time.monotonic() - job.started_s)
             del owner, job, handle, item
 
-    def submit(self, job: _Job, handle: SaveHandle) -> None:
+    def submit(self, job: SaveJob, handle: SaveHandle) -> None:
+        """Queue ``job``; the thread runs it after the saves queued before it."""
         self._queue.put((job, handle))
 
 
 @dataclass
-class _Job:
-    """One save between its snapshot (main thread) and its commit (writer)."""
+class SaveJob:
+    """One save between its snapshot (main thread) and its commit (writer).
+
+    Attributes:
+        step: the step saved.
+        token: the store's name for this save (from ``CheckpointStore.stage``; "" until then).
+        kind: ``torch`` (one ``state.pt``) or ``dcp`` (shards plus ``meta.pt``).
+        payload: what rank 0 writes (:func:`~slurm_spot.checkpoint.trainstate.build_payload`,
+            snapshotted); None on other ranks.
+        dcp_state: the sharded state for ``dcp.save`` (snapshotted), None for ``torch``.
+        meta: the manifest's extra fields (epoch, Slurm job id, restart count, async).
+        world: the number of ranks that save.
+        rank: this rank.
+        started_s: ``time.monotonic()`` when the save was called (its ``save_s`` counts from
+            here).
+        rank_state: this rank's RNG and generator states
+            (:func:`~slurm_spot.checkpoint.trainstate.capture_rank_state`).
+        pending: a deferred snapshot's copies still to run, or None.
+    """
 
     step: int
     token: str
@@ -132,9 +165,15 @@ class _Job:
     pending: PendingCopies | None = None
 
 
-def _write_file(path: Path, payload: Any) -> dict[str, Any]:
-    """``torch.save`` into ``path`` and fsync it; returns its manifest entry (size, sha256),
-    hashed while it was written."""
+def write_payload_file(path: Path, payload: Any) -> dict[str, Any]:
+    """``torch.save`` ``payload`` into ``path`` and fsync it; returns its manifest entry
+    ``{"size": bytes, "sha256": hex}``, hashed while it was written (the file is not read
+    back).
+
+    Raises:
+        OSError: the write or fsync failed (a full disk: ENOSPC).
+        Exception: what ``torch.save`` raises for a payload it cannot pickle.
+    """
     with open(path, "wb") as fh, HashingWriter(fh) as writer:
         torch.save(payload, cast(IO[bytes], writer))  # a write-only file object
         fh.flush()

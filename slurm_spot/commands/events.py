@@ -55,8 +55,9 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         raise click.BadParameter(f"{text!r} reaches outside years 1-9999",
                                  param_hint="--since") from None
     try:
-        # Python 3.10's fromisoformat does not take 'Z' (3.11 does): spell it out for either.
-        when = datetime.fromisoformat(re.sub(r"[zZ]$", "+00:00", text.strip()))
+        # fromisoformat (3.11) reads a final 'Z' but not the lowercase 'z' RFC 3339 allows
+        stamp = text.strip()
+        when = datetime.fromisoformat(stamp[:-1] + "Z" if stamp.endswith("z") else stamp)
     except ValueError:
         raise click.BadParameter(f"{text!r}: use e.g. 10m, 2h, 1d, now-1hour or "
                                  "2026-03-01T08:00:00",

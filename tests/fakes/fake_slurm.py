@@ -60,6 +60,19 @@ class FakeJob:
     name: str = "wrap"
     comment: str = ""
     features: str = ""  # sbatch --constraint
+    # an array task: squeue's %F and %K; scontrol/scancel name it <array job id>_<task id>
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    # scontrol listpids <job> <node>: (pid, step id) of its processes there; None: no step
+    # daemon answers (scontrol exits 1)
+    pids: list[tuple[int, str]] | None = None
+
+    @property
+    def ref(self) -> str:
+        """Slurm's name for it in scontrol/scancel: ``<array job id>_<task id>``, or its id."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return str(self.job_id)
 
 
 class FakeSlurm:
@@ -68,7 +81,11 @@ class FakeSlurm:
     ``dead`` holds nodes whose slurmd is gone (POWER_DOWN_FORCE alone then leaves their job
     COMPLETING, as on a real cluster). ``refuse`` maps a node to an error scontrol prints when
     asked to update it. ``on_show`` runs before each ``show node`` (to change state between a
-    snapshot and an action).
+    snapshot and an action); ``on_command`` runs before every command with its argv (to
+    change state between two commands of the code under test, as another actor would).
+    ``fail`` maps an argv prefix (the tool's name, then leading arguments, e.g.
+    ``("scontrol", "requeue")``) to the exit status and error text every matching command
+    answers with (slurmctld away, a refused step), after it is recorded in ``calls``.
     """
 
     def __init__(self, version: str = "22.05.8") -> None:
@@ -91,6 +108,8 @@ class FakeSlurm:
         # of a running job leaves it REQUEUED (completing) on its nodes until
         # :meth:`finish_requeues`, which makes it PENDING with Restarts + 1. False: at once.
         self.requeue_leaves_later = False
+        self.on_command: Callable[[list[str]], None] | None = None
+        self.fail: dict[tuple[str, ...], tuple[int, str]] = {}
 
     def through_process(self, out_dir: Path) -> Callable[[list[str], float], CommandResult]:
         """A runner that answers as this fake does, but whose output reaches the client as
@@ -126,6 +145,28 @@ class FakeSlurm:
         self.jobs[job_id] = job
         return job
 
+    def job(self, ref: str) -> FakeJob:
+        """The job Slurm names ``ref``: its id (``12``, an array task's own id too) or
+        ``<array job id>_<task id>`` (``11_1``).
+
+        Raises:
+            KeyError: no such job.
+        """
+        for job in self.jobs.values():
+            if ref in (job.ref, str(job.job_id)):
+                return job
+        raise KeyError(ref)
+
+    def tools(self) -> list[list[str]]:
+        """Every command run, in order, with the tool's name instead of its path."""
+        return [[Path(a[0]).name, *a[1:]] for a in self.calls]
+
+    def changes(self) -> list[list[str]]:
+        """The commands that changed something (scontrol update, requeue, release, power;
+        scancel), in order, as :meth:`tools` shows them."""
+        return [c for c in self.tools() if c[0] == "scancel" or (
+            c[0] == "scontrol" and c[1:2] and c[1] in ("update", "requeue", "release", "power"))]
+
     def client(self) -> SlurmClient:
         return SlurmClient("/usr/bin", runner=self)
 
@@ -149,6 +190,11 @@ class FakeSlurm:
     def __call__(self, argv: list[str], timeout_s: float) -> CommandResult:
         tool, args = Path(argv[0]).name, argv[1:]
         self.calls.append(list(argv))
+        if self.on_command is not None:
+            self.on_command(list(argv))
+        for prefix, (returncode, error) in self.fail.items():
+            if (tool, *args)[:len(prefix)] == prefix:
+                return CommandResult(argv, returncode, "", error)
         try:
             out = getattr(self, f"_{tool}")(args)
         except _Refused as exc:
@@ -205,12 +251,24 @@ class FakeSlurm:
                 raise _Refused("slurm_load_jobs error: Invalid job id specified")
             return "".join(self._show_job(j) for j in jobs)
         if args[:2] == ["write", "batch_script"]:
-            job_id = int(args[2])
-            if job_id not in self.jobs or not self.jobs[job_id].script:
-                raise _Refused(f"No batch script for job {job_id}")
-            return self.jobs[job_id].script
+            try:
+                job = self.job(args[2])
+            except KeyError:
+                job = None
+            if job is None or not job.script:
+                raise _Refused(f"No batch script for job {args[2]}")
+            return job.script
+        if args[0] == "listpids":
+            job = self.job(args[1])
+            if job.pids is None:
+                raise _Refused(f"slurm_pid2jobid: no step of job {job.ref} on {args[2]}")
+            return "PID      JOBID    STEPID   LOCALID GLOBALID\n" + "".join(
+                f"{pid} {job.job_id} {step} 0 0\n" for pid, step in job.pids)
         if args[0] == "requeue":
-            job = self.jobs[int(args[1])]
+            try:
+                job = self.job(args[1])
+            except KeyError:
+                raise _Refused("Invalid job id specified") from None
             if job.state in ("PENDING", "REQUEUED"):
                 raise _Refused(f"Job is pending execution for job {job.job_id}")
             if self.requeue_leaves_later and job.state == "RUNNING":
@@ -326,6 +384,14 @@ class FakeSlurm:
         if node.base != "DOWN":
             node.base = "IDLE"
 
+    def _to_power_down(self, node: FakeNode) -> None:
+        # scontrol(1) state=POWER_DOWN: powered down once its jobs ended, none is requeued;
+        # a DOWN node shows DOWN+POWER_DOWN until SuspendTimeout (finish_power_downs)
+        if "POWERED_DOWN" in node.flags:
+            return
+        node.flags = (node.flags - {"POWERING_UP"}) | (
+            {"POWER_DOWN"} if node.base == "DOWN" else {"POWERING_DOWN"})
+
     def _to_power_up(self, node: FakeNode) -> None:
         # scontrol(1) state=POWER_UP: slurmctld runs ResumeProgram; the node is POWERING_UP
         # (idle#) until its slurmd registers, or DOWN if the resume hook marks it so.
@@ -402,11 +468,25 @@ class FakeSlurm:
                  "features": j.features}
                 for j in jobs if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED")]},
                 ensure_ascii=False)  # a user's bytes as they are, as Slurm prints them
-        # squeue -o "%A %F %K %N": unique id, array id (the id itself), task (N/A), nodes.
-        return "".join(f"{j.job_id} {j.job_id} N/A {compress(j.nodes)}\n"
-                       for j in self.jobs.values()
-                       if j.state in ("RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED")
-                       and j.nodes)
+        # squeue -h [-j ids] [-t states] -o "%A %F %K [%N|%U]": unique id, array job id (the
+        # id itself when not an array task), task id (N/A), nodes or owner's uid.
+        fields = args[args.index("-o") + 1].split() if "-o" in args else ["%A", "%F", "%K", "%N"]
+        jobs = list(self.jobs.values())
+        if "-j" in args:
+            refs = args[args.index("-j") + 1].split(",")
+            jobs = [j for j in jobs if str(j.job_id) in refs or j.ref in refs]
+        if "-t" in args:
+            states = args[args.index("-t") + 1].split(",")
+            jobs = [j for j in jobs if j.state in states or
+                    (j.state == "REQUEUED" and "COMPLETING" in states)]
+            jobs = [j for j in jobs if j.nodes]
+        def cell(j: FakeJob, field: str) -> str:
+            return {"%A": str(j.job_id),
+                    "%F": str(j.array_job_id if j.array_job_id is not None else j.job_id),
+                    "%K": str(j.array_task_id) if j.array_task_id is not None else "N/A",
+                    "%N": compress(j.nodes) if j.nodes else "", "%U": "1000"}[field]
+        return "".join(" ".join(cell(j, f) for f in fields) + "\n" for j in jobs
+                       if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED"))
 
 
 def _epoch(text: str) -> int:

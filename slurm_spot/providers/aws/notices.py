@@ -204,7 +204,7 @@ def parse_time(text: str) -> datetime:
     Raises:
         ValueError: not ISO 8601.
     """
-    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    parsed = datetime.fromisoformat(text)  # Python 3.11 reads the final Z
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
     return parsed.astimezone(timezone.utc)

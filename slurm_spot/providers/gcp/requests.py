@@ -240,7 +240,7 @@ def parse_timestamp(text: str | None) -> datetime | None:
     if not text:
         return None
     try:
-        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        stamp = datetime.fromisoformat(text)  # Python 3.11 reads the final Z
     except ValueError:
         return None
     return (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).astimezone(
