@@ -217,6 +217,21 @@ def slurm_parameters(version: SlurmVersion | None) -> list[str]:
     return lines
 
 
+def suspend_exc_nodes(config: SpotConfig) -> str | None:
+    """slurm.conf's ``SuspendExcNodes`` for the node sets with hot spares (``spares: N``):
+    ``<node set hostlist>:<N>`` per node set, comma separated (``spot-[1-4]:1,gpu-[1-2]:2``),
+    or None when no node set has spares.
+
+    slurm.conf(5) of 22.05 (the man page installed here; the same form in 24.11 and 26.05):
+    "nid[10-20]:4" prevents 4 usable nodes (IDLE and not DOWN, DRAINING or already powered
+    down) of the set from being powered down. It only keeps idle nodes up: it powers none up,
+    which the reconciler does (:func:`slurm_spot.spares.spares_to_power_up`). Not
+    ``SuspendExcStates``, which is 23.02+ (a 22.05 daemon refuses the unknown key).
+    """
+    specs = [f"{ns.hostlist}:{ns.spares}" for ns in config.node_sets if ns.spares > 0]
+    return ",".join(specs) or None
+
+
 @dataclass(frozen=True)
 class Rendered:
     """The rendered files: name -> text."""
@@ -249,6 +264,7 @@ def render(
         "slurm_version": str(slurm) if slurm else None,
         "oldest": str(OLDEST_SUPPORTED),
         "parameters": slurm_parameters(slurm),
+        "suspend_exc_nodes": suspend_exc_nodes(config),
         "gres_types": ["gpu"] if gres else [],
         "gres_lines": gres,
     }
