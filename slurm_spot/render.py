@@ -220,16 +220,17 @@ def slurm_parameters(version: SlurmVersion | None) -> list[str]:
 def suspend_exc_nodes(config: SpotConfig) -> str | None:
     """slurm.conf's ``SuspendExcNodes`` for the node sets with hot spares (``spares: N``):
     ``<node set hostlist>:<N>`` per node set, comma separated (``spot-[1-4]:1,gpu-[1-2]:2``),
-    or None when no node set has spares.
+    or None when no node set has spares (:func:`slurm_spot.spares.suspend_exc_value`).
 
-    slurm.conf(5) of 22.05 (the man page installed here; the same form in 24.11 and 26.05):
-    "nid[10-20]:4" prevents 4 usable nodes (IDLE and not DOWN, DRAINING or already powered
-    down) of the set from being powered down. It only keeps idle nodes up: it powers none up,
-    which the reconciler does (:func:`slurm_spot.spares.spares_to_power_up`). Not
-    ``SuspendExcStates``, which is 23.02+ (a 22.05 daemon refuses the unknown key).
+    slurm.conf(5) of 22.05 (the man page installed here), 24.11 and 26.05: the ``:<count>``
+    form keeps that many nodes of the set from being powered down. It powers none up, which
+    the reconciler does (:func:`slurm_spot.spares.spares_to_power_up`); from 24.05 the count
+    includes busy nodes, which the reconciler adds at run time. Not ``SuspendExcStates``,
+    which is 23.02+ (a 22.05 daemon refuses the unknown key).
     """
-    specs = [f"{ns.hostlist}:{ns.spares}" for ns in config.node_sets if ns.spares > 0]
-    return ",".join(specs) or None
+    from slurm_spot.spares import suspend_exc_value
+
+    return suspend_exc_value(config)
 
 
 @dataclass(frozen=True)

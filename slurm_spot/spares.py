@@ -6,7 +6,9 @@ Two parts, Slurm's own where it has one:
 
 - Slurm keeps idle spares up: ``SuspendExcNodes=<node set hostlist>:<N>`` in the rendered
   fragment (:func:`slurm_spot.render.suspend_exc_nodes`; slurm.conf(5), 22.05 to 26.05:
-  prevents N usable idle nodes of the set from being powered down).
+  prevents N nodes of the set from being powered down). Through 23.11 N counts idle nodes
+  only; from 24.05 busy nodes count too, so the reconciler raises N by the busy nodes each
+  pass (``scontrol update SuspendExcNodes=``, :func:`suspend_exc_value`).
 - The reconciler powers spares up (:func:`spares_to_power_up`, each pass): Slurm's form
   never powers a node up, so without it a node set would have no spare after
   ``slurm-spot local up`` or once a job took the spare.
@@ -38,6 +40,40 @@ def is_spare(node: Node) -> bool:
         return True
     return (node.state.base == "IDLE" and node.state.is_powering_up and not node.jobs
             and not node.state.flags & _BLOCKING_FLAGS)
+
+
+def is_busy(node: Node) -> bool:
+    """Runs a job and is powered up, not drained: what Slurm 24.05+ counts against a node
+    set's ``SuspendExcNodes`` count (``_node_state_active`` in ``src/slurmctld/power_save.c``:
+    allocated, not powering up or down, not powered down, not drained)."""
+    flags = node.state.flags
+    return ((node.state.base in ("ALLOCATED", "MIXED") or bool(node.jobs))
+            and not node.state.is_powered_down and not node.state.is_powering_up
+            and not node.state.is_powering_down and not node.state.is_drained
+            and "NOT_RESPONDING" not in flags)
+
+
+def suspend_exc_value(config: SpotConfig, nodes: Sequence[Node] = (),
+                      counts_busy: bool = False) -> str | None:
+    """slurm.conf's ``SuspendExcNodes`` for the node sets with ``spares``: ``<node set
+    hostlist>:<count>`` each, comma separated (``spot-[1-4]:1,gpu-[1-8]:2``), or None when no
+    node set has spares.
+
+    ``count`` is ``spares``; with ``counts_busy`` (Slurm 24.05+, :attr:`slurm_spot.slurm.
+    version.SlurmVersion.suspend_exc_counts_busy`), ``spares`` plus the node set's busy
+    ``nodes`` (:func:`is_busy`), at most the node set's size, so that ``spares`` *idle* nodes
+    stay kept on every release.
+    """
+    specs = []
+    for ns in config.node_sets:
+        if ns.spares <= 0:
+            continue
+        count = ns.spares
+        if counts_busy:
+            count += sum(1 for n in nodes if is_busy(n)
+                         and (of := config.node_set_of(n.name)) is not None and of.name == ns.name)
+        specs.append(f"{ns.hostlist}:{min(count, ns.count)}")
+    return ",".join(specs) or None
 
 
 @dataclass(frozen=True)

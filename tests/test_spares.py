@@ -20,7 +20,14 @@ from slurm_spot.reconcile.reconciler import Reconciler
 from slurm_spot.render import render, suspend_exc_nodes
 from slurm_spot.slurm.client import Node
 from slurm_spot.slurm.states import parse_node_state
-from slurm_spot.spares import HOURS_PER_MONTH, is_spare, spares_cost, spares_to_power_up
+from slurm_spot.spares import (
+    HOURS_PER_MONTH,
+    is_busy,
+    is_spare,
+    spares_cost,
+    spares_to_power_up,
+    suspend_exc_value,
+)
 from tests.test_reconcile_rules import NOW, World
 
 AWS = {"launch_template": "lt-0abc", "subnets": ["subnet-0a1"]}
@@ -107,13 +114,17 @@ def test_a_node_set_cooling_down_gets_no_spares(tmp_path: Path) -> None:
     assert spares_to_power_up(config, nodes, NOW) == []
 
 
-def test_the_reconciler_keeps_one_spare_up_as_jobs_take_them(tmp_path: Path) -> None:
-    world = World(tmp_path)
+def with_spares(world: World, spares: int) -> World:
     world.config = world.config.model_copy(update={"node_sets": [
-        world.config.node_sets[0].model_copy(update={"spares": 1})]})
+        world.config.node_sets[0].model_copy(update={"spares": spares})]})
     world.reconciler = Reconciler(
         world.config, world.slurm.client(), providers=lambda config, name: world.provider,
         clock=lambda: world.now, sleep=lambda s: None, expedite_wait_s=0)
+    return world
+
+
+def test_the_reconciler_keeps_one_spare_up_as_jobs_take_them(tmp_path: Path) -> None:
+    world = with_spares(World(tmp_path), 1)
     world.run()
     assert [world.state(f"spot-{i}") for i in (1, 2)] == ["IDLE+CLOUD+POWERING_UP",
                                                           "IDLE+CLOUD+POWERED_DOWN"]
@@ -160,3 +171,30 @@ def test_plan_shows_what_the_spares_cost(tmp_path: Path) -> None:
             in text.output)
 
 
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("22.05.8", ""),  # N counts idle nodes only: slurm.conf's spot-[1-4]:1 is right as is
+    ("24.11.5", "spot-[1-4]:3"),  # busy nodes count: 1 spare + 2 busy
+])
+def test_slurm_24_05_on_gets_the_busy_nodes_added_to_the_count(tmp_path: Path, version: str,
+                                                                 expected: str) -> None:
+    world = World(tmp_path)
+    world.slurm.version = version
+    world = with_spares(world, 1)
+    for name, job in (("spot-1", 5), ("spot-2", 6)):
+        world.provider.add(name, 300, NOW)
+        world.slurm.nodes[name].flags, world.slurm.nodes[name].base = {"CLOUD"}, "ALLOCATED"
+        world.slurm.add_job(job, [name])
+    world.run()
+    assert world.slurm.suspend_exc_nodes == expected
+    assert world.state("spot-3") == "IDLE+CLOUD+POWERING_UP"
+
+
+def test_suspend_exc_value_never_exceeds_the_node_set(tmp_path: Path) -> None:
+    config = parse_config(aws_config(tmp_path, spares=2))
+    busy = [node(f"gpu-{i}", "ALLOCATED+CLOUD", (i,)) for i in range(1, 8)]
+    assert suspend_exc_value(config, busy, counts_busy=True) == "gpu-[1-8]:8"
+    assert suspend_exc_value(config, busy) == "gpu-[1-8]:2"
+    assert not is_busy(node("gpu-1", "ALLOCATED+CLOUD+POWERING_UP", (1,)))
+    assert not is_busy(node("gpu-1", "IDLE+CLOUD"))

@@ -312,12 +312,22 @@ class Reconciler:
     def _keep_spares(self, snap: Snapshot, result: PassResult) -> None:
         """Power nodes up so that each node set with ``spares`` has that many idle nodes up
         or booting (:func:`slurm_spot.spares.spares_to_power_up`); slurm.conf's
-        SuspendExcNodes keeps them up once idle. One ``spares_powered_up`` event per node set
-        that got some; a refused power-up is an error of the pass."""
-        from slurm_spot.spares import spares_to_power_up
+        SuspendExcNodes keeps them up once idle (on Slurm 24.05+, whose count includes busy
+        nodes, set each pass to spares + busy: :func:`slurm_spot.spares.suspend_exc_value`).
+        One ``spares_powered_up`` event per node set that got some; a refused power-up is an
+        error of the pass."""
+        from slurm_spot.spares import spares_to_power_up, suspend_exc_value
 
         if not any(ns.spares for ns in self.config.node_sets):
             return
+        try:
+            if self.slurm.version.suspend_exc_counts_busy:
+                # 24.05+ counts busy nodes among SuspendExcNodes' N: N + busy keeps N idle
+                value = suspend_exc_value(self.config, snap.nodes, counts_busy=True)
+                if value is not None:
+                    self.slurm.set_suspend_exc_nodes(value)
+        except SlurmCommandError as exc:
+            result.errors.append(f"SuspendExcNodes not updated: {exc}")
         for short in spares_to_power_up(self.config, snap.nodes, snap.now, snap.unavailable_sets):
             if not short.power_up:
                 continue

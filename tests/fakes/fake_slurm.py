@@ -91,6 +91,7 @@ class FakeSlurm:
         # of a running job leaves it REQUEUED (completing) on its nodes until
         # :meth:`finish_requeues`, which makes it PENDING with Restarts + 1. False: at once.
         self.requeue_leaves_later = False
+        self.suspend_exc_nodes = ""  # the run-time SuspendExcNodes (scontrol update, 23.02+)
 
     def through_process(self, out_dir: Path) -> Callable[[list[str], float], CommandResult]:
         """A runner that answers as this fake does, but whose output reaches the client as
@@ -198,6 +199,12 @@ class FakeSlurm:
             return ""
         if args[0] == "update" and args[1].startswith("nodename="):
             return self._update_nodes(args[1].split("=", 1)[1], args[2:])
+        if args[0] == "update" and args[1].startswith("SuspendExcNodes="):
+            # scontrol(1) 23.02+: update SuspendExc*; 22.05's scontrol has no such update
+            if not self._at_least(23, 2):
+                raise _Refused("No valid entity in update command")
+            self.suspend_exc_nodes = args[1].split("=", 1)[1]
+            return ""
         if args[:3] == ["-o", "show", "job"]:
             jobs = [self.jobs[int(args[3])]] if len(args) > 3 and int(args[3]) in self.jobs \
                 else list(self.jobs.values()) if len(args) == 3 else []
