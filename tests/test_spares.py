@@ -198,3 +198,16 @@ def test_suspend_exc_value_never_exceeds_the_node_set(tmp_path: Path) -> None:
     assert suspend_exc_value(config, busy) == "gpu-[1-8]:2"
     assert not is_busy(node("gpu-1", "ALLOCATED+CLOUD+POWERING_UP", (1,)))
     assert not is_busy(node("gpu-1", "IDLE+CLOUD"))
+
+
+def test_plan_says_when_the_spares_price_is_unknown_and_how_to_give_it(tmp_path: Path) -> None:
+    path = tmp_path / "spot.yaml"
+    path.write_text(yaml.safe_dump(aws_config(tmp_path, spares=1)))  # no spot price anywhere
+    args = ["--config", str(path), "plan", "--checkpoint-s", "60", "--interruption-band", "<5%"]
+    run = CliRunner().invoke(cli, [*args, "--json"])
+    assert run.exit_code == 0, run.output
+    out = json.loads(run.output)
+    assert out.get("data", out)["spares_usd_per_h"] is None
+    text = CliRunner().invoke(cli, args).output
+    assert "hot spares: gpu (spot) 1 node(s), price unknown" in text
+    assert "cost.spot_usd_per_hour" in text

@@ -380,7 +380,9 @@ def spares_lines(spares: list[dict[str, Any]]) -> list[str]:
     lines = []
     for s in spares:
         if s["usd_per_h"] is None:
-            cost = "price unknown (no catalogue price for its instance types)"
+            cost = (f"{s['spares']} node(s), price unknown: no {s['market']} price for its "
+                    f"instance types in the catalogue or spot.yaml (set cost."
+                    f"{'spot' if s['market'] == 'spot' else 'on_demand'}_usd_per_hour)")
         else:
             cost = (f"{s['spares']} x {_usd(s['usd_per_node_h'])}/h = {_usd(s['usd_per_h'])}/h "
                     f"around the clock ({_usd(s['usd_per_month'])}/month)")
