@@ -56,6 +56,9 @@ class Action(str, enum.Enum):
     NOT_REQUEUED = "not_requeued"  # ... and why it was left as it ended
     REBALANCE = "rebalance_recommendation"
     PREWARM = "prewarm"  # replacements chosen and powered up for a node's jobs
+    # the reconciler powered nodes up to keep a node set's hot spares (node_sets[].spares);
+    # extra.node_set, extra.wanted, extra.had, extra.nodes
+    SPARES = "spares_powered_up"
     SIGNAL_PLAN = "signal_plan"  # a job's latest signal time from its checkpoint history
     # the reconciler (source reconcile), one per verdict of reconcile.rules
     RECLAIMED = "reclaimed"

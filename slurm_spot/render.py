@@ -217,6 +217,22 @@ def slurm_parameters(version: SlurmVersion | None) -> list[str]:
     return lines
 
 
+def suspend_exc_nodes(config: SpotConfig) -> str | None:
+    """slurm.conf's ``SuspendExcNodes`` for the node sets with hot spares (``spares: N``):
+    ``<node set hostlist>:<N>`` per node set, comma separated (``spot-[1-4]:1,gpu-[1-2]:2``),
+    or None when no node set has spares (:func:`slurm_spot.spares.suspend_exc_value`).
+
+    slurm.conf(5) of 22.05 (the man page installed here), 24.11 and 26.05: the ``:<count>``
+    form keeps that many nodes of the set from being powered down. It powers none up, which
+    the reconciler does (:func:`slurm_spot.spares.spares_to_power_up`); from 24.05 the count
+    includes busy nodes, which the reconciler adds at run time. Not ``SuspendExcStates``,
+    which is 23.02+ (a 22.05 daemon refuses the unknown key).
+    """
+    from slurm_spot.spares import suspend_exc_value
+
+    return suspend_exc_value(config)
+
+
 @dataclass(frozen=True)
 class Rendered:
     """The rendered files: name -> text."""
@@ -249,6 +265,7 @@ def render(
         "slurm_version": str(slurm) if slurm else None,
         "oldest": str(OLDEST_SUPPORTED),
         "parameters": slurm_parameters(slurm),
+        "suspend_exc_nodes": suspend_exc_nodes(config),
         "gres_types": ["gpu"] if gres else [],
         "gres_lines": gres,
     }

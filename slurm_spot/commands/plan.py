@@ -351,10 +351,44 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
                     on_demand_cost_usd=job_hours * nodes * od,
                     saving_percent=100 * (1 - spot_cost / (job_hours * nodes * od)) if od > 0
                     else None)
+    config = optional_config(app)
+    spares = spares_of(config) if config is not None else []
+    if spares:
+        data["spares"] = spares
+        data["spares_usd_per_h"] = (None if any(s["usd_per_h"] is None for s in spares)
+                                    else sum(s["usd_per_h"] for s in spares))
     if as_json:
         print_json(finite(data))
         return
     _print_plan(data, nodes)
+
+
+def spares_of(config: SpotConfig) -> list[dict[str, Any]]:
+    """The hot spares of ``config``'s node sets with their cost around the clock
+    (:func:`slurm_spot.spares.spares_cost`, catalogue prices: no network); [] when none."""
+    from slurm_spot.spares import spares_cost
+    from slurm_spot.weights import price_lookup
+
+    if not any(ns.spares for ns in config.node_sets):
+        return []
+    return spares_cost(config, price_lookup(config, live=False))
+
+
+def spares_lines(spares: list[dict[str, Any]]) -> list[str]:
+    """One line per node set with spares: ``hot spares: gpu 2 x $1.20/h = $2.40/h around
+    the clock ($1,752.00/month)``."""
+    lines = []
+    for s in spares:
+        if s["usd_per_h"] is None:
+            cost = (f"{s['spares']} node(s), price unknown: no {s['market']} price for its "
+                    f"instance types in the catalogue or spot.yaml (set cost."
+                    f"{'spot' if s['market'] == 'spot' else 'on_demand'}_usd_per_hour)")
+        else:
+            cost = (f"{s['spares']} x {_usd(s['usd_per_node_h'])}/h = {_usd(s['usd_per_h'])}/h "
+                    f"around the clock ({_usd(s['usd_per_month'])}/month)")
+        lines.append(f"hot spares: {s['node_set']} ({s['market']}) {cost}, whether or not a "
+                     "job runs")
+    return lines
 
 
 def _measured_line(measured: dict[str, Any]) -> str:
@@ -415,6 +449,8 @@ def _print_plan(d: dict[str, Any], nodes: int) -> None:
         echo(unverified_line(d["unverified_prices"]))
     for warning in d.get("price_warnings", []):
         echo(f"warning: {warning}")
+    for line in spares_lines(d.get("spares", [])):
+        echo(line)
 
 
 def _compare(app: AppContext, checkpoint_s: float, restart_s: float, nodes: int,

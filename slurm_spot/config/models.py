@@ -168,6 +168,20 @@ class NodeSetConfig(_Model):
         "power.order: cost (slurm_spot/cost/order.py); unset: 5-10% for a spot node set")
     aws: AwsNodeSetOptions | None = None
     gcp: GcpNodeSetOptions | None = None
+    spares: StrictInt = Field(
+        0, ge=0, le=10000,
+        description="hot spares (issue 26): this many nodes of the node set are kept powered "
+        "up and idle, so that a job (a requeued one after a reclaim without notice too) starts "
+        "without waiting for a boot. Slurm keeps them from its power saving (SuspendExcNodes="
+        "<nodes>:<N>, rendered); the reconciler powers nodes up to N each pass. Each costs its "
+        "hourly price around the clock (`slurm-spot plan` shows it); at most count")
+
+    @model_validator(mode="after")
+    def _spares_within_count(self) -> NodeSetConfig:
+        if self.spares > self.count:
+            raise ValueError(f"node set {self.name!r}: spares ({self.spares}) cannot exceed "
+                             f"count ({self.count})")
+        return self
 
     @field_validator("interruption_band")
     @classmethod

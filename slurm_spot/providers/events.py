@@ -69,7 +69,13 @@ class ProviderEvent:
 
 
 class EventSource(Protocol):
-    """One provider's stream of :class:`ProviderEvent`."""
+    """One provider's stream of :class:`ProviderEvent`.
+
+    A source may set ``cluster_only = True`` when every event it gives is about this
+    cluster's instances (the local provider's events file): the reconciler then acts on an
+    end of an instance it has not listed yet (launched since its last pass). Without it (an
+    account-wide SQS queue, a zone's operations) only instances the last pass saw alive count.
+    """
 
     provider: str
 

@@ -221,12 +221,17 @@ class Loop:
 
     def _receive(self, wait_s: float, known: set[str] | frozenset[str]) -> list[ProviderEvent]:
         """One read of every source within ``wait_s`` seconds: the events about ``known``
-        instances (others are not this cluster's, or are news the last pass already had)."""
+        instances (others are not this cluster's, or are news the last pass already had), and
+        every end from a source whose ``cluster_only`` is true (it names only this cluster's
+        instances, so one launched since the last pass counts too)."""
         end = time.monotonic() + wait_s
         found: list[ProviderEvent] = []
         for src in self._sources:
+            # a source that carries only this cluster's instances (the local provider's file)
+            # is believed about an instance launched since the last pass too
+            own = bool(getattr(src, "cluster_only", False))
             for event in src.receive(max(0.0, end - time.monotonic())):
-                if event.instance_id in known:
+                if event.instance_id in known or (own and event.ended):
                     log.info("provider %s: %s %s (%s): pass now", event.provider, event.kind,
                              event.instance_id, event.detail)
                     found.append(event)

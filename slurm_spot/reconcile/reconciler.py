@@ -300,6 +300,7 @@ class Reconciler:
         done = self._expedite_requeue_exits(result, requeued, snap)
         self._expedite(requeued, [j for j in plan.expedite if j not in done], result)
         self._stuck_jobs(snap, result)
+        self._keep_spares(snap, result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
             self._emit(result, Action.WEIGHT_RESTORED, node=node)
@@ -307,6 +308,41 @@ class Reconciler:
             self._order_weights(snap, result)
         self._observe(snap, result, time.monotonic() - started)
         return result
+
+    def _keep_spares(self, snap: Snapshot, result: PassResult) -> None:
+        """Power nodes up so that each node set with ``spares`` has that many idle nodes up
+        or booting (:func:`slurm_spot.spares.spares_to_power_up`); slurm.conf's
+        SuspendExcNodes keeps them up once idle (on Slurm 24.05+, whose count includes busy
+        nodes, set each pass to spares + busy: :func:`slurm_spot.spares.suspend_exc_value`).
+        One ``spares_powered_up`` event per node set that got some; a refused power-up is an
+        error of the pass."""
+        from slurm_spot.spares import spares_to_power_up, suspend_exc_value
+
+        if not any(ns.spares for ns in self.config.node_sets):
+            return
+        try:
+            if self.slurm.version.suspend_exc_counts_busy:
+                # 24.05+ counts busy nodes among SuspendExcNodes' N: N + busy keeps N idle
+                value = suspend_exc_value(self.config, snap.nodes, counts_busy=True)
+                if value is not None:
+                    self.slurm.set_suspend_exc_nodes(value)
+        except SlurmCommandError as exc:
+            result.errors.append(f"SuspendExcNodes not updated: {exc}")
+        for short in spares_to_power_up(self.config, snap.nodes, snap.now, snap.unavailable_sets):
+            if not short.power_up:
+                continue
+            try:
+                self.slurm.power_up(short.power_up)
+            except SlurmCommandError as exc:
+                result.errors.append(f"node set {short.node_set}: spares not powered up: {exc}")
+                self.metrics.action("spares", ok=False)
+                continue
+            self.metrics.action("spares", ok=True)
+            self._emit(result, Action.SPARES, node=",".join(short.power_up),
+                       reason=f"{short.node_set} keeps {short.wanted} hot spare(s), had "
+                              f"{short.have}",
+                       extra={"node_set": short.node_set, "wanted": short.wanted,
+                              "had": short.have, "nodes": list(short.power_up)})
 
     def _order_weights(self, snap: Snapshot, result: PassResult) -> None:
         """Keep Slurm's node Weights in the cost order (:mod:`slurm_spot.weights`): prices

@@ -313,6 +313,16 @@ class SlurmActions(SlurmQueries):
         """
         self.update_nodes(names, state="POWER_UP")
 
+    def set_suspend_exc_nodes(self, value: str) -> None:
+        """``scontrol update SuspendExcNodes=<value>`` (scontrol(1) 23.02+: "direct assignment
+        "=" is always supported", also with the ``:<count>`` form): in effect until the next
+        ``scontrol reconfigure`` or restart, which go back to slurm.conf's value.
+
+        Raises:
+            SlurmCommandError: scontrol refused.
+        """
+        self.run("scontrol", "update", f"SuspendExcNodes={value}")
+
     def set_weight(self, names: Sequence[str], weight: int) -> None:
         """``scontrol update nodename=<hostlist> weight=<weight>``: slurmctld schedules with it
         until it restarts without ``-R`` or reconfigures (scontrol(1), Weight, Slurm 22.05).

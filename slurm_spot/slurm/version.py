@@ -169,6 +169,18 @@ class SlurmVersion:
         return self.at_least(26, 5)
 
     @property
+    def suspend_exc_counts_busy(self) -> bool:
+        """``SuspendExcNodes=<nodes>:<N>`` counts the set's busy nodes among its N (24.05+).
+        slurm.conf(5) 22.05: it "will prevent 4 usable nodes (i.e IDLE and not DOWN, DRAINING
+        or already powered down)" from being powered down, and 22.05's
+        ``src/slurmctld/power_save.c`` ``_pick_exc_nodes`` keeps N idle nodes (so through
+        23.11); from 24.05 the man page says "4 powered up nodes" and ``_pick_exc_nodes``
+        subtracts the set's active (allocated, not powering or drained) nodes from N first,
+        so N busy nodes leave no idle node kept. ``scontrol update SuspendExcNodes=`` (23.02+,
+        scontrol(1)) sets it at run time."""
+        return self.at_least(24, 5)
+
+    @property
     def scontrol_json(self) -> bool:
         """``scontrol show node --json`` (23.02+; 22.05's scontrol has no ``--json``)."""
         return self.at_least(23, 2)

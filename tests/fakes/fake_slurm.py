@@ -110,6 +110,7 @@ class FakeSlurm:
         self.requeue_leaves_later = False
         self.on_command: Callable[[list[str]], None] | None = None
         self.fail: dict[tuple[str, ...], tuple[int, str]] = {}
+        self.suspend_exc_nodes = ""  # the run-time SuspendExcNodes (scontrol update, 23.02+)
 
     def through_process(self, out_dir: Path) -> Callable[[list[str], float], CommandResult]:
         """A runner that answers as this fake does, but whose output reaches the client as
@@ -244,6 +245,12 @@ class FakeSlurm:
             return ""
         if args[0] == "update" and args[1].startswith("nodename="):
             return self._update_nodes(args[1].split("=", 1)[1], args[2:])
+        if args[0] == "update" and args[1].startswith("SuspendExcNodes="):
+            # scontrol(1) 23.02+: update SuspendExc*; 22.05's scontrol has no such update
+            if not self._at_least(23, 2):
+                raise _Refused("No valid entity in update command")
+            self.suspend_exc_nodes = args[1].split("=", 1)[1]
+            return ""
         if args[:3] == ["-o", "show", "job"]:
             jobs = [self.jobs[int(args[3])]] if len(args) > 3 and int(args[3]) in self.jobs \
                 else list(self.jobs.values()) if len(args) == 3 else []

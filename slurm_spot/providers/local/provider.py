@@ -8,13 +8,15 @@ namespace: slurmd, slurmstepd, the job's processes and the watcher, as a reclaim
 
 State of record: one JSON file per instance under ``<state_dir>/local/instances``, written
 under a lock, so two hooks at once never start two instances for one node. A simulated spot
-market publishes notices under ``<state_dir>/local/notices`` (:meth:`LocalProvider.preempt`).
+market publishes notices under ``<state_dir>/local/notices`` (:meth:`LocalProvider.preempt`);
+every end of an instance is published in ``<state_dir>/local/events.jsonl`` (:mod:`.events`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import secrets
 import signal
@@ -36,6 +38,9 @@ from slurm_spot.providers.base import (
     LaunchRequest,
     LaunchResult,
 )
+from slurm_spot.providers.local.events import events_path, publish
+
+log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 RECORD_KEEP_S = 3600.0  # ended instances stay listed this long, for the reconciler and status
@@ -265,10 +270,20 @@ class LocalProvider:
                 record["state"] = InstanceState.TERMINATED.value
                 self._write(record)  # first, so a listing never sees a half-killed instance
                 if alive:
+                    self._publish_end(record, reason)
                     _kill_instance_processes(int(record["pid"]))
                 self._clear_notice(record["node"])
                 ended.append(self._to_instance(record))
         return ended
+
+    def _publish_end(self, record: dict, reason: str) -> None:
+        """The instance's end in the provider's events file (:mod:`.events`), which the
+        reconciler follows between passes; a failed write is logged (the passes still list)."""
+        try:
+            publish(events_path(self.config.state_dir), record["instance_id"],
+                    record.get("node") or "", InstanceState.TERMINATED, reason)
+        except OSError as exc:
+            log.warning("cannot publish the end of %s: %s", record["instance_id"], exc)
 
     # -- the simulated spot market ----------------------------------------------------------
     def notice_path(self, node: str) -> Path:
