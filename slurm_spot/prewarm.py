@@ -55,12 +55,14 @@ log = logging.getLogger(__name__)
 
 #: The Weight a replacement has while it waits for its job (the lowest Slurm accepts).
 PREWARM_WEIGHT = 0
-_BLOCKING_FLAGS = frozenset({"DRAIN", "FAIL", "NOT_RESPONDING", "MAINTENANCE", "RESERVED",
+BLOCKING_FLAGS = frozenset({"DRAIN", "FAIL", "NOT_RESPONDING", "MAINTENANCE", "RESERVED",
                              "REBOOT_REQUESTED", "REBOOT_ISSUED", "POWER_DOWN", "POWERING_DOWN",
                              "INVALID", "PLANNED"})
 
 
-def _natural(name: str) -> tuple[str, int]:
+def natural_order(name: str) -> tuple[str, int]:
+    """Sort key of a node name in hostlist order: ``spot-2`` before ``spot-10`` (prefix, then
+    the trailing number as an int; -1 when there is none)."""
     match = re.fullmatch(r"(.*?)(\d*)", name)
     assert match is not None
     return match.group(1), int(match.group(2)) if match.group(2) else -1
@@ -76,13 +78,13 @@ def is_up(node: Node) -> bool:
 def is_ready_replacement(node: Node) -> bool:
     """Up, idle, runs no job and may take one: a replacement that needs no power-up."""
     return (is_up(node) and node.state.base == "IDLE" and not node.jobs
-            and not node.state.flags & _BLOCKING_FLAGS)
+            and not node.state.flags & BLOCKING_FLAGS)
 
 
 def can_power_up(node: Node) -> bool:
     """Powered down (``idle~``), not drained, down or cooling down: ``POWER_UP`` will boot it."""
     return (node.state.base == "IDLE" and node.state.is_powered_down
-            and not node.state.is_powering_up and not node.state.flags & _BLOCKING_FLAGS)
+            and not node.state.is_powering_up and not node.state.flags & BLOCKING_FLAGS)
 
 
 def compatible_node_sets(config: SpotConfig, node_set: NodeSetConfig,
@@ -172,7 +174,7 @@ def choose_replacements(config: SpotConfig, noticed: str, nodes: Sequence[Node],
 
     def rank(node: Node) -> tuple[int, tuple[str, int]]:
         ns = config.node_set_of(node.name)
-        return (order[ns.name] if ns else len(order), _natural(node.name))
+        return (order[ns.name] if ns else len(order), natural_order(node.name))
 
     usable = [n for n in nodes if n.name != noticed
               and (ns := config.node_set_of(n.name)) is not None and ns.name in order]

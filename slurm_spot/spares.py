@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from slurm_spot.config import NodeSetConfig, SpotConfig
-from slurm_spot.prewarm import _BLOCKING_FLAGS, _natural, can_power_up, is_ready_replacement
+from slurm_spot.prewarm import BLOCKING_FLAGS, natural_order, can_power_up, is_ready_replacement
 from slurm_spot.slurm.client import Node
 
 HOURS_PER_MONTH = 730.0  # 365 * 24 / 12, the month of cloud price lists
@@ -39,7 +39,7 @@ def is_spare(node: Node) -> bool:
     if is_ready_replacement(node):
         return True
     return (node.state.base == "IDLE" and node.state.is_powering_up and not node.jobs
-            and not node.state.flags & _BLOCKING_FLAGS)
+            and not node.state.flags & BLOCKING_FLAGS)
 
 
 def is_busy(node: Node) -> bool:
@@ -117,7 +117,7 @@ def spares_to_power_up(config: SpotConfig, nodes: Sequence[Node], now: datetime,
         have = sum(1 for n in members if is_spare(n))
         if have >= ns.spares:
             continue
-        cold = sorted((n for n in members if can_power_up(n)), key=lambda n: _natural(n.name))
+        cold = sorted((n for n in members if can_power_up(n)), key=lambda n: natural_order(n.name))
         short.append(SpareShortfall(ns.name, ns.spares, have,
                                     tuple(n.name for n in cold[:ns.spares - have])))
     return short
