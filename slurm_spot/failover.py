@@ -257,10 +257,15 @@ def fail_over(
     except SlurmCommandError as exc:
         run.errors.append(f"failover: reading nodes: {exc}")
         nodes = []
-    run.cooldowns = cooldown_targets(config, failures, nodes, datetime.now(timezone.utc))
+    now = datetime.now(timezone.utc)
+    run.cooldowns = cooldown_targets(config, failures, nodes, now)
     _cool_down(config, slurm, run)
     code_of = {n: f.code for f in failures for n in f.nodes}
-    cooling = [c.node_set for c in run.cooldowns]
+    # Not a candidate: a node set cooled down now, or still cooling from an earlier failure
+    # (a job that already failed over once must not be told it may go back there).
+    from slurm_spot.weights import cooling_node_sets
+
+    cooling = sorted({c.node_set for c in run.cooldowns} | cooling_node_sets(config, nodes, now))
     until_of = {c.node_set: c.until for c in run.cooldowns}
     for job_id, job_nodes in sorted((jobs or {}).items()):
         lost = [n for n in job_nodes if n in code_of]
