@@ -210,6 +210,30 @@ def test_a_node_set_still_cooling_from_an_earlier_failure_is_no_candidate(
     assert failover["extra"]["candidates"] == ["other"]
 
 
+def test_a_failover_cooldown_an_admin_ended_is_not_started_again(config: SpotConfig) -> None:
+    """docs/admin.md: when capacity is back, ``state=RESUME`` ends the cooldown. The
+    reconciler must take the failover's cooldown event as the answer to the capacity error,
+    or its next pass cools the node set down again for a whole ``cooldown_s``."""
+    from slurm_spot import events
+    from slurm_spot.events import read_events
+    from slurm_spot.reconcile.history import build_history
+    from slurm_spot.reconcile.rules import Settings, cooldowns
+
+    failure = LaunchFailure(("cheap-1",), ICE, "no capacity", ErrorClass.CAPACITY)
+    events.record(config.log_dir, "resume", events.Action.LAUNCH_FAILED, ["cheap-1"],
+                  reason=f"(Code:{ICE})no capacity",
+                  extra={"code": ICE, "class": "capacity", "pool": ""})
+    fail_over(config, FakeClient([node("cheap-2", "IDLE+CLOUD+POWERED_DOWN")], [[]]),
+              PowerResult(failed=[failure]), None)
+    now = datetime.now(timezone.utc) + timedelta(seconds=1)
+    set_of = {n: ns.name for ns in config.node_sets for n in ns.node_names}
+    history = build_history(read_events(config.log_dir), set_of, now,
+                            Settings(cooldown_s=300))
+    assert history.new_capacity == {}
+    resumed = [node(n, "IDLE+CLOUD+POWERED_DOWN+NOT_RESPONDING") for n in set_of]
+    assert cooldowns(resumed, set_of, history, now, 300) == {}
+
+
 def test_a_job_never_requeued_in_time_is_left_to_the_reconciler(config: SpotConfig) -> None:
     result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
                                                ErrorClass.CAPACITY)])
