@@ -369,14 +369,20 @@ def _see_starts(config: SpotConfig, slurm: SlurmClient, run: FailoverRun,
     ``failover_started`` event per job that did and an AdminComment note per job."""
     waiting = {j for j, m in run.moves.items() if m.expedited_at is not None}
     deadline = clock() + wait_s
+    failed_reads = 0
     while waiting:
         try:
             listed = {j.job_id: j for j in slurm.jobs(sorted(waiting))}
         except SlurmCommandError as exc:
-            run.errors.append(f"failover: reading jobs: {exc}")
-            break
-        for job_id in sorted(waiting):
-            job = listed.get(job_id)
+            # A busy slurmctld (seen: 20 s stalled resolving the failed nodes' names while it
+            # requeued a 2-node job) times squeue out; keep asking until the deadline, so
+            # the start is still recorded once it answers.
+            failed_reads += 1
+            if failed_reads == 1:
+                run.errors.append(f"failover: reading jobs: {exc}")
+            listed = None
+        for job_id in sorted(waiting) if listed is not None else ():
+            job = listed.get(job_id) if listed is not None else None
             if job is None or job.state.is_finished:
                 waiting.discard(job_id)
             elif not job.state.is_pending and job.nodes:

@@ -234,6 +234,39 @@ def test_a_failover_cooldown_an_admin_ended_is_not_started_again(config: SpotCon
     assert cooldowns(resumed, set_of, history, now, 300) == {}
 
 
+def test_a_controller_too_busy_to_answer_for_a_while_still_gets_the_start_recorded(
+        config: SpotConfig) -> None:
+    """squeue timing out while slurmctld is stalled (seen on the local cluster: 20 s
+    resolving the failed nodes' names during a 2-node requeue) must not end the wait: the
+    start is recorded once slurmctld answers again, and the error is reported once."""
+    from slurm_spot.errors import SlurmCommandError
+
+    class Busy(FakeClient):
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)  # type: ignore[arg-type]
+            self.stalled = 0
+
+        def jobs(self, job_ids: Iterable[int] | None = None) -> list[Job]:
+            if self.calls and self.calls[-1][0] == "expedite" and self.stalled < 3:
+                self.stalled += 1
+                raise SlurmCommandError(["squeue"], None, "timed out")
+            return super().jobs(job_ids)
+
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    slurm = Busy([node("other-1", "IDLE+CLOUD+POWERED_DOWN")],
+                 [[job("PENDING", reason="BeginTime", restarts=1)],
+                  [job("CONFIGURING", "other-1", restarts=1)]])
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep)
+    assert slurm.stalled == 3
+    assert len(run.errors) == 1 and run.errors[0].startswith("failover: reading jobs:")
+    assert (run.moves[7].node_set, run.moves[7].nodes) == ("other", ("other-1",))
+    (started,) = [e for e in _events(config) if e["action"] == "failover_started"]
+    assert started["extra"]["node_set"] == "other"
+
+
 def test_a_job_never_requeued_in_time_is_left_to_the_reconciler(config: SpotConfig) -> None:
     result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
                                                ErrorClass.CAPACITY)])
