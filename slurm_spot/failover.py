@@ -322,6 +322,18 @@ def _clear_holds(config: SpotConfig, slurm: SlurmClient, run: FailoverRun,
             if step is HoldStep.WAIT:
                 continue
             waiting.discard(job_id)
+            if step is HoldStep.GONE and job is not None and not job.state.is_finished:
+                # Requeued and placed already: the reconciler's safety net cleared the hold
+                # while slurmctld kept this worker waiting (seen: squeue timing out for 14 s
+                # while slurmctld resolved the failed node's name). Still a move: record it.
+                move = run.moves[job_id]
+                move.candidates = candidate_node_sets(config, job.partition,
+                                                      [move.from_node_set, *cooling], weights)
+                move.restarts = job.restarts
+                _record_failover(config, move, False, clock,
+                                 " (requeue hold cleared by the reconciler)")
+                _record_start(config, move, job, clock())
+                continue
             if step is HoldStep.EXPEDITE and job is not None:
                 move = run.moves[job_id]
                 move.candidates = candidate_node_sets(config, job.partition,
@@ -344,14 +356,17 @@ def _clear_holds(config: SpotConfig, slurm: SlurmClient, run: FailoverRun,
 
 
 def _record_failover(config: SpotConfig, move: Failover, expedited: bool,
-                     clock: Callable[[], float]) -> None:
+                     clock: Callable[[], float],
+                     not_expedited: str = " (requeue hold not cleared yet: the reconciler will)",
+                     ) -> None:
     """The ``failover`` event of one job (its AdminComment is written once its start is
-    known, by :func:`_see_starts`)."""
+    known, by :func:`_see_starts`); ``not_expedited``: what the reason adds when this
+    worker did not clear the hold."""
     if expedited:
         move.expedited_at = clock()
     reason = note_text(move)
     if not expedited:
-        reason += " (requeue hold not cleared yet: the reconciler will)"
+        reason += not_expedited
     events.emit(config.log_dir, events.Event(
         events.Action.FAILOVER, "resume", reason=reason, job_ids=(move.job_id,),
         extra={"from_node_set": move.from_node_set, "code": move.code,

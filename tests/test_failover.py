@@ -267,6 +267,29 @@ def test_a_controller_too_busy_to_answer_for_a_while_still_gets_the_start_record
     assert started["extra"]["node_set"] == "other"
 
 
+def test_a_job_placed_before_the_worker_cleared_its_hold_is_still_recorded(
+        config: SpotConfig) -> None:
+    """The reconciler's safety net may clear the hold first (the worker's squeue calls timed
+    out meanwhile): the job already runs elsewhere when the worker sees it again. That is
+    still a failover: its events and AdminComment say where it went."""
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    slurm = FakeClient([node("other-1", "IDLE+CLOUD+POWERED_DOWN")],
+                       [[job("CONFIGURING", "cheap-1")],
+                        [job("RUNNING", "other-1", restarts=1)]])
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep)
+    assert "expedite" not in [c[0] for c in slurm.calls]
+    by_action = {e["action"]: e for e in _events(config)}
+    assert by_action["failover"]["extra"]["expedited"] is False
+    assert by_action["failover"]["reason"].endswith("(requeue hold cleared by the reconciler)")
+    assert by_action["failover_started"]["extra"]["node_set"] == "other"
+    (note,) = next(c[1] for c in slurm.calls if c[0] == "admin_comment")  # type: ignore[misc]
+    assert "started on node set other (other-1)" in note[1]
+    assert run.moves[7].node_set == "other"
+
+
 def test_a_job_never_requeued_in_time_is_left_to_the_reconciler(config: SpotConfig) -> None:
     result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
                                                ErrorClass.CAPACITY)])
