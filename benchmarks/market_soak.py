@@ -71,16 +71,17 @@ def run_one(seed: int, steps: int, rate: float, market_s: float) -> dict[str, ob
 def table(rows: list[dict[str, object]]) -> str:
     """The rows as a Markdown table, with the mean goodputs last."""
     lines = ["| seed | state | bit-exact | with notice | without | capacity errors | failovers "
-             "| requeues | wall (s) | goodput measured | goodput simulated |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| requeues | restart (s) | wall (s) | goodput measured | goodput simulated |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['seed']} | {r['state']} | {r['exact_resume']} | {r['with_notice']} "
                      f"| {r['without_notice']} | {r['capacity_errors']} | {r['failovers']} | "
-                     f"{r['requeues']} | {r['wall_s']} | {r['goodput']} | {r['simulated']} |")
+                     f"{r['requeues']} | {r.get('restart_s')} | {r['wall_s']} | {r['goodput']} | "
+                     f"{r['simulated'] if r['simulated'] is not None else 'none'} |")
     measured = [float(r["goodput"]) for r in rows if r["goodput"] is not None]  # type: ignore[arg-type]
     simulated = [float(r["simulated"]) for r in rows if r["simulated"] is not None]  # type: ignore[arg-type]
     if measured and simulated:
-        lines.append(f"| mean | | | | | | | | | {statistics.fmean(measured):.4f} | "
+        lines.append(f"| mean | | | | | | | | | | {statistics.fmean(measured):.4f} | "
                      f"{statistics.fmean(simulated):.4f} |")
     return "\n".join(lines)
 
@@ -94,7 +95,11 @@ The demo's 2-node training job ({args.steps} steps) under `slurm-spot local mark
 (Weight 1) without capacity for 30 s, {args.rate:g} interruptions per node-hour on both node
 sets (half with 15 s notice) for {args.market_s:g} s. Goodput = compute seconds / seconds from
 submission to end; simulated: `slurm-spot simulate` for the same settings (outages not
-simulated).
+simulated). Restart: the prediction's restart input, measured at the job's first start (from
+RUNNING to its first step), interruptions and requeues during that start included, so on a
+loaded machine it can be large, and the prediction then falls below the measured goodput; `none`:
+the simulator gave no prediction for that seed's inputs (`slurm-spot local market report
+--json` shows its message).
 
 {table(rows)}
 

@@ -257,10 +257,15 @@ def fail_over(
     except SlurmCommandError as exc:
         run.errors.append(f"failover: reading nodes: {exc}")
         nodes = []
-    run.cooldowns = cooldown_targets(config, failures, nodes, datetime.now(timezone.utc))
+    now = datetime.now(timezone.utc)
+    run.cooldowns = cooldown_targets(config, failures, nodes, now)
     _cool_down(config, slurm, run)
     code_of = {n: f.code for f in failures for n in f.nodes}
-    cooling = [c.node_set for c in run.cooldowns]
+    # Not a candidate: a node set cooled down now, or still cooling from an earlier failure
+    # (a job that already failed over once must not be told it may go back there).
+    from slurm_spot.weights import cooling_node_sets
+
+    cooling = sorted({c.node_set for c in run.cooldowns} | cooling_node_sets(config, nodes, now))
     until_of = {c.node_set: c.until for c in run.cooldowns}
     for job_id, job_nodes in sorted((jobs or {}).items()):
         lost = [n for n in job_nodes if n in code_of]
@@ -317,6 +322,18 @@ def _clear_holds(config: SpotConfig, slurm: SlurmClient, run: FailoverRun,
             if step is HoldStep.WAIT:
                 continue
             waiting.discard(job_id)
+            if step is HoldStep.GONE and job is not None and not job.state.is_finished:
+                # Requeued and placed already: the reconciler's safety net cleared the hold
+                # while slurmctld kept this worker waiting (seen: squeue timing out for 14 s
+                # while slurmctld resolved the failed node's name). Still a move: record it.
+                move = run.moves[job_id]
+                move.candidates = candidate_node_sets(config, job.partition,
+                                                      [move.from_node_set, *cooling], weights)
+                move.restarts = job.restarts
+                _record_failover(config, move, False, clock,
+                                 " (requeue hold cleared by the reconciler)")
+                _record_start(config, move, job, clock())
+                continue
             if step is HoldStep.EXPEDITE and job is not None:
                 move = run.moves[job_id]
                 move.candidates = candidate_node_sets(config, job.partition,
@@ -339,14 +356,17 @@ def _clear_holds(config: SpotConfig, slurm: SlurmClient, run: FailoverRun,
 
 
 def _record_failover(config: SpotConfig, move: Failover, expedited: bool,
-                     clock: Callable[[], float]) -> None:
+                     clock: Callable[[], float],
+                     not_expedited: str = " (requeue hold not cleared yet: the reconciler will)",
+                     ) -> None:
     """The ``failover`` event of one job (its AdminComment is written once its start is
-    known, by :func:`_see_starts`)."""
+    known, by :func:`_see_starts`); ``not_expedited``: what the reason adds when this
+    worker did not clear the hold."""
     if expedited:
         move.expedited_at = clock()
     reason = note_text(move)
     if not expedited:
-        reason += " (requeue hold not cleared yet: the reconciler will)"
+        reason += not_expedited
     events.emit(config.log_dir, events.Event(
         events.Action.FAILOVER, "resume", reason=reason, job_ids=(move.job_id,),
         extra={"from_node_set": move.from_node_set, "code": move.code,
@@ -364,14 +384,20 @@ def _see_starts(config: SpotConfig, slurm: SlurmClient, run: FailoverRun,
     ``failover_started`` event per job that did and an AdminComment note per job."""
     waiting = {j for j, m in run.moves.items() if m.expedited_at is not None}
     deadline = clock() + wait_s
+    failed_reads = 0
     while waiting:
         try:
             listed = {j.job_id: j for j in slurm.jobs(sorted(waiting))}
         except SlurmCommandError as exc:
-            run.errors.append(f"failover: reading jobs: {exc}")
-            break
-        for job_id in sorted(waiting):
-            job = listed.get(job_id)
+            # A busy slurmctld (seen: 20 s stalled resolving the failed nodes' names while it
+            # requeued a 2-node job) times squeue out; keep asking until the deadline, so
+            # the start is still recorded once it answers.
+            failed_reads += 1
+            if failed_reads == 1:
+                run.errors.append(f"failover: reading jobs: {exc}")
+            listed = None
+        for job_id in sorted(waiting) if listed is not None else ():
+            job = listed.get(job_id) if listed is not None else None
             if job is None or job.state.is_finished:
                 waiting.discard(job_id)
             elif not job.state.is_pending and job.nodes:

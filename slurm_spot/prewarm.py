@@ -82,9 +82,15 @@ def is_ready_replacement(node: Node) -> bool:
 
 
 def can_power_up(node: Node) -> bool:
-    """Powered down (``idle~``), not drained, down or cooling down: ``POWER_UP`` will boot it."""
+    """Powered down (``idle~``), not drained, down or cooling down: ``POWER_UP`` will boot it.
+
+    ``idle~*`` (NOT_RESPONDING) counts as ``idle~``: a powered-down node is never pinged, so
+    the flag is only what an admin's ``state=RESUME`` of a ``down~`` node leaves (ending a
+    cooldown, docs/admin.md), and slurmctld still allocates and boots such a node (seen on
+    22.05.8: a job ran on it, the flag cleared at registration)."""
     return (node.state.base == "IDLE" and node.state.is_powered_down
-            and not node.state.is_powering_up and not node.state.flags & BLOCKING_FLAGS)
+            and not node.state.is_powering_up
+            and not node.state.flags & (BLOCKING_FLAGS - {"NOT_RESPONDING"}))
 
 
 def compatible_node_sets(config: SpotConfig, node_set: NodeSetConfig,

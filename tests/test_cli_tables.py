@@ -73,7 +73,7 @@ def test_json_is_unchanged_by_the_table_options(world: tuple,  # noqa: F811
 
     plain = without_uptime(_invoke(world, monkeypatch, "--json").output)
     formatted = without_uptime(_invoke(world, monkeypatch, "--json", "-n", "-o", "node").output)
-    assert formatted == plain and set(plain) == {"nodes", "node_sets", "errors"}
+    assert formatted == plain and set(plain) == {"nodes", "node_sets", "failovers", "errors"}
 
 
 def test_plain_lines_pad_without_trailing_blanks() -> None:

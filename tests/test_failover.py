@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.commands.status import node_set_rows
+from slurm_spot.commands.status import failover_rows, last_failovers, node_set_rows
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.failover import (
     HoldStep,
@@ -190,6 +190,106 @@ def test_hold_is_cleared_once_the_job_is_requeued_and_where_it_went_is_recorded(
     assert by_action["failover_started"]["extra"]["node_set"] == "other"
 
 
+def test_a_node_set_still_cooling_from_an_earlier_failure_is_no_candidate(
+        config: SpotConfig) -> None:
+    """A job failing over a second time (mid had no capacity before, cheap now) is eligible
+    only where no cooldown runs: its event and AdminComment must not name mid."""
+    until = (datetime.now(timezone.utc) + timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    slurm = FakeClient(
+        [node("cheap-1", "DOWN+CLOUD", f"(Code:{ICE})no capacity"),
+         node("mid-1", "DOWN+CLOUD+POWERED_DOWN", f"(Code:{ICE})Temporarily disabled until {until}"),
+         node("other-1", "IDLE+CLOUD+POWERED_DOWN")],
+        [[job("PENDING", reason="BeginTime", restarts=2)], [job("RUNNING", "other-1", restarts=2)]])
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep)
+    assert run.moves[7].candidates == ("other",)
+    (failover,) = [e for e in _events(config) if e["action"] == "failover"]
+    assert failover["extra"]["candidates"] == ["other"]
+
+
+def test_a_failover_cooldown_an_admin_ended_is_not_started_again(config: SpotConfig) -> None:
+    """docs/admin.md: when capacity is back, ``state=RESUME`` ends the cooldown. The
+    reconciler must take the failover's cooldown event as the answer to the capacity error,
+    or its next pass cools the node set down again for a whole ``cooldown_s``."""
+    from slurm_spot import events
+    from slurm_spot.events import read_events
+    from slurm_spot.reconcile.history import build_history
+    from slurm_spot.reconcile.rules import Settings, cooldowns
+
+    failure = LaunchFailure(("cheap-1",), ICE, "no capacity", ErrorClass.CAPACITY)
+    events.record(config.log_dir, "resume", events.Action.LAUNCH_FAILED, ["cheap-1"],
+                  reason=f"(Code:{ICE})no capacity",
+                  extra={"code": ICE, "class": "capacity", "pool": ""})
+    fail_over(config, FakeClient([node("cheap-2", "IDLE+CLOUD+POWERED_DOWN")], [[]]),
+              PowerResult(failed=[failure]), None)
+    now = datetime.now(timezone.utc) + timedelta(seconds=1)
+    set_of = {n: ns.name for ns in config.node_sets for n in ns.node_names}
+    history = build_history(read_events(config.log_dir), set_of, now,
+                            Settings(cooldown_s=300))
+    assert history.new_capacity == {}
+    resumed = [node(n, "IDLE+CLOUD+POWERED_DOWN+NOT_RESPONDING") for n in set_of]
+    assert cooldowns(resumed, set_of, history, now, 300) == {}
+
+
+def test_a_controller_too_busy_to_answer_for_a_while_still_gets_the_start_recorded(
+        config: SpotConfig) -> None:
+    """squeue timing out while slurmctld is stalled (seen on the local cluster: 20 s
+    resolving the failed nodes' names during a 2-node requeue) must not end the wait: the
+    start is recorded once slurmctld answers again, and the error is reported once."""
+    from slurm_spot.errors import SlurmCommandError
+
+    class Busy(FakeClient):
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)  # type: ignore[arg-type]
+            self.stalled = 0
+
+        def jobs(self, job_ids: Iterable[int] | None = None) -> list[Job]:
+            if self.calls and self.calls[-1][0] == "expedite" and self.stalled < 3:
+                self.stalled += 1
+                raise SlurmCommandError(["squeue"], None, "timed out")
+            return super().jobs(job_ids)
+
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    slurm = Busy([node("other-1", "IDLE+CLOUD+POWERED_DOWN")],
+                 [[job("PENDING", reason="BeginTime", restarts=1)],
+                  [job("CONFIGURING", "other-1", restarts=1)]])
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep)
+    assert slurm.stalled == 3
+    assert len(run.errors) == 1 and run.errors[0].startswith("failover: reading jobs:")
+    assert (run.moves[7].node_set, run.moves[7].nodes) == ("other", ("other-1",))
+    (started,) = [e for e in _events(config) if e["action"] == "failover_started"]
+    assert started["extra"]["node_set"] == "other"
+
+
+def test_a_job_placed_before_the_worker_cleared_its_hold_is_still_recorded(
+        config: SpotConfig) -> None:
+    """The reconciler's safety net may clear the hold first (the worker's squeue calls timed
+    out meanwhile): the job already runs elsewhere when the worker sees it again. That is
+    still a failover: its events and AdminComment say where it went."""
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    slurm = FakeClient([node("other-1", "IDLE+CLOUD+POWERED_DOWN")],
+                       [[job("CONFIGURING", "cheap-1")],
+                        [job("RUNNING", "other-1", restarts=1)]])
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep)
+    assert "expedite" not in [c[0] for c in slurm.calls]
+    by_action = {e["action"]: e for e in _events(config)}
+    assert by_action["failover"]["extra"]["expedited"] is False
+    assert by_action["failover"]["reason"].endswith("(requeue hold cleared by the reconciler)")
+    assert by_action["failover_started"]["extra"]["node_set"] == "other"
+    (note,) = next(c[1] for c in slurm.calls if c[0] == "admin_comment")  # type: ignore[misc]
+    assert "started on node set other (other-1)" in note[1]
+    assert run.moves[7].node_set == "other"
+
+
 def test_a_job_never_requeued_in_time_is_left_to_the_reconciler(config: SpotConfig) -> None:
     result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
                                                ErrorClass.CAPACITY)])
@@ -235,6 +335,58 @@ def test_status_shows_each_node_sets_capacity(config: SpotConfig) -> None:
     assert rows["cheap"]["why"] == f"no capacity ({ICE}): no spot capacity in a"
     assert (rows["other"]["capacity"], rows["other"]["until"]) == ("ok", None)
     assert rows["mid"]["capacity"] == "ok"
+
+
+def test_status_shows_where_the_last_failovers_went(config: SpotConfig) -> None:
+    """Issue 24 part 6: the events two failovers wrote (one job started on ``other``, one not
+    requeued in time) read back as status's rows, newest first."""
+    ice = [LaunchFailure(("cheap-1",), ICE, "no capacity", ErrorClass.CAPACITY)]
+    clock = Clock()
+    moved = FakeClient([node("other-1", "IDLE+CLOUD+POWERED_DOWN")],
+                       [[job("PENDING", reason="BeginTime", restarts=1)],
+                        [job("RUNNING", "other-1", restarts=1)]])
+    fail_over(config, moved, PowerResult(failed=ice), {7: ("cheap-1",)},  # type: ignore[arg-type]
+              clock=clock, sleep=clock.sleep)
+    stuck = FakeClient([], [[job("CONFIGURING", "cheap-1", job_id=8)]])
+    fail_over(config, stuck, PowerResult(failed=ice), {8: ("cheap-1",)},  # type: ignore[arg-type]
+              clock=clock, sleep=clock.sleep, requeue_wait_s=1)
+    rows = last_failovers(config.log_dir, datetime.now(timezone.utc))
+    assert [r["job"] for r in rows] == [8, 7]
+    newest, older = rows
+    assert (older["from_node_set"], older["to_node_set"], older["nodes"], older["code"]) == (
+        "cheap", "other", ["other-1"], ICE)
+    assert older["expedited"] is True and older["seconds_from_error"] == 0.0  # fake clock
+    assert older["candidates"] == ["mid", "other"]
+    assert "started on node set other (other-1)" in str(older["reason"])
+    assert (newest["to_node_set"], newest["nodes"], newest["expedited"]) == (None, [], False)
+    assert last_failovers(config.log_dir, datetime.now(timezone.utc), limit=1) == [newest]
+    # older than the window: not shown
+    assert last_failovers(config.log_dir, datetime.now(timezone.utc) + timedelta(days=2)) == []
+
+
+def test_failover_rows_pair_each_start_with_its_own_failover() -> None:
+    """A job that failed over twice (cheap, later mid) shows two rows, each with its own
+    destination; other events and events without a job are skipped."""
+    def ev(action: str, job_id: int, **extra: object) -> dict[str, object]:
+        return {"time": "2026-03-01T12:00:00+00:00", "action": action, "job_ids": [job_id],
+                "reason": action, "extra": extra}
+
+    rows = failover_rows([
+        ev("failover", 7, from_node_set="cheap", code=ICE, candidates=["mid", "other"],
+           expedited=True),
+        ev("notice", 7),
+        {"time": "2026-03-01T12:00:01+00:00", "action": "failover", "job_ids": [], "extra": {}},
+        ev("failover_started", 7, from_node_set="cheap", node_set="mid", nodes=["mid-1"],
+           seconds_from_error=2.5),
+        ev("failover", 7, from_node_set="mid", code="quota", candidates=["other"],
+           expedited=True),
+        ev("failover_started", 7, from_node_set="mid", node_set="other", nodes=["other-1"],
+           seconds_from_error=3.0),
+        ev("failover_started", 9, from_node_set="cheap", node_set="other", nodes=["other-2"]),
+    ])
+    assert [(r["job"], r["from_node_set"], r["to_node_set"]) for r in rows] == [
+        (7, "mid", "other"), (7, "cheap", "mid")]
+    assert [r["seconds_from_error"] for r in rows] == [3.0, 2.5]
 
 
 def test_the_resume_file_of_slurm_22_05_names_the_jobs_nodes() -> None:

@@ -69,6 +69,23 @@ def test_a_node_set_cooling_down_gives_no_replacement(tmp_path: Path) -> None:
     assert choose_replacements(config, "a10-1", nodes, 1, ["spot"], later).power_up == ("a10-3",)
 
 
+def test_a_node_set_whose_cooldown_an_admin_ended_gives_replacements_again(
+        tmp_path: Path) -> None:
+    """Ending a cooldown with ``state=RESUME`` (docs/admin.md) leaves ``idle~*``
+    (NOT_RESPONDING: slurmctld waits for a registration a powered-down node never sends);
+    slurmctld still boots such a node for a job, so prewarm takes it too, in the cost order.
+    A node that is up and not responding is still never a replacement."""
+    config = _config(tmp_path)
+    nodes = _cluster({"a10": 1, "t4": 2, "l4": 3, "elsewhere": 4})
+    nodes = [_node(n.name, "IDLE+CLOUD+POWERED_DOWN+NOT_RESPONDING", 1)
+             if n.name in ("a10-2", "a10-3") else n for n in nodes]
+    assert choose_replacements(config, "a10-1", nodes, 1, ["spot"], NOW).power_up == ("a10-2",)
+    nodes = [_node(n.name, "IDLE+CLOUD+NOT_RESPONDING", 1) if n.name.startswith("a10-") and
+             n.name != "a10-1" else n for n in nodes]
+    chosen = choose_replacements(config, "a10-1", nodes, 1, ["spot"], NOW)
+    assert (chosen.ready, chosen.power_up) == ((), ("t4-1",))
+
+
 def test_only_node_sets_of_the_jobs_partition_are_used(tmp_path: Path) -> None:
     config = _config(tmp_path)
     nodes = _cluster({"elsewhere": 1, "a10": 2, "t4": 3, "l4": 4})

@@ -188,3 +188,35 @@ def test_cli_shows_each_node_sets_capacity(world: tuple, monkeypatch: pytest.Mon
         "spot", "cooldown", "InsufficientInstanceCapacity")
     bare = _invoke(world, monkeypatch, "--noheader", "--capacity")
     assert not [line for line in bare.output.splitlines() if line.startswith("spot ")]
+
+
+def test_cli_shows_where_the_last_failovers_went(world: tuple,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24 part 6: after the capacity table, the last failovers (job, from, to, nodes,
+    after how long, why), and ``failovers`` in --json; none: no table, an empty list."""
+    config, _, _, _ = world
+    assert read_envelope(_invoke(world, monkeypatch, "--json").output, "status")[
+        "failovers"] == []
+    assert "last failovers" not in _invoke(world, monkeypatch, "--capacity").output
+    from slurm_spot import events
+
+    events.emit(config.log_dir, events.Event(
+        events.Action.FAILOVER, "resume", reason="slurm-spot: failover: no capacity",
+        job_ids=(42,), extra={"from_node_set": "spot", "code": "InsufficientInstanceCapacity",
+                              "candidates": ["gpu"], "expedited": True}))
+    events.emit(config.log_dir, events.Event(
+        events.Action.FAILOVER_STARTED, "resume", reason="started on node set gpu",
+        job_ids=(42,), extra={"from_node_set": "spot", "node_set": "gpu",
+                              "nodes": ["gpu-1", "gpu-2"], "seconds_from_error": 9.4}))
+    text = _invoke(world, monkeypatch, "--capacity").output
+    lines = text.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("last failovers")))
+    assert lines[at + 1].split() == ["time", "job", "from", "to", "nodes", "after", "why"]
+    row = lines[at + 2].split()
+    assert row[1:6] == ["42", "spot", "gpu", "gpu-1,gpu-2", "9s"]
+    assert " ".join(row[6:]) == "no capacity (InsufficientInstanceCapacity)"
+    (move,) = read_envelope(_invoke(world, monkeypatch, "--json").output, "status")["failovers"]
+    assert (move["job"], move["from_node_set"], move["to_node_set"], move["nodes"]) == (
+        42, "spot", "gpu", ["gpu-1", "gpu-2"])
+    bare = _invoke(world, monkeypatch, "--noheader", "--capacity").output
+    assert "last failovers" not in bare  # node rows only, for awk

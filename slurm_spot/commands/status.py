@@ -1,14 +1,16 @@
 """``slurm-spot status [--json]``: one row per cloud node: Slurm state, the instance behind it
 (id, market, type, zone, uptime) and its current job; plus alive instances no node knows; then
-each node set's capacity state (ok, or cooldown until when and why: issue 24)."""
+each node set's capacity state (ok, or cooldown until when and why: issue 24) and where the
+last failovers went (issue 24 part 6, from the events file)."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
-from collections.abc import Sequence
-from datetime import datetime, timezone
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import click
 
@@ -25,6 +27,10 @@ from slurm_spot.slurm.reasons import parse_cooldown, reason_code, short_state, u
 
 COLUMNS = ("node", "state", "instance", "market", "type", "zone", "uptime", "job", "reason")
 NODE_SET_COLUMNS = ("node_set", "provider", "weight", "capacity", "until", "why")
+FAILOVER_COLUMNS = ("time", "job", "from", "to", "nodes", "after", "why")
+#: How many failovers status shows (the newest), and how far back it looks for them.
+FAILOVER_LIMIT = 5
+FAILOVER_WINDOW = timedelta(hours=24)
 
 
 def format_uptime(seconds: float | None) -> str:
@@ -132,6 +138,81 @@ def node_set_rows(config: SpotConfig, nodes: Sequence[Node],
     return rows
 
 
+def failover_rows(found: Iterable[dict[str, object]],
+                  limit: int = FAILOVER_LIMIT) -> list[dict[str, object]]:
+    """Where the last failovers went (pure): the newest ``limit`` jobs moved off a node set
+    without capacity, newest first, from events (dicts as :func:`slurm_spot.events.
+    read_events` yields them, oldest first).
+
+    A move is the ``failover`` event the resume hook's worker writes when it clears a
+    requeued job's hold (:mod:`slurm_spot.failover`), joined with the ``failover_started``
+    event of the same job and failed node set that follows it once the job runs again. Each
+    row: ``time`` (the failover event's, ISO 8601), ``job`` (id), ``from_node_set``,
+    ``code`` (the provider's capacity code), ``to_node_set`` and ``nodes`` (where it
+    started; None and [] until it has), ``seconds_from_error`` (capacity error -> seen
+    started, seconds; None until then), ``candidates`` (the node sets it was eligible on,
+    lowest Weight first), ``expedited`` (the requeue hold was cleared at once; False: left to
+    the reconciler) and ``reason`` (the event's text, also the job's AdminComment note).
+    """
+    rows: list[dict[str, object]] = []
+    open_moves: dict[tuple[int, str], dict[str, object]] = {}
+    for event in found:
+        action = event.get("action")
+        if action not in ("failover", "failover_started"):
+            continue
+        extra = event.get("extra") if isinstance(event.get("extra"), dict) else {}
+        assert isinstance(extra, dict)
+        job_ids = event.get("job_ids") or []
+        if not isinstance(job_ids, list) or not job_ids:
+            continue
+        key = (int(job_ids[0]), str(extra.get("from_node_set")))
+        if action == "failover":
+            row: dict[str, object] = {
+                "time": event.get("time"), "job": key[0], "from_node_set": key[1],
+                "code": extra.get("code"), "to_node_set": None, "nodes": [],
+                "seconds_from_error": None, "candidates": list(extra.get("candidates") or []),
+                "expedited": bool(extra.get("expedited")), "reason": event.get("reason", "")}
+            rows.append(row)
+            open_moves[key] = row
+        elif key in open_moves:
+            row = open_moves.pop(key)
+            row.update(to_node_set=extra.get("node_set"), nodes=list(extra.get("nodes") or []),
+                       seconds_from_error=extra.get("seconds_from_error"),
+                       reason=event.get("reason", row["reason"]))
+    return list(reversed(rows))[:max(0, limit)]
+
+
+def last_failovers(log_dir: Path, now: datetime, limit: int = FAILOVER_LIMIT,
+                   window: timedelta = FAILOVER_WINDOW) -> list[dict[str, object]]:
+    """:func:`failover_rows` of the events of the last ``window`` before ``now`` (aware),
+    read from ``log_dir``'s events file and its rotated copies; none when there is no events
+    file (status run where the controller's log is not)."""
+    from slurm_spot.events import read_events
+
+    return failover_rows(read_events(log_dir, since=now - window), limit)
+
+
+def _failover_cells(rows: list[dict[str, object]]) -> list[dict[str, str]]:
+    """The text of each failover row (:data:`FAILOVER_COLUMNS`)."""
+    cells = []
+    for r in rows:
+        when = str(r["time"] or "")
+        try:
+            when = utc_stamp(datetime.fromisoformat(when))
+        except ValueError:
+            pass
+        to = str(r["to_node_set"] or "")
+        if not to:
+            to = "(pending: " + (",".join(str(c) for c in r["candidates"])  # type: ignore[attr-defined]
+                                 or "no other node set") + ")"
+        seconds = r["seconds_from_error"]
+        cells.append({"time": when or "-", "job": str(r["job"]), "from": str(r["from_node_set"]),
+                      "to": to, "nodes": ",".join(str(n) for n in r["nodes"]) or "-",  # type: ignore[attr-defined]
+                      "after": f"{float(seconds):.0f}s" if seconds is not None else "-",  # type: ignore[arg-type]
+                      "why": f"no capacity ({r['code']})"})
+    return cells
+
+
 def _node_set_cells(rows: list[dict[str, object]]) -> list[dict[str, str]]:
     """The text of each node set row (:data:`NODE_SET_COLUMNS`)."""
     cells = []
@@ -191,9 +272,10 @@ def _show(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
           one_line: bool = False, capacity: bool = False) -> list[str]:
     """Print the status once; returns the providers' errors (also printed on stderr).
 
-    The node sets' capacity table follows the node rows on a terminal, or in a pipe with
-    ``capacity`` (``--capacity``): piped rows stay one node per line for awk. ``--json``
-    always has it (``node_sets``).
+    The node sets' capacity table, then the last failovers (:func:`last_failovers`; none:
+    no table), follow the node rows on a terminal, or in a pipe with ``capacity``
+    (``--capacity``): piped rows stay one node per line for awk. ``--json`` always has
+    both (``node_sets``, ``failovers``).
 
     Raises:
         BadInputError, SlurmSpotError: Slurm's nodes cannot be read
@@ -208,15 +290,21 @@ def _show(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
     except SlurmCommandError as exc:
         raise explain_slurm_failure(exc) from None
     sets = node_set_rows(app.config, nodes, now)
+    moves = last_failovers(app.config.log_dir, now)
+    document = {"nodes": rows, "node_sets": sets, "failovers": moves, "errors": errors}
     if as_json and one_line:  # --watch --json: one document per line (JSON Lines)
-        print_json({"nodes": rows, "node_sets": sets, "errors": errors}, one_line=True)
+        print_json(document, one_line=True)
     elif as_json:
-        print_json({"nodes": rows, "node_sets": sets, "errors": errors})
+        print_json(document)
     else:
         print_table(_cells(rows), fields, header=not noheader)
         if not noheader and (capacity or is_terminal()):
             click.echo("")
             print_table(_node_set_cells(sets), [Field(c) for c in NODE_SET_COLUMNS])
+            if moves:
+                click.echo("")
+                click.echo(f"last failovers (newest first, {FAILOVER_WINDOW.total_seconds() / 3600:g} h):")
+                print_table(_failover_cells(moves), [Field(c) for c in FAILOVER_COLUMNS])
     for error in errors:
         click.echo(f"slurm-spot: error: {error}", err=True)
     return errors
@@ -252,12 +340,13 @@ def _watch(app: AppContext, interval_s: float, as_json: bool, fields: list[Field
               help="Refresh every SECONDS (default 2) until Ctrl-C, as squeue -i.")
 @click.option("--capacity", is_flag=True,
               help="After the nodes, each node set's capacity (ok, or cooldown until when and "
-                   "why) in a pipe too; a terminal always shows it.")
+                   "why) and the last failovers, in a pipe too; a terminal always shows them.")
 @pass_app
 def status_command(app: AppContext, as_json: bool, fields: list[Field], noheader: bool,
                    watch_s: float | None, capacity: bool) -> None:
     """Show every cloud node: Slurm state, instance (market, type, zone, uptime), job; then
-    each node set's capacity state (ok, or cooldown until when and why).
+    each node set's capacity state (ok, or cooldown until when and why) and where the last
+    failovers went (job, from and to node set, after how long, why; last 24 h).
 
     Plain columns when stdout is not a terminal (for awk, grep); --json for scripts."""
     if watch_s is not None:

@@ -214,8 +214,11 @@ class _Facts:
                 self.failures.setdefault(node, []).append(when)
             elif action == Action.BREAKER:
                 self.last_breaker[node] = when
-            elif action == Action.COOLDOWN and extra.get("node_set"):
-                self.last_cooldown[str(extra["node_set"])] = when
+        if action == Action.COOLDOWN and extra.get("node_set"):
+            # The reconciler's or the resume hook's (failover: slurm_spot.failover): either
+            # answers the capacity failures before it. Counting only the reconciler's, a
+            # cooldown an admin ended (state=RESUME) was started again at the next pass.
+            self.last_cooldown[str(extra["node_set"])] = when
         if action == Action.LAUNCH_FAILED and extra.get("class") == "capacity":
             self._capacity(node, str(extra.get("code") or ""), when)
         elif action == Action.LAUNCH_FAILED and extra.get("class") == "quota":
@@ -275,7 +278,8 @@ def build_history(
       ``launch_failed`` events of any class but capacity (those nodes never show ``down~``:
       resume powers them down itself);
     - new capacity failures: ``launch_failed`` events with class ``capacity`` within
-      ``cooldown_s`` and newer than the node set's last ``cooldown`` event;
+      ``cooldown_s`` and newer than the node set's last ``cooldown`` event (the reconciler's
+      or the resume hook's failover);
     - capacity codes: :data:`KNOWN_CAPACITY_CODES` plus every code an event classed capacity;
     - handled instances: instances named by ``reclaimed``/``boot_lost`` events;
     - interrupted jobs: job ids of interruption events within :data:`INTERRUPTION_MEMORY_S`.
