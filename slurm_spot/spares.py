@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from slurm_spot.config import NodeSetConfig, SpotConfig
-from slurm_spot.prewarm import BLOCKING_FLAGS, natural_order, can_power_up, is_ready_replacement
+from slurm_spot.prewarm import BLOCKING_FLAGS, can_power_up, is_ready_replacement, natural_order
 from slurm_spot.slurm.client import Node
 
 HOURS_PER_MONTH = 730.0  # 365 * 24 / 12, the month of cloud price lists

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
 from slurm_spot.errors import ConfigError
-from slurm_spot.slurm.reasons import cooldown_reason
 from slurm_spot.reconcile.reconciler import Reconciler
 from slurm_spot.render import render, suspend_exc_nodes
 from slurm_spot.slurm.client import Node
+from slurm_spot.slurm.reasons import cooldown_reason
 from slurm_spot.slurm.states import parse_node_state
 from slurm_spot.spares import (
     HOURS_PER_MONTH,
