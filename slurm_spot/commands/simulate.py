@@ -8,8 +8,15 @@ from typing import Any
 
 import click
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.commands.plan import (
+from slurm_spot.commands.common import (
+    AppContext,
+    json_option,
+    optional_config,
+    pass_app,
+    print_json,
+    site_events,
+)
+from slurm_spot.cost.plan import (
     MAX_JOB_HOURS,
     MAX_NODES,
     MAX_SECONDS,
@@ -106,13 +113,14 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
 
         out = check_png_path(plot_path)
         require_matplotlib()
-    node_rate_h, source = node_rate(app, band, rate, mtbf_h)
+    node_rate_h, source = node_rate(band, rate, mtbf_h, site_events(app))
     price_source = "no prices (give --instance-type or --spot-usd-h/--on-demand-usd-h)"
     spot = od = 0.0
     spot_known = od_known = instance_type is not None  # (instance_prices raises if not found)
     price_warnings: list[str] = []
     if instance_type is not None:
-        found = checked_prices(app, instance_type, spot_usd_h, on_demand_usd_h, region=region)
+        found = checked_prices(lambda: optional_config(app), instance_type, spot_usd_h,
+                               on_demand_usd_h, region=region)
         spot, od, price_source = found.spot, found.on_demand, found.sources
         price_warnings = found.warnings
     elif spot_usd_h is not None or on_demand_usd_h is not None:

@@ -14,8 +14,9 @@ Who chooses:
   cheapest zone of that type, which is the same ranking). With the other strategies EC2 weighs
   capacity it knows and slurm-spot does not, so EC2 keeps the choice.
 
-Prices come from :class:`~slurm_spot.cost.prices.PriceBook` (``cost.*_usd_per_hour`` in
-spot.yaml, then the AWS spot price history for AWS spot, then the shipped catalogue). **A type
+Prices come from :func:`~slurm_spot.providers.prices.price_of` (``cost.*_usd_per_hour`` in
+spot.yaml, then the provider's own source: the AWS spot price history for AWS spot, then its
+shipped catalogue). **A type
 with no price anywhere is never taken as free**: it goes after every priced type (in config
 order among themselves) and a ``price_unknown`` event names it and says how to price it. Each
 ranking is a ``launch_order`` event (the order, each pool's USD per GPU-hour and source, the
@@ -42,8 +43,8 @@ from pathlib import Path
 
 from slurm_spot import events
 from slurm_spot.config import NodeSetConfig
-from slurm_spot.cost.prices import Price, UnknownPriceError
 from slurm_spot.providers.ledger import PoolCooldowns
+from slurm_spot.providers.prices import Price, UnknownPriceError
 
 log = logging.getLogger(__name__)
 

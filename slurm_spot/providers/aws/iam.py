@@ -1,7 +1,7 @@
 """The IAM permissions slurm-spot's AWS calls need, as data, and the policies built from them.
 
 :data:`CALLS` lists every AWS API operation the package makes (boto3 clients of
-:mod:`.provider`, :mod:`slurm_spot.cost.prices`, :mod:`.online`, :mod:`slurm_spot.providers.aws.catalog`
+:mod:`.provider`, :mod:`.prices`, :mod:`.online`, :mod:`.catalog`, :mod:`.events`
 and the S3 checkpoint store :mod:`slurm_spot.checkpoint.s3` / :mod:`~slurm_spot.checkpoint.s3inflight`),
 by botocore's operation name, with the IAM actions it needs and who makes it:
 
@@ -68,7 +68,7 @@ CALLS: tuple[ApiCall, ...] = (
     # (providers/aws/events.py)
     ApiCall("sqs", "ReceiveMessage", ("sqs:ReceiveMessage",), "controller"),
     ApiCall("sqs", "DeleteMessageBatch", ("sqs:DeleteMessage",), "controller"),
-    # prices and shapes (cost/prices.py, providers/aws/catalog.py)
+    # prices and shapes (providers/aws/prices.py, catalog.py)
     ApiCall("ec2", "DescribeSpotPriceHistory", ("ec2:DescribeSpotPriceHistory",), "controller"),
     ApiCall("ec2", "DescribeInstanceTypes", ("ec2:DescribeInstanceTypes",), "controller"),
     # config check --online (providers/aws/online.py)

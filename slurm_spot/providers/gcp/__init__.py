@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from slurm_spot.providers.base import Finding, Provider
     from slurm_spot.providers.events import EventSource
     from slurm_spot.providers.notices import NoticeSource
+    from slurm_spot.providers.prices import PriceSource
 
 
 def make_provider(config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
@@ -89,3 +90,12 @@ def instance_identity(config: SpotConfig, node: str,
     from slurm_spot.providers.gcp.notices import instance_identity as metadata_identity
 
     return metadata_identity()
+
+
+def price_source(config: SpotConfig | None, name: str | None, live: bool = False,
+                 live_on_demand: bool = False) -> PriceSource:
+    """The prices of provider ``name`` (:func:`.prices.price_source`: the shipped catalogue;
+    nothing is asked of Google, so ``live`` and ``live_on_demand`` change nothing)."""
+    from slurm_spot.providers.gcp.prices import price_source as gcp_prices
+
+    return gcp_prices(config, name)

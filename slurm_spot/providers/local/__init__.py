@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from slurm_spot.providers.base import Finding, Provider
     from slurm_spot.providers.events import EventSource
     from slurm_spot.providers.notices import NoticeSource
+    from slurm_spot.providers.prices import PriceSource
 
 
 def make_provider(config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
@@ -64,3 +65,13 @@ def instance_identity(config: SpotConfig, node: str,
                       settings: ProviderSettings) -> tuple[str, str] | None:
     """None: a local node's slurmd is started by the provider itself, not by systemd."""
     return None
+
+
+def price_source(config: SpotConfig | None, name: str | None, live: bool = False,
+                 live_on_demand: bool = False) -> PriceSource:
+    """No shipped prices: a local node's price is spot.yaml's ``cost`` (the default local
+    config carries :data:`~slurm_spot.config.LOCAL_COST`); without one a lookup raises
+    UnknownPriceError naming the key to set."""
+    from slurm_spot.providers.prices import CataloguePrices
+
+    return CataloguePrices("local", dict)
