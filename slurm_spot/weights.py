@@ -43,7 +43,7 @@ from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.cost.order import DEFAULT_SPOT_BAND, FIRST_WEIGHT, Offer, band_rate_per_h, order_weights
 from slurm_spot.cost.prices import PriceBook
 from slurm_spot.errors import SlurmCommandError
-from slurm_spot.providers import package_for
+from slurm_spot.providers import instance_types, package_for
 from slurm_spot.providers.prices import UnknownPriceError
 from slurm_spot.reconcile.reasons import parse_cooldown
 from slurm_spot.slurm.client import Node, SlurmClient
@@ -52,20 +52,6 @@ log = logging.getLogger(__name__)
 
 #: A node set -> its price in USD per node-hour, or None when none can be had.
 PriceOf = Callable[[NodeSetConfig], "float | None"]
-
-
-def instance_types(config: SpotConfig, ns: NodeSetConfig) -> list[str]:
-    """The instance types a node set may launch (the priced ones): its ``instance_types``,
-    a GCE ``machine_type``; for the local provider its ``instance_types`` (which only name a
-    price in spot.yaml ``cost``, so a local cluster can rehearse the cost order), else
-    ``local``."""
-    kind = config.providers[ns.provider].type
-    if kind == "local":
-        return list(ns.instance_types) or ["local"]
-    found = list(ns.instance_types)
-    if ns.gcp is not None and ns.gcp.machine_type and ns.gcp.machine_type not in found:
-        found.insert(0, ns.gcp.machine_type)
-    return found
 
 
 def price_books(config: SpotConfig, live: bool) -> dict[str, PriceBook]:

@@ -152,3 +152,21 @@ def test_every_gce_method_the_provider_calls_is_covered(tmp_path) -> None:
         entry = gcp_iam.call(method)
         assert entry is not None, f"{method} is not in providers/gcp/iam.py"
         assert set(entry.permissions) <= printed, method
+
+
+def test_a_local_provider_needs_no_permissions(tmp_path) -> None:
+    """``--provider`` naming the local provider printed GCP's role for it (every type that
+    was not aws was taken for gcp); the provider's own package now says it needs none."""
+    path = tmp_path / "spot.yaml"
+    path.write_text("cluster: c1\nproviders:\n  here: {type: local}\n"
+                    "  aws: {type: aws, region: us-east-1}\n"
+                    "node_sets: [{name: n, provider: here, count: 1}]\n"
+                    "partitions: [{name: p, node_sets: [n]}]\n")
+    run = CliRunner().invoke
+    result = run(cli, ["--config", str(path), "config", "iam", "--json", "--provider", "here"])
+    assert result.exit_code == 0, result.output
+    assert read_envelope(result.stdout, "config iam") == {}
+    result = run(cli, ["--config", str(path), "config", "iam", "--provider", "here"])
+    assert result.exit_code == 0 and "no provider that needs cloud permissions" in result.stdout
+    result = run(cli, ["--config", str(path), "config", "iam", "--json"])
+    assert set(read_envelope(result.stdout, "config iam")) == {"aws"}

@@ -17,7 +17,7 @@ from slurm_spot.config import CostConfig, SpotConfig
 from slurm_spot.cost import planner
 from slurm_spot.cost.prices import PriceBook, site_prices
 from slurm_spot.errors import BadInputError
-from slurm_spot.providers import PROVIDER_TYPES, package_for_type
+from slurm_spot.providers import PROVIDER_TYPES, instance_types, package_for_type
 from slurm_spot.providers.prices import UnknownPriceError
 
 #: The provider type an instance type that no node set lists and no catalogue prices is
@@ -93,7 +93,7 @@ def provider_of_type(config: SpotConfig | None, instance_type: str) -> tuple[str
     provider of that type, if any)."""
     if config is not None:
         for ns in config.node_sets:
-            if instance_type in ns.instance_types or (ns.gcp and ns.gcp.machine_type == instance_type):
+            if instance_type in instance_types(config, ns):
                 settings = config.providers[ns.provider]
                 return settings.type, getattr(settings, "region", None)
     for provider_type in PROVIDER_TYPES:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import cast
 
-from slurm_spot.config import SpotConfig
+from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.errors import ConfigError
 from slurm_spot.providers.base import Finding, Provider, ProviderPackage
 
@@ -109,3 +109,28 @@ def capacity_codes() -> frozenset[str]:
     for provider_type in PROVIDER_TYPES:
         codes.update(package_for_type(provider_type).capacity_codes())
     return frozenset(codes)
+
+
+def cloud_permissions(config: SpotConfig, names: list[str]) -> dict[str, dict[str, dict[str, object]]]:
+    """``config iam``: provider name -> what it needs granted
+    (:meth:`ProviderPackage.permissions`), for each of ``names`` that needs anything.
+
+    Raises:
+        ConfigError: a name is not a provider, or its type has no package.
+    """
+    found = {}
+    for name in names:
+        grants = package_for(config, name).permissions(config, name)
+        if grants is not None:
+            found[name] = grants
+    return found
+
+
+def instance_types(config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+    """The instance types ``node_set`` may launch, as its provider names them
+    (:meth:`ProviderPackage.instance_types`).
+
+    Raises:
+        ConfigError: the node set's provider is not defined, or its type has no package.
+    """
+    return package_for(config, node_set.provider).instance_types(config, node_set)

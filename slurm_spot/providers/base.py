@@ -301,6 +301,18 @@ class ProviderPackage(Protocol):
         """
         ...
 
+    def permissions(self, config: SpotConfig, name: str) -> dict[str, dict[str, object]] | None:
+        """What ``config iam`` prints for provider ``name``: per principal (``controller``,
+        ``nodes``, ...) where to attach (``attach``) which policy or permissions, derived
+        from the calls the package makes (its ``iam.py``); None when it needs none."""
+        ...
+
+    def instance_types(self, config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+        """The instance types ``node_set`` (one of this provider's) may launch, the ones its
+        price is asked for (``instance_types``, and whatever else the provider's section
+        names, e.g. a GCE ``machine_type``), in config order."""
+        ...
+
     def instance_identity(self, config: SpotConfig, node: str,
                           settings: ProviderSettings) -> tuple[str, str] | None:
         """``(instance id, instance type)`` of the instance this process runs on, read from

@@ -106,3 +106,16 @@ def price_source(config: SpotConfig | None, name: str | None, live: bool = False
     from slurm_spot.providers.aws.prices import price_source as aws_prices
 
     return aws_prices(config, name, live, live_on_demand)
+
+
+def permissions(config: SpotConfig, name: str) -> dict[str, dict[str, object]] | None:
+    """The IAM policies of the controller, the checkpoint store and the nodes
+    (:func:`.iam.grants`)."""
+    from slurm_spot.providers.aws.iam import grants
+
+    return grants(config)
+
+
+def instance_types(config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+    """The node set's ``instance_types`` (CreateFleet's overrides)."""
+    return list(node_set.instance_types)

@@ -99,3 +99,19 @@ def price_source(config: SpotConfig | None, name: str | None, live: bool = False
     from slurm_spot.providers.gcp.prices import price_source as gcp_prices
 
     return gcp_prices(config, name)
+
+
+def permissions(config: SpotConfig, name: str) -> dict[str, dict[str, object]] | None:
+    """The controller's permissions and roles (:func:`.iam.grants`)."""
+    from slurm_spot.providers.gcp.iam import grants
+
+    return grants(config, name)
+
+
+def instance_types(config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+    """``gcp.machine_type`` first (when set and not listed), then ``instance_types``."""
+    found = list(node_set.instance_types)
+    if node_set.gcp is not None and node_set.gcp.machine_type and \
+            node_set.gcp.machine_type not in found:
+        found.insert(0, node_set.gcp.machine_type)
+    return found

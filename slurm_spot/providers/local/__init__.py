@@ -75,3 +75,14 @@ def price_source(config: SpotConfig | None, name: str | None, live: bool = False
     from slurm_spot.providers.prices import CataloguePrices
 
     return CataloguePrices("local", dict)
+
+
+def permissions(config: SpotConfig, name: str) -> dict[str, dict[str, object]] | None:
+    """None: local instances are processes on this machine, no cloud grants anything."""
+    return None
+
+
+def instance_types(config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+    """The node set's ``instance_types`` (which only name a price in spot.yaml ``cost``, so a
+    local cluster can rehearse the cost order), else ``local``."""
+    return list(node_set.instance_types) or ["local"]
