@@ -1,14 +1,15 @@
 """The work behind ``slurm-spot plan`` and ``simulate``: their bounds, the interruption rate
 and checkpoint cost they are given or measure, an instance type's prices with their sources
-and warnings, ``plan``'s figures (:func:`plan_figures`) and its ranking of candidate types
-(:func:`compare_candidates`). The commands only parse options, call these and print.
+and warnings, ``plan``'s figures (:func:`plan_figures`), its ranking of candidate types
+(:func:`compare_candidates`) and ``simulate``'s runs (:func:`simulation`). The commands
+only parse options, call these and print.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,6 +17,7 @@ from slurm_spot.checkpoint.location import is_s3
 from slurm_spot.config import CostConfig, SpotConfig
 from slurm_spot.cost import planner
 from slurm_spot.cost.prices import PriceBook, site_prices
+from slurm_spot.cost.simulator import STRATEGIES, Baseline, SimParams, StrategyResult, simulate
 from slurm_spot.errors import BadInputError
 from slurm_spot.providers import PROVIDER_TYPES, instance_types, package_for_type
 from slurm_spot.providers.prices import UnknownPriceError
@@ -342,3 +344,76 @@ def plan_figures(site: SiteConfig, checkpoint_s: float, restart_s: float, nodes:
                     saving_percent=100 * (1 - spot_cost / (job_hours * nodes * od)) if od > 0
                     else None)
     return data
+
+
+#: What ``simulate`` says of its comparison: every strategy sees the same interruptions.
+SAME_TRACE = "each run's interruption times are the same for every strategy"
+
+
+@dataclass
+class Simulation:
+    """:func:`simulation`'s answer: the parameters, the on-demand baseline, one result per
+    strategy, where the rate and the prices came from, and which prices are known (an unknown
+    one is not free: its costs are None in :meth:`to_json`)."""
+
+    params: SimParams
+    base: Baseline
+    results: list[StrategyResult]
+    rate_source: str
+    price_source: str
+    price_warnings: list[str]
+    spot_known: bool
+    od_known: bool
+    runs: int
+    seed: int
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``simulate --json`` prints (infinities and unknown costs as None)."""
+        data: dict[str, Any] = {
+            "params": asdict(self.params), "rate_source": self.rate_source,
+            "comparison": {"interval": self.params.interval_policy(), "interruptions": SAME_TRACE},
+            "price_source": self.price_source, "price_warnings": self.price_warnings,
+            "runs": self.runs, "seed": self.seed,
+            "on_demand": asdict(self.base), "strategies": [asdict(r) for r in self.results]}
+        if not self.od_known:  # unknown, not free: null in the JSON
+            data["on_demand"]["cost_usd"] = None
+        for r_data in data["strategies"] if not (self.spot_known and self.od_known) else []:
+            r_data["saving_vs_on_demand"] = None
+            if not self.spot_known:
+                r_data["cost_usd"] = None
+        found = finite(data)
+        assert isinstance(found, dict)
+        return found
+
+
+def simulation(site: SiteConfig, params: SimParams, rate_source: str,
+               instance_type: str | None, spot_usd_h: float | None,
+               on_demand_usd_h: float | None, region: str | None,
+               strategies: tuple[str, ...], runs: int, seed: int) -> Simulation:
+    """``simulate``'s work: the prices (looked up for ``instance_type`` with
+    :func:`checked_prices`, else as given, else none), then
+    :func:`slurm_spot.cost.simulator.simulate` of ``params`` (its prices replaced by those)
+    for ``strategies`` (empty: all), ``runs`` runs each from ``seed``.
+
+    Raises:
+        UnknownPriceError: a price of ``instance_type`` is found nowhere.
+        BadInputError: the simulator cannot make progress with these parameters.
+    """
+    price_source = "no prices (give --instance-type or --spot-usd-h/--on-demand-usd-h)"
+    spot = od = 0.0
+    spot_known = od_known = instance_type is not None  # (checked_prices raises if not found)
+    price_warnings: list[str] = []
+    if instance_type is not None:
+        found = checked_prices(site, instance_type, spot_usd_h, on_demand_usd_h, region=region)
+        spot, od, price_source = found.spot, found.on_demand, found.sources
+        price_warnings = found.warnings
+    elif spot_usd_h is not None or on_demand_usd_h is not None:
+        spot, od, price_source = spot_usd_h or 0.0, on_demand_usd_h or 0.0, "given"
+        spot_known, od_known = spot_usd_h is not None, on_demand_usd_h is not None
+        if not (spot_known and od_known):
+            price_source += (" (no on-demand price: give --on-demand-usd-h)" if spot_known
+                             else " (no spot price: give --spot-usd-h)")
+    params = replace(params, spot_usd_per_h=spot, on_demand_usd_per_h=od)
+    base, results = simulate(params, strategies or STRATEGIES, runs, seed)
+    return Simulation(params, base, list(results), rate_source, price_source, price_warnings,
+                      spot_known, od_known, runs, seed)
