@@ -4,9 +4,11 @@ Modules: :mod:`.provider` (the :class:`~slurm_spot.providers.base.Provider`), :m
 (the launch state machine), :mod:`.requests` (pure request builders and parsers), :mod:`.api`
 (the only code touching google-cloud-compute), :mod:`.errors` (the error-code table),
 :mod:`.checks` (config checks), :mod:`.notices` (the metadata-server preemption notice),
-:mod:`.events` (the zones' preemption operations, for the reconciler).
-Importing this package imports no Google library: the functions below, the provider type's
-entry points (:class:`~slurm_spot.providers.base.ProviderPackage`), import on call.
+:mod:`.events` (the zones' preemption operations, for the reconciler), :mod:`.prices` (the
+catalogue ``prices.yaml``), :mod:`.shapes` (GPUs and vCPUs from a machine type's name),
+:mod:`.iam` (the permissions ``config iam`` prints). Importing this package imports no
+Google library: the functions below, the provider type's entry points
+(:class:`~slurm_spot.providers.base.ProviderPackage`), import on call.
 """
 
 from __future__ import annotations

@@ -60,8 +60,9 @@ from slurm_spot.providers.gcp.requests import (
     label_filter,
     label_value,
 )
+from slurm_spot.providers.gcp.shapes import gce_machine_shape
 from slurm_spot.providers.ledger import PoolCooldowns, UnofferedPairs
-from slurm_spot.providers.pool_order import PoolRanker, gce_machine_shape
+from slurm_spot.providers.pool_order import PoolRanker
 from slurm_spot.providers.prices import Price, price_of
 
 log = logging.getLogger(__name__)
