@@ -30,7 +30,8 @@ AWS_TEST_FILES = ["tests/test_aws_provider.py", "tests/test_aws_fleet.py",
                   "tests/test_aws_catalog.py", "tests/test_aws_errors.py",
                   "tests/test_checkpoint_s3.py", "tests/test_checkpoint_s3_faults.py",
                   "tests/test_cost_prices.py", "tests/test_config_online_aws.py",
-                  "tests/test_provider_events.py", "tests/test_aws_credentials_file.py"]
+                  "tests/test_provider_events.py", "tests/test_aws_credentials_file.py",
+                  "tests/test_cost_regions.py"]
 
 
 def iam_json(tmp_path: Path, root: str = "s3://ckpt-bucket/runs", *args: str) -> Any:

@@ -112,7 +112,7 @@ class InstancePrices:
     ``sources`` names where each looked-up price came from (``given`` when both were given);
     ``unverified`` the prices taken from catalogue entries no fetched source confirmed
     (``"<market> <type>: <price> USD/h"``); ``warnings`` why a price may not be the region's
-    (:attr:`slurm_spot.cost.prices.Price.warning`); ``region`` the region priced for (None:
+    (:attr:`slurm_spot.providers.prices.Price.warning`); ``region`` the region priced for (None:
     not known)."""
 
     spot: float

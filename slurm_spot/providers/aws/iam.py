@@ -70,6 +70,8 @@ CALLS: tuple[ApiCall, ...] = (
     ApiCall("sqs", "DeleteMessageBatch", ("sqs:DeleteMessage",), "controller"),
     # prices and shapes (providers/aws/prices.py, catalog.py)
     ApiCall("ec2", "DescribeSpotPriceHistory", ("ec2:DescribeSpotPriceHistory",), "controller"),
+    # on-demand prices of a region the catalogue does not cover (plan, cost: prices.py)
+    ApiCall("pricing", "GetProducts", ("pricing:GetProducts",), "controller"),
     ApiCall("ec2", "DescribeInstanceTypes", ("ec2:DescribeInstanceTypes",), "controller"),
     # config check --online (providers/aws/online.py)
     ApiCall("ec2", "DescribeLaunchTemplates", ("ec2:DescribeLaunchTemplates",), "controller"),
