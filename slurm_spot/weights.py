@@ -5,8 +5,9 @@ The order itself is :mod:`slurm_spot.cost.order` (pure); this module feeds it:
 
 - **prices**: each node set's cheapest instance type in its market, from spot.yaml's ``cost``,
   the provider's live price (AWS ``DescribeSpotPriceHistory`` through each AWS provider's own
-  region and profile, cached in ``<state_dir>/cost/spot-prices.json`` for
-  ``cost.spot_price_max_age_s``), else the shipped catalogue (:class:`~slurm_spot.cost.prices.PriceBook`);
+  region, profile and credentials file, cached in ``<state_dir>/cost/spot-prices.json`` for
+  ``cost.spot_price_max_age_s``), else the shipped catalogue (:class:`~slurm_spot.cost.prices.PriceBook`
+  over each provider's price source);
   a node set whose price cannot be had keeps the last one this process saw, else sorts after
   the priced ones;
 - **risk**: ``interruption_band`` of the node set (Spot Advisor band; unset: 5-10 % for spot,
@@ -38,10 +39,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping, MutableMapp
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from slurm_spot.config import AwsProviderConfig, NodeSetConfig, SpotConfig
+from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.cost.order import DEFAULT_SPOT_BAND, FIRST_WEIGHT, Offer, band_rate_per_h, order_weights
-from slurm_spot.cost.prices import AwsSpotPrices, PriceBook, UnknownPriceError
+from slurm_spot.cost.prices import PriceBook
 from slurm_spot.errors import SlurmCommandError
+from slurm_spot.providers import instance_types, package_for
+from slurm_spot.providers.prices import UnknownPriceError
 from slurm_spot.slurm.client import Node, SlurmClient
 from slurm_spot.slurm.reasons import parse_cooldown
 
@@ -51,40 +54,19 @@ log = logging.getLogger(__name__)
 PriceOf = Callable[[NodeSetConfig], "float | None"]
 
 
-def instance_types(config: SpotConfig, ns: NodeSetConfig) -> list[str]:
-    """The instance types a node set may launch (the priced ones): its ``instance_types``,
-    a GCE ``machine_type``; for the local provider its ``instance_types`` (which only name a
-    price in spot.yaml ``cost``, so a local cluster can rehearse the cost order), else
-    ``local``."""
-    kind = config.providers[ns.provider].type
-    if kind == "local":
-        return list(ns.instance_types) or ["local"]
-    found = list(ns.instance_types)
-    if ns.gcp is not None and ns.gcp.machine_type and ns.gcp.machine_type not in found:
-        found.insert(0, ns.gcp.machine_type)
-    return found
-
-
 def price_books(config: SpotConfig, live: bool) -> dict[str, PriceBook]:
     """One :class:`PriceBook` per provider name, for that provider's region; with ``live``,
     AWS spot prices come from ``DescribeSpotPriceHistory`` of each AWS provider (its profile,
-    region and endpoint; boto3 is imported only when a price is first asked)."""
+    credentials file, region and endpoint; boto3 is imported only when a price is first
+    asked); on-demand prices are never asked of the Price List API here (the reconciler would
+    ask it every pass where it is refused).
+
+    Raises:
+        ConfigError: a provider's type has no package."""
     books = {}
     for name, settings in config.providers.items():
-        spot = None
-        if live and isinstance(settings, AwsProviderConfig):
-            def factory(aws: AwsProviderConfig = settings) -> object:
-                import boto3
-
-                session = boto3.Session(profile_name=aws.profile, region_name=aws.region)
-                return session.client("ec2", endpoint_url=aws.endpoint_url)
-
-            spot = AwsSpotPrices(factory, settings.region,
-                                 config.state_dir / "cost" / "spot-prices.json",
-                                 config.cost.spot_price_max_age_s)
-        region = getattr(settings, "region", None)
-        books[name] = PriceBook(config.cost, spot, {name: settings.type},
-                                regions={settings.type: region} if isinstance(region, str) else {})
+        source = package_for(config, name).price_source(config, name, live=live)
+        books[name] = PriceBook(config.cost, {settings.type: source}, {name: settings.type})
     return books
 
 

@@ -30,7 +30,8 @@ AWS_TEST_FILES = ["tests/test_aws_provider.py", "tests/test_aws_fleet.py",
                   "tests/test_aws_catalog.py", "tests/test_aws_errors.py",
                   "tests/test_checkpoint_s3.py", "tests/test_checkpoint_s3_faults.py",
                   "tests/test_cost_prices.py", "tests/test_config_online_aws.py",
-                  "tests/test_provider_events.py"]
+                  "tests/test_provider_events.py", "tests/test_aws_credentials_file.py",
+                  "tests/test_cost_regions.py"]
 
 
 def iam_json(tmp_path: Path, root: str = "s3://ckpt-bucket/runs", *args: str) -> Any:
@@ -152,3 +153,21 @@ def test_every_gce_method_the_provider_calls_is_covered(tmp_path) -> None:
         entry = gcp_iam.call(method)
         assert entry is not None, f"{method} is not in providers/gcp/iam.py"
         assert set(entry.permissions) <= printed, method
+
+
+def test_a_local_provider_needs_no_permissions(tmp_path) -> None:
+    """``--provider`` naming the local provider printed GCP's role for it (every type that
+    was not aws was taken for gcp); the provider's own package now says it needs none."""
+    path = tmp_path / "spot.yaml"
+    path.write_text("cluster: c1\nproviders:\n  here: {type: local}\n"
+                    "  aws: {type: aws, region: us-east-1}\n"
+                    "node_sets: [{name: n, provider: here, count: 1}]\n"
+                    "partitions: [{name: p, node_sets: [n]}]\n")
+    run = CliRunner().invoke
+    result = run(cli, ["--config", str(path), "config", "iam", "--json", "--provider", "here"])
+    assert result.exit_code == 0, result.output
+    assert read_envelope(result.stdout, "config iam") == {}
+    result = run(cli, ["--config", str(path), "config", "iam", "--provider", "here"])
+    assert result.exit_code == 0 and "no provider that needs cloud permissions" in result.stdout
+    result = run(cli, ["--config", str(path), "config", "iam", "--json"])
+    assert set(read_envelope(result.stdout, "config iam")) == {"aws"}

@@ -137,7 +137,7 @@ def test_missing_prices_name_the_type_and_zone(tmp_path: Path) -> None:
     data["cost"] = {"on_demand_usd_per_hour": {"g5.xlarge": 1.0}}
     config = parse_config(data)
     usage = usage_from_events(7, EVENTS, config)
-    from slurm_spot.cost.prices import UnknownPriceError
+    from slurm_spot.providers.prices import UnknownPriceError
     with pytest.raises(UnknownPriceError, match=r"'g5\.xlarge' in zone us-east-1a"):
         cost_report(usage, site_prices(config, live_spot=False), at("17:00"))
 
@@ -183,7 +183,7 @@ def test_cost_finds_an_array_tasks_checkpoints_in_its_own_directory(tmp_path: Pa
     """Issue 23: ``cost --job`` looked in ``<root>/<user>/<raw job id>``, but an array task's
     checkpoints live in ``<root>/<user>/<array job>_<task>`` (the key the prolog uses), so an
     array task's storage and lost steps were never read."""
-    from slurm_spot.commands.cost import job_usage
+    from slurm_spot.cost.report import job_usage
     from slurm_spot.slurm.client import SlurmClient
 
     config = parse_config(site(tmp_path))

@@ -184,10 +184,10 @@ def test_plan_with_the_rate_observed_in_the_event_log(tmp_path: Path) -> None:
 
 def _unverified_catalogue(monkeypatch: pytest.MonkeyPatch) -> None:
     """The shipped catalogue plus an AWS type whose on-demand price no source confirmed."""
-    from slurm_spot.cost import prices
+    from slurm_spot.providers.aws import prices
 
     data = json.loads(json.dumps(prices.catalogue()))
-    data["aws"]["on_demand"]["g5.xlarge"] = {"usd_per_h": 1.25, "source": "unverified"}
+    data["on_demand"]["g5.xlarge"] = {"usd_per_h": 1.25, "source": "unverified"}
     monkeypatch.setattr(prices, "catalogue", lambda: data)
 
 

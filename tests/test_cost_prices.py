@@ -11,7 +11,11 @@ import pytest
 from moto import mock_aws
 
 from slurm_spot.config import CostConfig
-from slurm_spot.cost.prices import AwsSpotPrices, PriceBook, UnknownPriceError, catalogue
+from slurm_spot.cost.prices import PriceBook
+from slurm_spot.providers.aws import prices as aws_prices
+from slurm_spot.providers.aws.prices import AwsPrices, AwsSpotPrices
+from slurm_spot.providers.gcp import prices as gcp_prices
+from slurm_spot.providers.prices import UnknownPriceError
 
 
 @pytest.fixture
@@ -64,14 +68,15 @@ def test_unknown_zone_is_a_clear_error(aws: None) -> None:
 def test_config_overrides_catalogue_and_api(aws: None) -> None:
     book = PriceBook(CostConfig(spot_usd_per_hour={"g5.xlarge": 0.31},
                                 on_demand_usd_per_hour={"g5.xlarge": 1.5}),
-                     AwsSpotPrices(CountingFactory(), "us-east-1", None))
+                     {"aws": AwsPrices(spot=AwsSpotPrices(CountingFactory(), "us-east-1", None))})
     assert book.instance("aws", "spot", "g5.xlarge").usd_per_h == 0.31
     assert book.instance("aws", "on-demand", "g5.xlarge").source == "config"
 
 
 def test_catalogue_is_dated_and_sourced() -> None:
-    cat = catalogue()
-    assert str(cat["as_of"]).startswith("20")
+    cat = {"aws": aws_prices.catalogue(), "gcp": gcp_prices.catalogue()}
+    for provider in ("aws", "gcp"):
+        assert str(cat[provider]["as_of"]).startswith("20")
     assert "aws.amazon.com" in cat["aws"]["source"] and "cloud.google.com" in cat["gcp"]["source"]
     for provider in ("aws", "gcp"):
         sources = cat[provider]["sources"]
@@ -94,12 +99,10 @@ def test_catalogue_is_dated_and_sourced() -> None:
 
 
 def test_an_unverified_catalogue_entry_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_spot.cost import prices
-
-    data = {"as_of": "2026-12-01", "aws": {"region": "us-east-1", "sources": {}, "on_demand": {
+    data = {"as_of": "2026-12-01", "region": "us-east-1", "sources": {}, "on_demand": {
         "x1.bare": 2.0, "x1.marked": {"usd_per_h": 3.0, "source": "unverified"},
-        "x1.dangling": {"usd_per_h": 4.0, "source": "nowhere"}}}}
-    monkeypatch.setattr(prices, "catalogue", lambda: data)
+        "x1.dangling": {"usd_per_h": 4.0, "source": "nowhere"}}}
+    monkeypatch.setattr(aws_prices, "catalogue", lambda: data)
     book = PriceBook(CostConfig())
     for itype, usd in (("x1.bare", 2.0), ("x1.marked", 3.0), ("x1.dangling", 4.0)):
         found = book.instance("aws", "on-demand", itype)

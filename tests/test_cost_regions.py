@@ -16,13 +16,10 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.config import CostConfig
-from slurm_spot.cost.prices import (
-    AwsOnDemandPrices,
-    PriceBook,
-    UnknownPriceError,
-    parse_price_list,
-)
+from slurm_spot.cost.prices import PriceBook
 from slurm_spot.jsonenvelope import read_envelope
+from slurm_spot.providers.aws.prices import AwsOnDemandPrices, AwsPrices, parse_price_list
+from slurm_spot.providers.prices import UnknownPriceError
 from tests.test_cost_accounting import EVENTS, site
 
 ANSWER = Path(__file__).parent / "data" / "aws-pricing" / "get-products-p4d.24xlarge-eu-west-1.json"
@@ -65,7 +62,7 @@ def test_the_price_list_answer_gives_the_instances_own_row() -> None:
 def test_a_live_on_demand_price_names_its_region_and_is_cached(tmp_path: Path) -> None:
     client, stub = stubbed_pricing([json.loads(ANSWER.read_text())])
     live = AwsOnDemandPrices(lambda: client, "eu-west-1", tmp_path / "od.json", clock=lambda: NOW)
-    book = PriceBook(CostConfig(), regions={"aws": "eu-west-1"}, aws_on_demand=live)
+    book = PriceBook(CostConfig(), {"aws": AwsPrices(region="eu-west-1", on_demand=live)})
     price = book.instance("aws", "on-demand", "p4d.24xlarge")
     assert (price.usd_per_h, price.source, price.region, price.as_of, price.warning) == (
         24.1534, "aws-price-list eu-west-1", "eu-west-1", "2026-11-20", None)
@@ -75,7 +72,7 @@ def test_a_live_on_demand_price_names_its_region_and_is_cached(tmp_path: Path) -
                               clock=lambda: NOW)
     assert again.price("p4d.24xlarge").usd_per_h == 24.1534
     # the catalogue's own region needs no lookup: its price is the region's
-    east = PriceBook(CostConfig(), regions={"aws": "us-east-1"}, aws_on_demand=live)
+    east = PriceBook(CostConfig(), {"aws": AwsPrices(region="us-east-1", on_demand=live)})
     assert east.instance("aws", "on-demand", "p4d.24xlarge").warning is None
 
 
@@ -85,7 +82,7 @@ def test_offline_the_catalogue_is_used_with_a_warning_naming_both_regions(
         return boto3.Session(region_name="us-east-1").client("pricing")
 
     live = AwsOnDemandPrices(no_network, "eu-west-1", None)
-    book = PriceBook(CostConfig(), regions={"aws": "eu-west-1"}, aws_on_demand=live)
+    book = PriceBook(CostConfig(), {"aws": AwsPrices(region="eu-west-1", on_demand=live)})
     price = book.instance("aws", "on-demand", "p4d.24xlarge")
     assert price.region == "us-east-1" and price.usd_per_h == pytest.approx(21.957642)
     assert price.warning is not None

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 
 from slurm_spot.config import NodeSetConfig
-from slurm_spot.cost.prices import Price, UnknownPriceError
 from slurm_spot.events import read_events
 from slurm_spot.providers.base import ErrorClass, LaunchRequest
 from slurm_spot.providers.gcp.provider import GcpProvider
+from slurm_spot.providers.gcp.shapes import gce_machine_shape
 from slurm_spot.providers.ledger import PoolCooldowns
-from slurm_spot.providers.pool_order import gce_machine_shape, rank_pools, unit_counter
+from slurm_spot.providers.pool_order import rank_pools, unit_counter
+from slurm_spot.providers.prices import Price, UnknownPriceError
 from tests.fakes.aws_harness import NOW, Harness, make_config, moto_world
 from tests.fakes.ec2 import World
 from tests.fakes.gce_api import FakeCompute, gcp_config

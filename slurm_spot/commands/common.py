@@ -96,6 +96,30 @@ def require_events_file(config: SpotConfig) -> Path:
     return path
 
 
+def optional_config(app: AppContext) -> SpotConfig | None:
+    """The site config if one is named or exists (``plan`` and ``simulate`` work without one).
+
+    Raises:
+        ConfigError: the config exists but is invalid."""
+    from slurm_spot.config import config_path
+
+    if app.config_path is None and not config_path().exists():
+        return None
+    return app.config
+
+
+def site_events(app: AppContext) -> Callable[[], list[dict[str, Any]]]:
+    """Returns the site's recorded events when called (``--interruption-rate observed``),
+    the events file checked as :func:`require_events_file` first."""
+    def events() -> list[dict[str, Any]]:
+        from slurm_spot.events import read_events
+
+        require_events_file(app.config)
+        return list(read_events(app.config.log_dir))
+
+    return events
+
+
 def check_config_path(value: str | None) -> str | None:
     """``--config`` must name a file: an empty value would silently mean the default one.
 

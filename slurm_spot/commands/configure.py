@@ -9,9 +9,9 @@ import click
 import yaml
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.config import SpotConfig, credentials_file_problems, slurm_bin_problems
+from slurm_spot.config import credentials_file_problems, slurm_bin_problems
 from slurm_spot.errors import BadInputError, ConfigError
-from slurm_spot.providers import check_config, check_online
+from slurm_spot.providers import check_config, check_online, cloud_permissions
 from slurm_spot.render import render, slurm_version, write_rendered
 from slurm_spot.slurm.version import SlurmVersion
 
@@ -73,22 +73,21 @@ def iam_command(app: AppContext, provider_name: str | None, as_json: bool) -> No
     controller and the checkpoint store, the permissions and roles (GCP) for the controller.
     Derived from the calls the code makes (slurm_spot/providers/*/iam.py)."""
     config = app.config
-    clouds: dict[str, str] = {name: p.type for name, p in config.providers.items()
-                              if p.type in ("aws", "gcp")}
+    names = list(config.providers)
     if provider_name is not None:
         if provider_name not in config.providers:
             raise BadInputError(f"--provider {provider_name}: not a provider of "
                                 f"{config.source_path} (it has: "
                                 f"{', '.join(sorted(config.providers))})")
-        clouds = {provider_name: config.providers[provider_name].type}
-    out: dict[str, object] = {}
-    for name, kind in clouds.items():
-        out[name] = _aws_iam(config) if kind == "aws" else _gcp_iam(config, name)
+        names = [provider_name]
+    out = cloud_permissions(config, names)
+    clouds = {name: config.providers[name].type for name in out}
     if as_json:
         print_json(out)
         return
     if not out:
-        click.echo(f"{config.source_path}: no cloud provider (aws, gcp): no permissions needed")
+        click.echo(f"{config.source_path}: no provider that needs cloud permissions (the "
+                   "local provider needs none)")
     for name, grants in out.items():
         assert isinstance(grants, dict)
         for who, what in grants.items():
@@ -100,37 +99,6 @@ def iam_command(app: AppContext, provider_name: str | None, as_json: bool) -> No
                            f"{getattr(config.providers[name], 'project', 'PROJECT')} --file ROLE.yaml, "
                            f"ROLE.yaml being:")
                 click.echo(yaml.safe_dump(what["custom_role"], sort_keys=False), nl=False)
-
-
-def _aws_iam(config: SpotConfig) -> dict[str, dict[str, object]]:
-    from slurm_spot.providers.aws.iam import policies
-
-    documents = policies(config)
-    store = ("the compute nodes' instance profile (jobs write their checkpoints) and the "
-             "controller's role (cost reads them)" if config.checkpoint.is_s3 else
-             "only if a job uses an s3:// checkpoint root (--checkpoint-root): the compute "
-             "nodes' instance profile, narrowed to that bucket")
-    return {
-        "controller": {"attach": "the controller's IAM role or user (the hooks, the "
-                       "reconciler, config check --online)", "policy": documents["controller"]},
-        "checkpoint_store": {"attach": store, "policy": documents["store"]},
-        "nodes": {"attach": "the compute nodes need nothing else (the watcher reads only the "
-                  "instance metadata service)", "policy": None},
-    }
-
-
-def _gcp_iam(config: SpotConfig, name: str) -> dict[str, dict[str, object]]:
-    from slurm_spot.providers.gcp.iam import PREDEFINED_ROLES, custom_role, permissions
-
-    project = getattr(config.providers[name], "project", None)
-    return {
-        "controller": {"attach": f"the controller's service account, on project {project}: "
-                       f"the custom role below, or {' and '.join(PREDEFINED_ROLES)}",
-                       "permissions": permissions(), "predefined_roles": list(PREDEFINED_ROLES),
-                       "custom_role": custom_role(project)},
-        "nodes": {"attach": "the compute nodes need no permission (the watcher reads the "
-                  "metadata server)", "permissions": []},
-    }
 
 
 def _dir_given(_ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:

@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
-from typing import Any
 
 import click
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.commands.plan import (
+from slurm_spot.commands.common import (
+    AppContext,
+    json_option,
+    optional_config,
+    pass_app,
+    print_json,
+    site_events,
+)
+from slurm_spot.cost.plan import (
     MAX_JOB_HOURS,
     MAX_NODES,
     MAX_SECONDS,
     MAX_USD_H,
+    SAME_TRACE,
     check_number,
-    checked_prices,
-    finite,
     node_rate,
+    simulation,
 )
-from slurm_spot.cost.simulator import STRATEGIES, SimParams, simulate
+from slurm_spot.cost.simulator import STRATEGIES, SimParams
 
 MAX_RUNS = 100_000
-SAME_TRACE = "each run's interruption times are the same for every strategy"
 
 
 @click.command("simulate")
@@ -106,47 +110,24 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
 
         out = check_png_path(plot_path)
         require_matplotlib()
-    node_rate_h, source = node_rate(app, band, rate, mtbf_h)
-    price_source = "no prices (give --instance-type or --spot-usd-h/--on-demand-usd-h)"
-    spot = od = 0.0
-    spot_known = od_known = instance_type is not None  # (instance_prices raises if not found)
-    price_warnings: list[str] = []
-    if instance_type is not None:
-        found = checked_prices(app, instance_type, spot_usd_h, on_demand_usd_h, region=region)
-        spot, od, price_source = found.spot, found.on_demand, found.sources
-        price_warnings = found.warnings
-    elif spot_usd_h is not None or on_demand_usd_h is not None:
-        spot, od, price_source = spot_usd_h or 0.0, on_demand_usd_h or 0.0, "given"
-        spot_known, od_known = spot_usd_h is not None, on_demand_usd_h is not None
-        if not (spot_known and od_known):
-            price_source += (" (no on-demand price: give --on-demand-usd-h)" if spot_known
-                             else " (no spot price: give --spot-usd-h)")
+    node_rate_h, source = node_rate(band, rate, mtbf_h, site_events(app))
     params = SimParams(nodes=nodes, on_demand_nodes=on_demand_nodes, job_hours=job_hours,
                        checkpoint_s=checkpoint_s, restart_s=restart_s, interval_s=interval_s,
                        notice_s=notice_s, boot_s=boot_s, slurmd_timeout_s=slurmd_timeout_s,
-                       requeue_delay_s=requeue_delay_s, node_rate_per_h=node_rate_h,
-                       spot_usd_per_h=spot, on_demand_usd_per_h=od)
-    base, results = simulate(params, strategies or STRATEGIES, runs, seed)
+                       requeue_delay_s=requeue_delay_s, node_rate_per_h=node_rate_h)
+    run = simulation(lambda: optional_config(app), params, source, instance_type, spot_usd_h,
+                     on_demand_usd_h, region, strategies, runs, seed)
+    params, base, results = run.params, run.base, run.results
+    spot_known, od_known, price_source = run.spot_known, run.od_known, run.price_source
+    price_warnings = run.price_warnings
     if out is not None:
         from slurm_spot.cost.plots import save_png, simulation_figure
 
         save_png(simulation_figure(base, results, f"{nodes} nodes, {job_hours:g} h, {source}\n"
                                                   f"{params.interval_policy()}; {SAME_TRACE}"),
                  out)
-    data: dict[str, Any] = {"params": asdict(params), "rate_source": source,
-                            "comparison": {"interval": params.interval_policy(),
-                                           "interruptions": SAME_TRACE},
-                            "price_source": price_source, "price_warnings": price_warnings,
-                            "runs": runs, "seed": seed,
-                            "on_demand": asdict(base), "strategies": [asdict(r) for r in results]}
-    if not od_known:  # unknown, not free: null in the JSON
-        data["on_demand"]["cost_usd"] = None
-    for r_data in data["strategies"] if not (spot_known and od_known) else []:
-        r_data["saving_vs_on_demand"] = None
-        if not spot_known:
-            r_data["cost_usd"] = None
     if as_json:
-        print_json(finite(data))
+        print_json(run.to_json())
         return
     click.echo(f"{nodes} nodes ({on_demand_nodes} on-demand), {job_hours:g} h of compute; "
                f"{source}; {price_source}; {runs} runs, seed {seed}")

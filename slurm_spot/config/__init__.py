@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         MAX_TIME_PATTERN,
         NAME_PATTERN,
         NODE_SET_PATTERN,
+        PROVIDER_TYPE_NAMES,
         S3_ROOT_PATTERN,
         SIGNAL_NAMES,
         AwsNodeSetOptions,
@@ -66,7 +67,8 @@ _LOADER_NAMES = (
 )
 _MODEL_NAMES = (
     "DEFAULT_CONFIG_PATH", "LOCAL_COST", "MAX_TIME_LIMIT_MINUTES", "MAX_TIME_PATTERN",
-    "NAME_PATTERN", "NODE_SET_PATTERN", "S3_ROOT_PATTERN", "SIGNAL_NAMES", "AwsNodeSetOptions",
+    "NAME_PATTERN", "NODE_SET_PATTERN", "PROVIDER_TYPE_NAMES", "S3_ROOT_PATTERN", "SIGNAL_NAMES",
+    "AwsNodeSetOptions",
     "AwsProviderConfig", "CheckpointConfig", "CostConfig", "GcpNodeSetOptions",
     "GcpProviderConfig", "GpuSpec", "LocalProviderConfig", "NodeSetConfig", "PartitionConfig",
     "PowerConfig", "PreemptionConfig", "ProviderConfig", "ProviderSettings", "ReconcileConfig",
@@ -87,6 +89,7 @@ __all__ = [
     "MAX_TIME_PATTERN",
     "NAME_PATTERN",
     "NODE_SET_PATTERN",
+    "PROVIDER_TYPE_NAMES",
     "S3_ROOT_PATTERN",
     "SIGNAL_NAMES",
     "SLURM_COMMANDS",

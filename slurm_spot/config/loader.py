@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import get_args
 
 import yaml
 from pydantic import ValidationError
 
-from slurm_spot.config.models import ProviderSettings, SpotConfig
+from slurm_spot.config.models import PROVIDER_TYPE_NAMES, SpotConfig
 from slurm_spot.config.source import (
     ConfigBytes,
     check_trusted_file,
@@ -135,7 +134,7 @@ def _describe(exc: ValidationError, lines: dict[Path_, int]) -> list[str]:
             msg = "unknown key"
         if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # providers.<name>.type
             loc = (*loc, "type")
-            known = ", ".join(repr(c.model_fields["type"].default) for c in get_args(ProviderSettings))
+            known = ", ".join(repr(t) for t in PROVIDER_TYPE_NAMES)
             given = err["input"].get("type") if isinstance(err["input"], dict) else None
             msg = (f"unknown provider type {given!r}" if given is not None else "missing") + \
                 f"; known types: {known}"
@@ -151,7 +150,7 @@ def _describe(exc: ValidationError, lines: dict[Path_, int]) -> list[str]:
 def _model_loc(loc: tuple[int | str, ...]) -> Path_:
     """pydantic's location without the union tag it adds after a provider's name
     (``providers.ec2.aws.region`` -> ``providers.ec2.region``)."""
-    if len(loc) >= 3 and loc[0] == "providers" and loc[2] in ("local", "aws", "gcp"):
+    if len(loc) >= 3 and loc[0] == "providers" and loc[2] in PROVIDER_TYPE_NAMES:
         return (*loc[:2], *loc[3:])
     return tuple(loc)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -94,9 +94,15 @@ class GcpProviderConfig(_Model):
         "instance at once instead of at its next pass")
 
 
-#: The settings of one ``providers:`` entry, whichever its type.
+#: The settings of one ``providers:`` entry, whichever its type. A provider type is one model
+#: here (its ``type`` Literal is the name) and one package in the registry
+#: (:data:`slurm_spot.providers.PROVIDER_TYPES`, which must name the same types:
+#: tests/test_provider_registry.py); every other list of types is derived from this union.
 ProviderSettings = LocalProviderConfig | AwsProviderConfig | GcpProviderConfig
 ProviderConfig = Annotated[ProviderSettings, Field(discriminator="type")]
+#: The provider type names spot.yaml accepts, in the order of :data:`ProviderSettings`.
+PROVIDER_TYPE_NAMES: tuple[str, ...] = tuple(
+    str(model.model_fields["type"].default) for model in get_args(ProviderSettings))
 
 
 class GpuSpec(_Model):
@@ -461,10 +467,10 @@ class CostConfig(_Model):
     """Prices for ``slurm-spot plan``, ``cost`` and ``simulate`` (USD).
 
     Instance-type keys are the provider's type names (``g5.xlarge``, ``a2-highgpu-1g``); an
-    entry here wins over the shipped catalogue (``slurm_spot/cost/prices.yaml``) and, for spot,
-    over the AWS spot price history. Storage and egress prices are keyed by provider name (a key
-    of ``providers``), since they differ by provider and region. A price that is needed and
-    found nowhere is an error naming the type and zone, never zero.
+    entry here wins over the shipped catalogue (``slurm_spot/providers/<type>/prices.yaml``)
+    and, for spot, over the AWS spot price history. Storage and egress prices are keyed by
+    provider name (a key of ``providers``), since they differ by provider and region. A price
+    that is needed and found nowhere is an error naming the type and zone, never zero.
     """
 
     on_demand_usd_per_hour: dict[str, Annotated[float, Field(ge=0)]] = Field(
@@ -590,23 +596,28 @@ class SpotConfig(_Model):
         return [n for ns in self.node_sets for n in ns.node_names]
 
 
+def node_set_sections() -> tuple[str, ...]:
+    """The node-set sections named after a provider type (``aws``, ``gcp``): a
+    :class:`NodeSetConfig` field whose name is in :data:`PROVIDER_TYPE_NAMES`."""
+    return tuple(t for t in PROVIDER_TYPE_NAMES if t in NodeSetConfig.model_fields)
+
+
 def _provider_section_problems(where: str, ns: NodeSetConfig, provider_type: str) -> list[str]:
-    problems = []
-    if provider_type == "aws" and ns.aws is None:
-        problems.append(f"{where}.aws: required for a node set of an 'aws' provider")
-    if provider_type == "gcp" and ns.gcp is None:
-        problems.append(f"{where}.gcp: required for a node set of a 'gcp' provider")
-    if provider_type != "aws" and ns.aws is not None:
-        problems.append(f"{where}.aws: only allowed for a node set of an 'aws' provider")
-    if provider_type != "gcp" and ns.gcp is not None:
-        problems.append(f"{where}.gcp: only allowed for a node set of a 'gcp' provider")
+    """A node set of a provider type that has a section needs it; no other type's section
+    is allowed (derived from :func:`node_set_sections`, so a new type's section is checked
+    as soon as it exists)."""
+    sections = node_set_sections()
+    problems = [f"{where}.{s}: required for a node set of a {s!r} provider" for s in sections
+                if s == provider_type and getattr(ns, s) is None]
+    problems += [f"{where}.{s}: only allowed for a node set of a {s!r} provider" for s in sections
+                 if s != provider_type and getattr(ns, s) is not None]
     return problems
 
 
 # Prices of the local provider's "instances" (instance type and provider name ``local``), so
 # that ``slurm-spot cost`` and ``plan``/``simulate`` work on the local cluster. Illustrative,
 # not a bill: a local node is priced like the catalogue's g5.xlarge on-demand (1.006 USD/h,
-# slurm_spot/cost/prices.yaml) with spot at about 40 % of it; storage and egress at cloud-like
+# slurm_spot/providers/aws/prices.yaml) with spot at about 40 % of it; storage and egress at cloud-like
 # rates. examples/spot-local.yaml carries the same.
 LOCAL_COST: dict[str, dict[str, float]] = {
     "spot_usd_per_hour": {"local": 0.40},

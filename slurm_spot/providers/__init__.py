@@ -7,9 +7,18 @@ that mean "no capacity". Those functions import the provider's modules (and its 
 library) only when called, so a hook or a check that involves only ``local`` node sets never
 imports boto3 (~0.4 s) or ``google.cloud.compute_v1`` (~1.7 s).
 
-Adding a provider type: a package under ``providers/``, one line in :data:`PROVIDER_TYPES`,
-and its config models in :mod:`slurm_spot.config`. An unknown type is a configuration error
-that names the field, never a fallback to another provider.
+This registry is the one list of provider types. The only other place a type is named is its
+settings model in :mod:`slurm_spot.config.models` (the ``ProviderSettings`` union, which
+spot.yaml is validated against); the config's own lists (the known types an error names, the
+node-set sections, ``PROVIDER_TYPE_NAMES``) are derived from that union, and
+tests/test_provider_registry.py fails when the union and :data:`PROVIDER_TYPES` differ. Either
+way round a mismatch is loud at run time too: a type the config accepts but the registry lacks
+is a ConfigError here, a type registered without a model is rejected by the config.
+
+Adding a provider type (docs/DESIGN.md, "Adding a provider"): a package under ``providers/``,
+one line in :data:`PROVIDER_TYPES`, and its settings model (and node-set section, if it has
+one) in :mod:`slurm_spot.config.models`. An unknown type is a configuration error that names
+the field, never a fallback to another provider.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import cast
 
-from slurm_spot.config import SpotConfig
+from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.errors import ConfigError
 from slurm_spot.providers.base import Finding, Provider, ProviderPackage
 
@@ -100,3 +109,28 @@ def capacity_codes() -> frozenset[str]:
     for provider_type in PROVIDER_TYPES:
         codes.update(package_for_type(provider_type).capacity_codes())
     return frozenset(codes)
+
+
+def cloud_permissions(config: SpotConfig, names: list[str]) -> dict[str, dict[str, dict[str, object]]]:
+    """``config iam``: provider name -> what it needs granted
+    (:meth:`ProviderPackage.permissions`), for each of ``names`` that needs anything.
+
+    Raises:
+        ConfigError: a name is not a provider, or its type has no package.
+    """
+    found = {}
+    for name in names:
+        grants = package_for(config, name).permissions(config, name)
+        if grants is not None:
+            found[name] = grants
+    return found
+
+
+def instance_types(config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+    """The instance types ``node_set`` may launch, as its provider names them
+    (:meth:`ProviderPackage.instance_types`).
+
+    Raises:
+        ConfigError: the node set's provider is not defined, or its type has no package.
+    """
+    return package_for(config, node_set.provider).instance_types(config, node_set)

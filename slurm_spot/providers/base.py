@@ -20,6 +20,7 @@ from slurm_spot.providers.notices import NoticeSource
 
 if TYPE_CHECKING:
     from slurm_spot.providers.events import EventSource  # it imports this module
+    from slurm_spot.providers.prices import PriceSource
 
 # Tag / label keys every provider writes on its instances (label-safe: lowercase, dashes).
 TAG_CLUSTER = "slurm-spot-cluster"
@@ -285,6 +286,31 @@ class ProviderPackage(Protocol):
         the node sets of provider ``name`` name: what would make a launch fail is an error,
         what could not be checked (a refused permission, an API the endpoint lacks) a
         warning. Never raises for a cloud error: it becomes a finding."""
+        ...
+
+    def price_source(self, config: SpotConfig | None, name: str | None, live: bool = False,
+                     live_on_demand: bool = False) -> PriceSource:
+        """The instance-hour prices of provider ``name`` of ``config`` (its region), or of
+        the type's shipped catalogue when ``config`` or ``name`` is None
+        (:mod:`slurm_spot.providers.prices`). ``live``: ask the cloud for prices that change
+        (AWS spot price history); ``live_on_demand``: also for list prices the catalogue does
+        not have for the region (AWS Price List API). No I/O until a price is asked.
+
+        Raises:
+            ConfigError: ``name``'s settings are not of this type.
+        """
+        ...
+
+    def permissions(self, config: SpotConfig, name: str) -> dict[str, dict[str, object]] | None:
+        """What ``config iam`` prints for provider ``name``: per principal (``controller``,
+        ``nodes``, ...) where to attach (``attach``) which policy or permissions, derived
+        from the calls the package makes (its ``iam.py``); None when it needs none."""
+        ...
+
+    def instance_types(self, config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+        """The instance types ``node_set`` (one of this provider's) may launch, the ones its
+        price is asked for (``instance_types``, and whatever else the provider's section
+        names, e.g. a GCE ``machine_type``), in config order."""
         ...
 
     def instance_identity(self, config: SpotConfig, node: str,

@@ -14,8 +14,9 @@ Who chooses:
   cheapest zone of that type, which is the same ranking). With the other strategies EC2 weighs
   capacity it knows and slurm-spot does not, so EC2 keeps the choice.
 
-Prices come from :class:`~slurm_spot.cost.prices.PriceBook` (``cost.*_usd_per_hour`` in
-spot.yaml, then the AWS spot price history for AWS spot, then the shipped catalogue). **A type
+Prices come from :func:`~slurm_spot.providers.prices.price_of` (``cost.*_usd_per_hour`` in
+spot.yaml, then the provider's own source: the AWS spot price history for AWS spot, then its
+shipped catalogue). **A type
 with no price anywhere is never taken as free**: it goes after every priced type (in config
 order among themselves) and a ``price_unknown`` event names it and says how to price it. Each
 ranking is a ``launch_order`` event (the order, each pool's USD per GPU-hour and source, the
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -42,8 +42,8 @@ from pathlib import Path
 
 from slurm_spot import events
 from slurm_spot.config import NodeSetConfig
-from slurm_spot.cost.prices import Price, UnknownPriceError
 from slurm_spot.providers.ledger import PoolCooldowns
+from slurm_spot.providers.prices import Price, UnknownPriceError
 
 log = logging.getLogger(__name__)
 
@@ -248,23 +248,3 @@ class PoolRanker:
     def _emit(self, action: events.Action, reason: str, extra: dict[str, object]) -> None:
         if self.log_dir is not None:
             events.emit(self.log_dir, events.Event(action, "resume", reason=reason, extra=extra))
-
-
-_GCE_BUNDLED = re.compile(r"^a\d+-[a-z]+gpu-(\d+)g(?:-|$)")
-#: G2 machine type vCPUs -> attached L4 GPUs (Compute Engine "GPU machine types").
-_G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
-
-
-def gce_machine_shape(machine_type: str) -> tuple[int | None, int | None]:
-    """(GPUs, vCPUs) of a Compute Engine machine type, from its name where the name tells
-    (Compute Engine "GPU machine types": ``a2-highgpu-4g`` has 4 A100s, ``a2-megagpu-16g``
-    16, ``g2-standard-24`` 2 L4s; ``n1-standard-8`` 8 vCPUs and no bundled GPU), else None."""
-    gpus: int | None = None
-    bundled = _GCE_BUNDLED.match(machine_type)
-    if bundled:
-        gpus = int(bundled.group(1))
-    size = re.search(r"-(\d+)$", machine_type)
-    vcpus = int(size.group(1)) if size and not bundled else None
-    if machine_type.startswith("g2-standard-") and vcpus in _G2_GPUS:
-        gpus = _G2_GPUS[vcpus]
-    return gpus, vcpus

@@ -3,7 +3,8 @@
 Modules: :mod:`.provider` (the :class:`~slurm_spot.providers.base.Provider`), :mod:`.launch`
 and :mod:`.fleet` (the launch plan and its I/O seam), :mod:`.errors` (the error-code table),
 :mod:`.catalog` (instance shapes, ``instance_types.yaml``), :mod:`.checks` (config checks),
-:mod:`.notices` (the IMDSv2 interruption notice), :mod:`.events` (EventBridge events through
+:mod:`.notices` (the IMDSv2 interruption notice), :mod:`.prices` (spot, on-demand and catalogue
+prices), :mod:`.session` (the one boto3 session builder), :mod:`.events` (EventBridge events through
 SQS, for the reconciler). Importing this package imports no boto3.
 """
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from slurm_spot.providers.base import Finding, Provider
     from slurm_spot.providers.events import EventSource
     from slurm_spot.providers.notices import NoticeSource
+    from slurm_spot.providers.prices import PriceSource
 
 
 def make_provider(config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
@@ -94,3 +96,26 @@ def instance_identity(config: SpotConfig, node: str,
     except ImdsError as exc:
         raise ProviderError("IMDS_UNREADABLE", str(exc)) from None
     return found.instance_id, found.instance_type
+
+
+def price_source(config: SpotConfig | None, name: str | None, live: bool = False,
+                 live_on_demand: bool = False) -> PriceSource:
+    """The prices of provider ``name`` (:func:`.prices.price_source`): the catalogue, and
+    with ``live`` DescribeSpotPriceHistory, with ``live_on_demand`` the Price List API (boto3
+    imported only when a price is first asked)."""
+    from slurm_spot.providers.aws.prices import price_source as aws_prices
+
+    return aws_prices(config, name, live, live_on_demand)
+
+
+def permissions(config: SpotConfig, name: str) -> dict[str, dict[str, object]] | None:
+    """The IAM policies of the controller, the checkpoint store and the nodes
+    (:func:`.iam.grants`)."""
+    from slurm_spot.providers.aws.iam import grants
+
+    return grants(config)
+
+
+def instance_types(config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+    """The node set's ``instance_types`` (CreateFleet's overrides)."""
+    return list(node_set.instance_types)

@@ -159,7 +159,7 @@ class ShapeResolver:
 
     def _ec2(self) -> Any:
         if self._client is None and self._settings is not None:
-            from slurm_spot.providers.aws.provider import boto_session
+            from slurm_spot.providers.aws.session import boto_session
 
             session = boto_session(self._settings)
             self._client = session.client(

@@ -82,7 +82,7 @@ class SqsEventSource:
     def __init__(self, name: str, settings: AwsProviderConfig, session: Any = None) -> None:
         from botocore.config import Config
 
-        from slurm_spot.providers.aws.provider import boto_session
+        from slurm_spot.providers.aws.session import boto_session
 
         if not settings.events_queue_url:
             raise ValueError(f"providers.{name}.events_queue_url is not set")

@@ -1,7 +1,7 @@
 """The IAM permissions slurm-spot's AWS calls need, as data, and the policies built from them.
 
 :data:`CALLS` lists every AWS API operation the package makes (boto3 clients of
-:mod:`.provider`, :mod:`slurm_spot.cost.prices`, :mod:`.online`, :mod:`slurm_spot.providers.aws.catalog`
+:mod:`.provider`, :mod:`.prices`, :mod:`.online`, :mod:`.catalog`, :mod:`.events`
 and the S3 checkpoint store :mod:`slurm_spot.checkpoint.s3` / :mod:`~slurm_spot.checkpoint.s3inflight`),
 by botocore's operation name, with the IAM actions it needs and who makes it:
 
@@ -68,8 +68,10 @@ CALLS: tuple[ApiCall, ...] = (
     # (providers/aws/events.py)
     ApiCall("sqs", "ReceiveMessage", ("sqs:ReceiveMessage",), "controller"),
     ApiCall("sqs", "DeleteMessageBatch", ("sqs:DeleteMessage",), "controller"),
-    # prices and shapes (cost/prices.py, providers/aws/catalog.py)
+    # prices and shapes (providers/aws/prices.py, catalog.py)
     ApiCall("ec2", "DescribeSpotPriceHistory", ("ec2:DescribeSpotPriceHistory",), "controller"),
+    # on-demand prices of a region the catalogue does not cover (plan, cost: prices.py)
+    ApiCall("pricing", "GetProducts", ("pricing:GetProducts",), "controller"),
     ApiCall("ec2", "DescribeInstanceTypes", ("ec2:DescribeInstanceTypes",), "controller"),
     # config check --online (providers/aws/online.py)
     ApiCall("ec2", "DescribeLaunchTemplates", ("ec2:DescribeLaunchTemplates",), "controller"),
@@ -182,11 +184,29 @@ def _document(statements: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _store_location(config: SpotConfig | None) -> tuple[str, str]:
-    """(bucket, key prefix ending in ``/`` or "") of an ``s3://`` checkpoint root; ``*`` and
-    "" without one."""
+    """(bucket, key prefix ending in ``/`` or "") of an ``s3://`` checkpoint root, as the S3
+    store reads it (:func:`slurm_spot.checkpoint.s3.parse_s3_url`: percent-escapes decoded);
+    ``*`` and "" without one."""
     if config is None or not config.checkpoint.is_s3:
         return "*", ""
-    rest = str(config.checkpoint.root).removeprefix("s3://")
-    bucket, _, prefix = rest.partition("/")
-    prefix = prefix.strip("/")
-    return bucket, f"{prefix}/" if prefix else ""
+    from slurm_spot.checkpoint.s3 import parse_s3_url
+
+    return parse_s3_url(str(config.checkpoint.root))
+
+
+def grants(config: SpotConfig) -> dict[str, dict[str, object]]:
+    """What ``config iam`` prints for an ``aws`` provider: for the controller, the checkpoint
+    store and the nodes, where to attach (``attach``) which policy document (``policy``,
+    None: nothing to attach), from :func:`policies`."""
+    documents = policies(config)
+    store = ("the compute nodes' instance profile (jobs write their checkpoints) and the "
+             "controller's role (cost reads them)" if config.checkpoint.is_s3 else
+             "only if a job uses an s3:// checkpoint root (--checkpoint-root): the compute "
+             "nodes' instance profile, narrowed to that bucket")
+    return {
+        "controller": {"attach": "the controller's IAM role or user (the hooks, the "
+                       "reconciler, config check --online)", "policy": documents["controller"]},
+        "checkpoint_store": {"attach": store, "policy": documents["store"]},
+        "nodes": {"attach": "the compute nodes need nothing else (the watcher reads only the "
+                  "instance metadata service)", "policy": None},
+    }

@@ -79,11 +79,11 @@ def check_aws_online(config: SpotConfig, name: str, session: Any = None) -> list
         config: the configuration.
         name: the provider's key under ``providers:``.
         session: a ``boto3.session.Session`` (tests); default: the provider's own
-            (:func:`~.provider.boto_session`: profile, credentials file).
+            (:func:`~.session.boto_session`: profile, credentials file).
     """
     from botocore.config import Config
 
-    from slurm_spot.providers.aws.provider import boto_session
+    from slurm_spot.providers.aws.session import boto_session
 
     settings = expect_settings(config.providers[name], AwsProviderConfig, name)
     session = session or boto_session(settings)

@@ -28,12 +28,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from slurm_spot.config import AwsProviderConfig, SpotConfig
-from slurm_spot.cost.prices import Price, UnknownPriceError
 from slurm_spot.errors import PartialTerminationError, ProviderError
 from slurm_spot.providers.aws.catalog import catalogue as instance_catalogue
 from slurm_spot.providers.aws.errors import FleetError, error_kind, fleet_errors, from_client_error
 from slurm_spot.providers.aws.fleet import TAG_LAUNCH, fleet_instance_ids, instance_from_ec2
 from slurm_spot.providers.aws.launch import Attempt, FleetLauncher
+from slurm_spot.providers.aws.session import boto_session
 from slurm_spot.providers.base import (
     TAG_CLUSTER,
     TAG_NODE_SET,
@@ -46,6 +46,7 @@ from slurm_spot.providers.base import (
 )
 from slurm_spot.providers.ledger import PoolCooldowns, TokenLedger, UnofferedPairs
 from slurm_spot.providers.pool_order import PoolRanker
+from slurm_spot.providers.prices import Price, UnknownPriceError, price_of
 
 log = logging.getLogger(__name__)
 
@@ -154,20 +155,20 @@ class AwsProvider:
         ``<state_dir>/cost/spot-prices.json`` for ``cost.spot_price_max_age_s``), unless
         spot.yaml's ``cost.spot_usd_per_hour`` names the type; on-demand prices from spot.yaml
         or the shipped catalogue. Nothing is asked of EC2 until a price is needed."""
-        from slurm_spot.cost.prices import AwsSpotPrices, PriceBook
+        from slurm_spot.providers.aws.prices import AwsPrices, AwsSpotPrices
 
-        spot = AwsSpotPrices(lambda: self.client, self.settings.region,
-                             self.config.state_dir / "cost" / "spot-prices.json",
-                             self.config.cost.spot_price_max_age_s)
-        book = PriceBook(self.config.cost, spot)
+        source = AwsPrices(region=self.settings.region, spot=AwsSpotPrices(
+            lambda: self.client, self.settings.region,
+            self.config.state_dir / "cost" / "spot-prices.json",
+            self.config.cost.spot_price_max_age_s))
 
         def price(market: str, instance_type: str, zone: str) -> Price:
             from botocore.exceptions import BotoCoreError, ClientError
 
             try:
-                return book.instance("aws", "spot" if market == "spot" else "on-demand",
-                                     instance_type, zone if zone.startswith(self.settings.region)
-                                     else None)
+                return price_of(self.config.cost, source,
+                                "spot" if market == "spot" else "on-demand", instance_type,
+                                zone if zone.startswith(self.settings.region) else None)
             except (BotoCoreError, ClientError) as exc:
                 raise UnknownPriceError(f"no {market} price for {instance_type} in {zone}: "
                                         f"DescribeSpotPriceHistory failed ({exc})") from exc
@@ -398,22 +399,6 @@ class AwsProvider:
             return fn(**kwargs)
         except BotoCoreError as exc:
             raise _provider_error(exc) from exc
-
-
-def boto_session(settings: AwsProviderConfig) -> Any:
-    """A ``boto3.session.Session`` for ``settings``: region, ``profile``, and
-    ``credentials_file`` in place of ``~/.aws/credentials`` when set (slurmctld runs the hooks
-    with an empty environment, so ``AWS_SHARED_CREDENTIALS_FILE`` cannot reach them). The
-    rest of boto3's credential chain is unchanged."""
-    import boto3
-    import botocore.session
-
-    core = botocore.session.Session()
-    if settings.credentials_file is not None:
-        core.set_config_variable("credentials_file", str(settings.credentials_file))
-    return boto3.session.Session(
-        botocore_session=core, profile_name=settings.profile, region_name=settings.region
-    )
 
 
 def _complete(record: dict[str, Any] | None) -> bool:

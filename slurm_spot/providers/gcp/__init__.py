@@ -4,9 +4,11 @@ Modules: :mod:`.provider` (the :class:`~slurm_spot.providers.base.Provider`), :m
 (the launch state machine), :mod:`.requests` (pure request builders and parsers), :mod:`.api`
 (the only code touching google-cloud-compute), :mod:`.errors` (the error-code table),
 :mod:`.checks` (config checks), :mod:`.notices` (the metadata-server preemption notice),
-:mod:`.events` (the zones' preemption operations, for the reconciler).
-Importing this package imports no Google library: the functions below, the provider type's
-entry points (:class:`~slurm_spot.providers.base.ProviderPackage`), import on call.
+:mod:`.events` (the zones' preemption operations, for the reconciler), :mod:`.prices` (the
+catalogue ``prices.yaml``), :mod:`.shapes` (GPUs and vCPUs from a machine type's name),
+:mod:`.iam` (the permissions ``config iam`` prints). Importing this package imports no
+Google library: the functions below, the provider type's entry points
+(:class:`~slurm_spot.providers.base.ProviderPackage`), import on call.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from slurm_spot.providers.base import Finding, Provider
     from slurm_spot.providers.events import EventSource
     from slurm_spot.providers.notices import NoticeSource
+    from slurm_spot.providers.prices import PriceSource
 
 
 def make_provider(config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
@@ -89,3 +92,28 @@ def instance_identity(config: SpotConfig, node: str,
     from slurm_spot.providers.gcp.notices import instance_identity as metadata_identity
 
     return metadata_identity()
+
+
+def price_source(config: SpotConfig | None, name: str | None, live: bool = False,
+                 live_on_demand: bool = False) -> PriceSource:
+    """The prices of provider ``name`` (:func:`.prices.price_source`: the shipped catalogue;
+    nothing is asked of Google, so ``live`` and ``live_on_demand`` change nothing)."""
+    from slurm_spot.providers.gcp.prices import price_source as gcp_prices
+
+    return gcp_prices(config, name)
+
+
+def permissions(config: SpotConfig, name: str) -> dict[str, dict[str, object]] | None:
+    """The controller's permissions and roles (:func:`.iam.grants`)."""
+    from slurm_spot.providers.gcp.iam import grants
+
+    return grants(config, name)
+
+
+def instance_types(config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+    """``gcp.machine_type`` first (when set and not listed), then ``instance_types``."""
+    found = list(node_set.instance_types)
+    if node_set.gcp is not None and node_set.gcp.machine_type and \
+            node_set.gcp.machine_type not in found:
+        found.insert(0, node_set.gcp.machine_type)
+    return found

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slurm_spot.config import SpotConfig
+
 #: Predefined roles that hold the controller's permissions (Compute Engine IAM roles):
 #: Compute Instance Admin (v1), and Service Account User when the instances (or their
 #: template) run as a service account.
@@ -87,4 +89,19 @@ def custom_role(project: str | None = None) -> dict[str, object]:
                        f"names{' in ' + project if project else ''} (config check --online).",
         "stage": "GA",
         "includedPermissions": permissions(),
+    }
+
+
+def grants(config: SpotConfig, name: str) -> dict[str, dict[str, object]]:
+    """What ``config iam`` prints for the ``gcp`` provider ``name``: for the controller and the
+    nodes, where to attach (``attach``) which permissions (:func:`permissions`), and the
+    custom role and predefined roles that grant them."""
+    project = getattr(config.providers[name], "project", None)
+    return {
+        "controller": {"attach": f"the controller's service account, on project {project}: "
+                       f"the custom role below, or {' and '.join(PREDEFINED_ROLES)}",
+                       "permissions": permissions(), "predefined_roles": list(PREDEFINED_ROLES),
+                       "custom_role": custom_role(project)},
+        "nodes": {"attach": "the compute nodes need no permission (the watcher reads the "
+                  "metadata server)", "permissions": []},
     }

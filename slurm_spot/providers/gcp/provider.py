@@ -42,7 +42,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from slurm_spot.config import GcpProviderConfig, NodeSetConfig, SpotConfig
-from slurm_spot.cost.prices import Price
 from slurm_spot.errors import ProviderError
 from slurm_spot.providers.base import (
     TAG_CLUSTER,
@@ -61,8 +60,10 @@ from slurm_spot.providers.gcp.requests import (
     label_filter,
     label_value,
 )
+from slurm_spot.providers.gcp.shapes import gce_machine_shape
 from slurm_spot.providers.ledger import PoolCooldowns, UnofferedPairs
-from slurm_spot.providers.pool_order import PoolRanker, gce_machine_shape
+from slurm_spot.providers.pool_order import PoolRanker
+from slurm_spot.providers.prices import Price, price_of
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +135,14 @@ class GcpProvider:
         cooldowns for ordering a node set's machine types
         (:mod:`slurm_spot.providers.pool_order`); built once, no I/O until used."""
         if self._ranker is None:
-            from slurm_spot.cost.prices import PriceBook
+            from slurm_spot.providers.gcp.prices import price_source
 
-            book = PriceBook(self.config.cost)
+            source = price_source(self.config, self.name)
 
             def price(market: str, machine_type: str, zone: str) -> Price:
-                return book.instance("gcp", "spot" if market == "spot" else "on-demand",
-                                     machine_type, zone or None)
+                return price_of(self.config.cost, source,
+                                "spot" if market == "spot" else "on-demand", machine_type,
+                                zone or None)
 
             path = self.config.state_dir / "gcp" / f"{self.name}-pool-cooldowns.json"
             self._ranker = PoolRanker(price, gce_machine_shape, PoolCooldowns(path),

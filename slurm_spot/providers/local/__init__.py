@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from slurm_spot.providers.base import Finding, Provider
     from slurm_spot.providers.events import EventSource
     from slurm_spot.providers.notices import NoticeSource
+    from slurm_spot.providers.prices import PriceSource
 
 
 def make_provider(config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
@@ -69,3 +70,24 @@ def instance_identity(config: SpotConfig, node: str,
                       settings: ProviderSettings) -> tuple[str, str] | None:
     """None: a local node's slurmd is started by the provider itself, not by systemd."""
     return None
+
+
+def price_source(config: SpotConfig | None, name: str | None, live: bool = False,
+                 live_on_demand: bool = False) -> PriceSource:
+    """No shipped prices: a local node's price is spot.yaml's ``cost`` (the default local
+    config carries :data:`~slurm_spot.config.LOCAL_COST`); without one a lookup raises
+    UnknownPriceError naming the key to set."""
+    from slurm_spot.providers.prices import CataloguePrices
+
+    return CataloguePrices("local", dict)
+
+
+def permissions(config: SpotConfig, name: str) -> dict[str, dict[str, object]] | None:
+    """None: local instances are processes on this machine, no cloud grants anything."""
+    return None
+
+
+def instance_types(config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
+    """The node set's ``instance_types`` (which only name a price in spot.yaml ``cost``, so a
+    local cluster can rehearse the cost order), else ``local``."""
+    return list(node_set.instance_types) or ["local"]
