@@ -113,7 +113,7 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
     data = plan.plan_figures(site, checkpoint_s, restart_s, nodes, notice_s, rate_h, job_hours,
                              instance_type, spot_usd_h, on_demand_usd_h, region, measured)
     config = optional_config(app)
-    spares = spares_of(config) if config is not None else []
+    spares = plan.spares_of(config) if config is not None else []
     if spares:
         data["spares"] = spares
         data["spares_usd_per_h"] = (None if any(s["usd_per_h"] is None for s in spares)
@@ -122,17 +122,6 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
         print_json(finite(data))
         return
     _print_plan(data, nodes)
-
-
-def spares_of(config: SpotConfig) -> list[dict[str, Any]]:
-    """The hot spares of ``config``'s node sets with their cost around the clock
-    (:func:`slurm_spot.spares.spares_cost`, catalogue prices: no network); [] when none."""
-    from slurm_spot.spares import spares_cost
-    from slurm_spot.weights import price_lookup
-
-    if not any(ns.spares for ns in config.node_sets):
-        return []
-    return spares_cost(config, price_lookup(config, live=False))
 
 
 def spares_lines(spares: list[dict[str, Any]]) -> list[str]:

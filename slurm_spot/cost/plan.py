@@ -417,3 +417,14 @@ def simulation(site: SiteConfig, params: SimParams, rate_source: str,
     base, results = simulate(params, strategies or STRATEGIES, runs, seed)
     return Simulation(params, base, list(results), rate_source, price_source, price_warnings,
                       spot_known, od_known, runs, seed)
+
+
+def spares_of(config: SpotConfig) -> list[dict[str, Any]]:
+    """The hot spares of ``config``'s node sets with their cost around the clock
+    (:func:`slurm_spot.spares.spares_cost`, catalogue prices: no network); [] when none."""
+    from slurm_spot.spares import spares_cost
+    from slurm_spot.weights import price_lookup
+
+    if not any(ns.spares for ns in config.node_sets):
+        return []
+    return spares_cost(config, price_lookup(config, live=False))
