@@ -326,6 +326,13 @@ class FakeSlurm:
         if node.base != "DOWN":
             node.base = "IDLE"
 
+    def _to_power_down(self, node: FakeNode) -> None:
+        # scontrol(1) state=POWER_DOWN: powered down once its jobs end (the resume hook sends
+        # it right after DOWN, whose requeue left none); :meth:`finish_power_downs` then makes
+        # the node idle~, as SuspendTimeout does (the e2e tests see a failed node so).
+        if "POWERED_DOWN" not in node.flags and not self._jobs_on(node.name):
+            node.flags = (node.flags - {"POWERING_UP"}) | {"POWER_DOWN"}
+
     def _to_power_up(self, node: FakeNode) -> None:
         # scontrol(1) state=POWER_UP: slurmctld runs ResumeProgram; the node is POWERING_UP
         # (idle#) until its slurmd registers, or DOWN if the resume hook marks it so.
