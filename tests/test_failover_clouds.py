@@ -292,3 +292,62 @@ def test_an_aws_capacity_error_moves_the_job_to_gce_when_gce_is_next(
     assert again.failed == [] and again.errors == []
     (launched,) = again.launched
     assert launched.zone == GCE_ZONE and launched.node == "gce-1"
+
+
+# -- two providers that see the same instances ------------------------------------------------
+def test_two_gce_regions_of_one_project_do_not_make_an_instance_its_own_duplicate(
+        tmp_path: Path) -> None:
+    """Two ``gcp`` providers of one project (two regions) both list every zone's instances
+    (``aggregatedList``): the reconciler counts each instance once, under the provider of its
+    node set, so an up node's only instance is not terminated as a "duplicate" of itself,
+    and ``slurm-spot instances`` / ``status`` list it once."""
+    from slurm_spot.commands.status import status_rows
+    from slurm_spot.providers import assign_listings, get_provider
+    from slurm_spot.reconcile.reconciler import Reconciler
+
+    with FakeCompute() as fake:
+        image = "projects/debian-cloud/global/images/family/debian-12"
+        config = parse_config({
+            "cluster": "two",
+            "providers": {
+                "gce-us": {"type": "gcp", "project": fake.project, "region": "us-central1",
+                           "api_endpoint": fake.endpoint, "preemption_events": False},
+                "gce-eu": {"type": "gcp", "project": fake.project, "region": "europe-west4",
+                           "api_endpoint": fake.endpoint, "preemption_events": False}},
+            "node_sets": [
+                {"name": "us", "provider": "gce-us", "count": 1, **SHAPE,
+                 "gcp": {"zones": ["us-central1-a"], "machine_type": "n1-standard-8",
+                         "image": image}},
+                {"name": "eu", "provider": "gce-eu", "count": 1, **SHAPE,
+                 "gcp": {"zones": ["europe-west4-a"], "machine_type": "n1-standard-8",
+                         "image": image}}],
+            "partitions": [{"name": "gpu", "node_sets": ["us", "eu"]}],
+            "reconcile": {"missing_grace_s": 0},
+            "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log"),
+        })
+        slurm = FakeSlurm()
+        for name in ("us-1", "eu-1"):
+            slurm.add_node(name)
+        result = power.resume(config, "us-1,eu-1", slurm.client())
+        assert result.failed == [] and result.errors == [] and len(result.launched) == 2
+        for name in ("us-1", "eu-1"):  # both slurmds registered: the nodes are up
+            slurm.nodes[name].base, slurm.nodes[name].flags = "IDLE", {"CLOUD"}
+
+        passed = Reconciler(config, slurm.client(), sleep=lambda s: None,
+                            expedite_wait_s=0).run_pass()
+
+        assert passed.errors == []
+        assert not [e for e in events(config) if e["action"] == "duplicate_instance"]
+        alive = [i["name"] for i in fake.all_instances() if i["status"] == "RUNNING"]
+        assert sorted(alive) == ["two-eu-1", "two-us-1"]  # nothing terminated
+        # each provider sees both instances, and each is counted once, under its own node
+        # set's provider
+        listings = {n: get_provider(config, n).list_instances() for n in ("gce-us", "gce-eu")}
+        assert all(len(listed) == 2 for listed in listings.values())
+        assigned = assign_listings(config, listings)
+        assert {n: [i.node for i in v] for n, v in assigned.items()} == {
+            "gce-us": ["us-1"], "gce-eu": ["eu-1"]}
+        rows, errors = status_rows(config, slurm.client())
+        assert errors == []
+        assert {r["node"]: (r["provider"], r["extra_instances"]) for r in rows} == {
+            "us-1": ("gce-us", []), "eu-1": ("gce-eu", [])}
