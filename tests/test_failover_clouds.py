@@ -126,12 +126,10 @@ def site_config(clouds: Clouds, tmp: Path) -> SpotConfig:
 
 
 class Clock:
-    """``time.time``/``time.sleep`` for :func:`fail_over`: sleeping advances it, and each
-    sleep lets slurmctld act (``on_sleep``)."""
+    """``time.time``/``time.sleep`` for :func:`fail_over`: sleeping advances it at once."""
 
-    def __init__(self, slurm: FakeSlurm) -> None:
+    def __init__(self) -> None:
         self.now = 1000.0
-        self.slurm = slurm
 
     def time(self) -> float:
         return self.now
@@ -159,7 +157,7 @@ def resume_hook(config: SpotConfig, slurm: FakeSlurm, node: str,
     """What ResumeProgram does for ``node`` (``resume_and_fail_over``), on a fake clock."""
     client = slurm.client()
     result = power.resume(config, node, client, jobs=jobs)
-    clock = Clock(slurm)
+    clock = Clock()
     run = fail_over(config, client, result, jobs, clock=clock.time, sleep=clock.sleep,
                     start_wait_s=1.0)
     return result, run
@@ -172,11 +170,17 @@ def events(config: SpotConfig) -> list[dict[str, Any]]:
 
 def assert_cooled(slurm: FakeSlurm, node: str, code: str, seconds: float) -> None:
     """``node`` (free, idle~ before) is DOWN under ``(Code:<code>)Temporarily disabled until
-    T``: slurmctld allocates no job there until the reconciler ends the cooldown."""
+    T``, T about ``seconds`` from now: slurmctld allocates no job there until the reconciler
+    ends the cooldown."""
+    from datetime import datetime, timezone
+
     fake = slurm.nodes[node]
     assert fake.base == "DOWN", (node, fake.state)
     assert fake.reason.startswith(f"(Code:{code}){COOLDOWN_TEXT}"), fake.reason
-    assert parse_cooldown(fake.reason) is not None
+    found = parse_cooldown(fake.reason)
+    assert found is not None
+    left = (found[1] - datetime.now(timezone.utc)).total_seconds()
+    assert seconds - 120 < left <= seconds, (fake.reason, seconds)
 
 
 # -- two AWS regions ------------------------------------------------------------------------

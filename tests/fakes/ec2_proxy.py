@@ -296,8 +296,10 @@ class MotoEc2:
 
     Attributes:
         proxy: the proxy; its ``url`` is the endpoint the code under test uses.
-        ec2: a boto3 EC2 client talking to moto directly (not counted by the proxy).
-        world: subnets, zones and launch template.
+        ec2: a boto3 EC2 client of :data:`~tests.fakes.ec2.REGION` talking to moto directly
+            (not counted by the proxy); :meth:`client` gives one of another region.
+        world: subnets, zones and launch template of that region (:meth:`world_in`: another's).
+        upstream: the moto server's own URL (``http://127.0.0.1:PORT``).
     """
 
     def __init__(self) -> None:
