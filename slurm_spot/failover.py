@@ -151,28 +151,45 @@ def failover_failures(result: PowerResult) -> list[LaunchFailure]:
     return [f for f in result.failed if f.error_class in FAILOVER_CLASSES]
 
 
+def cooldown_seconds(config: SpotConfig, failure: LaunchFailure) -> float:
+    """How long a node set is skipped after ``failure`` (seconds; 0: not at all): a capacity
+    error ``reconcile.cooldown_s``; a quota error (regional: the pool next door will not help
+    either) the longer of that and ``reconcile.quota_backoff_s``, the rule the reconciler
+    applies to the quota failures it finds itself (:func:`slurm_spot.reconcile.rules.
+    cooldowns`), which reads this cooldown back from the node reasons and keeps it."""
+    seconds = config.reconcile.cooldown_s
+    if failure.error_class is ErrorClass.QUOTA:
+        seconds = max(seconds, config.reconcile.quota_backoff_s)
+    return seconds
+
+
 def cooldown_targets(config: SpotConfig, failures: Sequence[LaunchFailure],
                      nodes: Sequence[Node], now: datetime) -> list[NodeSetCooldown]:
     """The cooldown of each node set in ``failures`` (pure): its end is ``now`` +
-    ``reconcile.cooldown_s`` (or a cooldown already running there, if it ends later, read
-    back from node reasons); its nodes to set DOWN now are the set's other nodes that are
-    powered down and free: not failed just now, not DOWN or drained, no job, and no reason but
-    one the reconciler may replace (:func:`~slurm_spot.slurm.reasons.is_clearable`). A
-    ``cooldown_s`` of 0 turns cooldowns off: nothing then."""
-    if config.reconcile.cooldown_s <= 0:
-        return []
+    :func:`cooldown_seconds` of the failure (or a cooldown already running there, if it ends
+    later, read back from node reasons); its nodes to set DOWN now are the set's other nodes
+    that are powered down and free: not failed just now, not DOWN or drained, no job, and no
+    reason but one the reconciler may replace
+    (:func:`~slurm_spot.slurm.reasons.is_clearable`). A node set whose failures all have
+    0 seconds (cooldowns and quota back-offs turned off) gets nothing."""
     by_set: dict[str, LaunchFailure] = {}
     failed: set[str] = set()
     for failure in failures:
         failed.update(failure.nodes)
         node_set = config.node_set_of(failure.nodes[0]) if failure.nodes else None
-        if node_set is not None:
-            by_set.setdefault(node_set.name, failure)
+        if node_set is None:
+            continue
+        known = by_set.get(node_set.name)
+        if known is None or cooldown_seconds(config, failure) > cooldown_seconds(config, known):
+            by_set[node_set.name] = failure
     found = []
     for set_name, failure in sorted(by_set.items()):
+        seconds = cooldown_seconds(config, failure)
+        if seconds <= 0:
+            continue
         members = set(config.node_set(set_name).node_names)
         mine = [n for n in nodes if n.name in members]
-        until = now + timedelta(seconds=config.reconcile.cooldown_s)
+        until = now + timedelta(seconds=seconds)
         for node in mine:
             running = parse_cooldown(node.reason)
             if running is not None and node.state.is_down and running[1] > until:

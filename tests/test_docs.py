@@ -121,3 +121,36 @@ def test_the_admin_page_names_only_exported_metrics() -> None:
                                                      "slurm_spot_credentials"))}
     assert metrics <= set(METRIC_NAMES), sorted(metrics - set(METRIC_NAMES))
     assert set(METRIC_NAMES) <= metrics  # and every one is explained
+
+
+def test_the_admin_pages_regions_and_clouds_example_passes_config_check(tmp_path: Path) -> None:
+    """docs/admin.md, "Node sets on several regions and clouds": the spot.yaml it shows is one
+    ``slurm-spot config check`` accepts, and it is what the text says: a partition over two AWS
+    regions and one over AWS and GCP (issue 24, part 4)."""
+    import textwrap
+
+    from click.testing import CliRunner
+
+    from slurm_spot.config import load_config
+
+    text = (ROOT / "docs" / "admin.md").read_text()
+    section = text.split("**Node sets on several regions and clouds.**", 1)[1]
+    found = re.search(r"^( *)```yaml\n(.*?)^\1```", section, re.S | re.M)
+    assert found, "no yaml block in the section"
+    path = tmp_path / "spot.yaml"
+    path.write_text(textwrap.dedent(found.group(2)))
+    result = CliRunner().invoke(cli, ["--config", str(path), "config", "check"])
+    assert result.exit_code == 0, result.output
+    assert "OK (24 nodes in 3 node set(s), partitions: gpu, anycloud)" in result.output
+    config = load_config(path)
+
+    def where(partition: str) -> set[tuple[str, str]]:
+        (part,) = [p for p in config.partitions if p.name == partition]
+        found = set()
+        for name in part.node_sets:
+            settings = config.providers[config.node_set(name).provider]
+            found.add((settings.type, getattr(settings, "region", "")))
+        return found
+
+    assert where("gpu") == {("aws", "us-east-1"), ("aws", "us-west-2")}
+    assert {kind for kind, _ in where("anycloud")} == {"aws", "gcp"}

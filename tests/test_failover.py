@@ -103,6 +103,28 @@ def test_no_cooldown_when_cooldowns_are_off(config: SpotConfig) -> None:
                             NOW) == []
 
 
+@pytest.mark.parametrize(("code", "error_class", "seconds"), [
+    (ICE, ErrorClass.CAPACITY, 300),                            # reconcile.cooldown_s
+    ("ZONE_RESOURCE_POOL_EXHAUSTED", ErrorClass.CAPACITY, 300),  # GCE's stockout: the same
+    ("QUOTA_EXCEEDED", ErrorClass.QUOTA, 1800),                  # quota_backoff_s, the longer
+    ("VcpuLimitExceeded", ErrorClass.QUOTA, 1800)])
+def test_a_quota_error_cools_the_node_set_down_for_the_quota_back_off(
+        config: SpotConfig, code: str, error_class: ErrorClass, seconds: int) -> None:
+    """The failover writes the reconciler's own rule: a quota error (regional) keeps the node
+    set off for ``quota_backoff_s`` (default 1800 s), a capacity error for ``cooldown_s``; the
+    reconciler reads the cooldown back from the reason and does not lengthen it later."""
+    failure = LaunchFailure(("cheap-1",), code, "none left", error_class)
+    (cool,) = cooldown_targets(config, [failure], [node("cheap-2", "IDLE+CLOUD+POWERED_DOWN")],
+                               NOW)
+    assert cool.until == NOW + timedelta(seconds=seconds)
+    assert cool.reason.startswith(f"(Code:{code})Temporarily disabled until")
+    assert cool.nodes == ("cheap-2",)
+    off = config.model_copy(update={"reconcile": config.reconcile.model_copy(
+        update={"cooldown_s": 0, "quota_backoff_s": 0})})
+    assert cooldown_targets(off, [failure], [node("cheap-2", "IDLE+CLOUD+POWERED_DOWN")],
+                            NOW) == []
+
+
 def test_candidates_are_the_partitions_other_node_sets_by_weight(config: SpotConfig) -> None:
     assert candidate_node_sets(config, "spot", ["cheap"]) == ("mid", "other")
     assert candidate_node_sets(config, "spot", ["cheap", "mid"]) == ("other",)

@@ -12,7 +12,7 @@ from slurm_spot.commands.common import (
     require_dir,
 )
 from slurm_spot.commands.tables import Field, print_table, table_options
-from slurm_spot.providers import get_provider
+from slurm_spot.providers import assign_listings, get_provider
 from slurm_spot.providers.base import Instance
 
 
@@ -22,12 +22,10 @@ def list_all(app: AppContext, include_ended: bool) -> list[tuple[str, Instance]]
     used = sorted({ns.provider for ns in config.node_sets})
     if any(config.providers[name].type == "local" for name in used):
         require_dir(config, "state_dir")  # where local instances are recorded
-    found = []
-    for name in used:
-        for inst in get_provider(config, name).list_instances():
-            if include_ended or inst.state.is_alive:
-                found.append((name, inst))
-    return found
+    listings = {name: list(get_provider(config, name).list_instances()) for name in used}
+    assigned = assign_listings(config, listings)  # an instance two providers see: once
+    return [(name, inst) for name in used for inst in assigned[name]
+            if include_ended or inst.state.is_alive]
 
 
 COLUMNS = ("instance", "node", "state", "market", "type", "zone", "launched", "provider")

@@ -19,7 +19,7 @@ from slurm_spot.commands.tables import Field, is_terminal, print_table, table_op
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import BadInputError, SlurmCommandError, SlurmSpotError
 from slurm_spot.power import ProviderFactory, _controller_unreachable
-from slurm_spot.providers import get_provider
+from slurm_spot.providers import assign_listings, get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.reconcile.rules import pick_kept
 from slurm_spot.slurm.client import Node, SlurmClient
@@ -86,12 +86,13 @@ def status_rows(
     alive: dict[str, list[Instance]] = {}
     provider_of: dict[str, str] = {}
     errors = []
+    listings: dict[str, list[Instance]] = {}
     for name in sorted({ns.provider for ns in config.node_sets}):
         try:
-            listed = providers(config, name).list_instances()
+            listings[name] = list(providers(config, name).list_instances())
         except Exception as exc:  # any SDK error: show the rest
             errors.append(f"provider {name}: {exc}")
-            continue
+    for name, listed in sorted(assign_listings(config, listings).items()):
         for inst in listed:
             if inst.state.is_alive:
                 alive.setdefault(inst.node or "?", []).append(inst)

@@ -24,11 +24,12 @@ the field, never a fallback to another provider.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.errors import ConfigError
-from slurm_spot.providers.base import Finding, Provider, ProviderPackage
+from slurm_spot.providers.base import Finding, Instance, Provider, ProviderPackage
 
 #: provider type (``providers.<name>.type`` in spot.yaml) -> package implementing it.
 PROVIDER_TYPES: dict[str, str] = {
@@ -134,3 +135,36 @@ def instance_types(config: SpotConfig, node_set: NodeSetConfig) -> list[str]:
         ConfigError: the node set's provider is not defined, or its type has no package.
     """
     return package_for(config, node_set.provider).instance_types(config, node_set)
+
+
+def assign_listings(config: SpotConfig,
+                    listings: Mapping[str, Sequence[Instance]]) -> dict[str, list[Instance]]:
+    """Each listed instance under one provider only (pure): ``listings`` is provider name ->
+    its ``list_instances()``; the result has the same keys.
+
+    Two providers may list the same instance: a provider lists every instance labelled with the
+    cluster that its API shows, and two ``gcp`` providers of one project (two regions) both see
+    every zone's (``aggregatedList``), as do two ``aws`` providers of one account and region.
+    Counted twice, one instance would look like a duplicate of itself to the reconciler, which
+    terminates all but one of a node's instances. An instance goes to the provider of its node
+    set when that provider listed it, else (an orphan, a node set no longer in spot.yaml) to
+    the first of its listers by name. An instance id listed twice by one provider is kept once.
+    """
+    owner = {ns.name: ns.provider for ns in config.node_sets}
+    chosen: dict[str, str] = {}
+    for name in sorted(listings):
+        for inst in listings[name]:
+            chosen.setdefault(inst.instance_id, name)
+    for name in sorted(listings):
+        for inst in listings[name]:
+            if owner.get(inst.node_set or "") == name:
+                chosen[inst.instance_id] = name
+    result: dict[str, list[Instance]] = {}
+    for name, listed in listings.items():
+        seen: set[str] = set()
+        kept = result[name] = []
+        for inst in listed:
+            if chosen[inst.instance_id] == name and inst.instance_id not in seen:
+                seen.add(inst.instance_id)
+                kept.append(inst)
+    return result

@@ -61,7 +61,7 @@ from slurm_spot.jobs.interruption.elastic_release import RELEASE_REASON, Elastic
 from slurm_spot.jobs.interruption.requeue import requeue_ended_on, restarts_at_notice
 from slurm_spot.power import ProviderFactory, provider_cache
 from slurm_spot.prewarm import restore_weights
-from slurm_spot.providers import get_provider
+from slurm_spot.providers import assign_listings, get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.providers.events import ProviderEvent, ended_instances
 from slurm_spot.reconcile.held_jobs import (
@@ -231,15 +231,16 @@ class Reconciler:
         instances: list[Instance] = []
         provider_of: dict[str, str] = {}
         unavailable: set[str] = set()
+        listings: dict[str, list[Instance]] = {}
         for name in sorted({ns.provider for ns in self.config.node_sets}):
             try:
-                listed = self._providers(self.config, name).list_instances()
+                listings[name] = list(self._providers(self.config, name).list_instances())
             except Exception as exc:  # any SDK error: skip this provider
                 log.error("provider %s: listing failed: %s", name, exc)
                 result.errors.append(f"provider {name}: listing failed: {exc}")
                 unavailable.update(ns.name for ns in self.config.node_sets if ns.provider == name)
-                continue
-            ended = ended_instances(reported)
+        ended = ended_instances(reported)
+        for name, listed in sorted(assign_listings(self.config, listings).items()):
             listed = [_as_reported(i, ended.get((name, i.instance_id))) for i in listed]
             instances.extend(listed)
             provider_of.update((i.instance_id, name) for i in listed)

@@ -1,7 +1,8 @@
 """Plays the cloud's part after a fake cloud (moto, the fake Compute API) created an instance:
 the instance "boots" as a local ``slurmd`` for its node, and dies when the instance ends.
 
-:class:`BootSimulator` polls a provider's ``list_instances()`` from a thread. For an alive
+:class:`BootSimulator` polls one or several providers' ``list_instances()`` from a thread
+(several: a partition whose node sets are on two AWS regions, or on AWS and GCE, issue 24). For an alive
 instance of an allowed node (:meth:`BootSimulator.allow`) it waits ``boot_delay_s`` after first
 seeing it (slurmctld accepts a CLOUD node only if its boot time is later than the resume
 request) and until the resume hook has recorded the instance's address in Slurm, then sets
@@ -34,6 +35,9 @@ from pathlib import Path
 
 from slurm_spot.providers.base import Instance
 
+#: One provider's listing of its instances (``provider.list_instances``).
+Listing = Callable[[], Sequence[Instance]]
+
 _INSIDE = (
     "import os, socket, sys\n"
     "socket.sethostname(sys.argv[1])\n"
@@ -56,7 +60,10 @@ class BootSimulator:
     """Boots and kills local slurmds for a fake cloud's instances (see the module docstring).
 
     Args:
-        list_instances: the provider's listing (``AwsProvider(...).list_instances``).
+        list_instances: the provider's listing (``AwsProvider(...).list_instances``), or a
+            sequence of several providers' listings. A listing that fails is one line in
+            ``errors`` and leaves that provider's slurmds as they are for the round (a failed
+            listing is not a vanished instance).
         slurm_conf: the cluster's slurm.conf.
         log_dir: where ``boot-<node>.log`` (output of unshare/slurmd) goes.
         boot_delay_s: seconds between first seeing an instance and starting its slurmd.
@@ -70,11 +77,12 @@ class BootSimulator:
         errors: listing or boot failures (a test can assert there are none).
     """
 
-    def __init__(self, list_instances: Callable[[], Sequence[Instance]], slurm_conf: Path,
+    def __init__(self, list_instances: Listing | Sequence[Listing], slurm_conf: Path,
                  log_dir: Path, *, boot_delay_s: float = 2.0, address_wait_s: float = 10.0,
                  poll_s: float = 0.5, exclusive: bool = True,
                  slurmd: str = "/usr/sbin/slurmd") -> None:
-        self.list_instances = list_instances
+        self.listings: tuple[Listing, ...] = (
+            (list_instances,) if callable(list_instances) else tuple(list_instances))
         self.slurm_conf = slurm_conf
         self.log_dir = log_dir
         self.boot_delay_s = boot_delay_s
@@ -147,11 +155,23 @@ class BootSimulator:
 
     def step(self) -> None:
         """One round: kill slurmds whose instance ended, boot the instances that are due."""
-        instances = self.list_instances()
-        alive = {i.instance_id: i for i in instances if i.state.is_alive and i.node}
+        alive: dict[str, Instance] = {}
+        unlisted: set[str] = set()  # nodes of a booted instance whose provider failed to list
+        failed = False
+        for listing in self.listings:
+            try:
+                instances = listing()
+            except Exception as exc:  # keep the others; the test reads .errors
+                self.errors.append(f"listing: {type(exc).__name__}: {exc}")
+                failed = True
+                continue
+            alive.update((i.instance_id, i) for i in instances if i.state.is_alive and i.node)
+        if failed:
+            unlisted = {n for n, b in self.booted.items() if b.instance_id not in alive}
         for node, booted in list(self.booted.items()):
             if booted.instance_id not in alive:
-                self.kill(node)
+                if node not in unlisted:
+                    self.kill(node)
             elif booted.process.poll() is not None:
                 with self._lock:
                     self.booted.pop(node, None)

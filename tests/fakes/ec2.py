@@ -34,6 +34,9 @@ from slurm_spot.providers.aws.catalog import catalogue
 
 REGION = "us-east-1"
 ZONES = ("us-east-1a", "us-east-1b")
+#: A second region, for node sets of one partition in two regions (issue 24, part 4).
+WEST_REGION = "us-west-2"
+WEST_ZONES = ("us-west-2a", "us-west-2b")
 TEMPLATE = "slurm-spot-gpu"
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -65,11 +68,12 @@ class World:
     template_name: str = TEMPLATE
 
 
-def make_world(ec2: Any) -> World:
-    """A VPC with one subnet per zone and a launch template, in moto."""
+def make_world(ec2: Any, zones_: tuple[str, ...] = ZONES) -> World:
+    """A VPC with one subnet per zone of ``zones_`` and a launch template, in moto, in the
+    region of the client ``ec2`` (moto keeps one backend per region)."""
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
     subnets, zones = [], {}
-    for i, zone in enumerate(ZONES):
+    for i, zone in enumerate(zones_):
         subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{i * 64}.0/18",
                                    AvailabilityZone=zone)["Subnet"]["SubnetId"]
         subnets.append(subnet)

@@ -296,14 +296,18 @@ class MotoEc2:
 
     Attributes:
         proxy: the proxy; its ``url`` is the endpoint the code under test uses.
-        ec2: a boto3 EC2 client talking to moto directly (not counted by the proxy).
-        world: subnets, zones and launch template.
+        ec2: a boto3 EC2 client of :data:`~tests.fakes.ec2.REGION` talking to moto directly
+            (not counted by the proxy); :meth:`client` gives one of another region.
+        world: subnets, zones and launch template of that region (:meth:`world_in`: another's).
+        upstream: the moto server's own URL (``http://127.0.0.1:PORT``).
     """
 
     def __init__(self) -> None:
         self.proxy: Ec2Proxy
         self.ec2: Any = None
         self.world: World
+        self.upstream = ""
+        self._clients: dict[str, Any] = {}
         self._server: Any = None
         self._env_before: dict[str, str | None] = {}
 
@@ -318,7 +322,7 @@ class MotoEc2:
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._server.start()
         host, port = self._server.get_host_and_port()
-        upstream = f"http://{host}:{port}"
+        upstream = self.upstream = f"http://{host}:{port}"
         _reset(upstream)  # moto's backends are per process: start from an empty account
         self.proxy = Ec2Proxy(upstream).start()
         self.ec2 = boto3.session.Session(
@@ -340,10 +344,28 @@ class MotoEc2:
             else:
                 os.environ[key] = value
 
-    def records(self, *states: str) -> list[dict[str, Any]]:
-        """DescribeInstances records straight from moto (all states unless given)."""
+    def client(self, region: str = REGION) -> Any:
+        """A boto3 EC2 client of ``region`` talking to moto directly (not counted by the
+        proxy); moto keeps one backend per region, chosen by the request's signing region."""
+        if region == REGION:
+            return self.ec2
+        if region not in self._clients:
+            self._clients[region] = boto3.session.Session(
+                aws_access_key_id=CREDENTIALS["aws_access_key_id"],
+                aws_secret_access_key=CREDENTIALS["aws_secret_access_key"], region_name=region,
+            ).client("ec2", endpoint_url=self.upstream)
+        return self._clients[region]
+
+    def world_in(self, region: str, zones: tuple[str, ...]) -> World:
+        """A :func:`make_world` VPC, subnets (one per zone of ``zones``) and launch template in
+        another ``region`` of the same moto server (same endpoint, other signing region)."""
+        return make_world(self.client(region), zones)
+
+    def records(self, *states: str, region: str = REGION) -> list[dict[str, Any]]:
+        """DescribeInstances records of ``region`` straight from moto (all states unless
+        given)."""
         filters = [{"Name": "instance-state-name", "Values": list(states)}] if states else []
-        pages = self.ec2.get_paginator("describe_instances").paginate(Filters=filters)
+        pages = self.client(region).get_paginator("describe_instances").paginate(Filters=filters)
         return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
 
     def write_credentials(self, path: os.PathLike[str] | str) -> str:
