@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_spot.reconcile.reasons import COOLDOWN_TEXT, parse_cooldown
+from slurm_spot.slurm.reasons import COOLDOWN_TEXT, parse_cooldown
 
 from slurm_spot import power
 from slurm_spot.config import SpotConfig, parse_config
