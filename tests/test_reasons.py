@@ -82,3 +82,28 @@ def test_low_memory_reason_is_deliberately_an_admins_until_the_config_is_fixed()
     assert not is_ours(reason) and not is_clearable(reason)
     assert low_memory_of("Low RealMemory (reported:15000 < 100.00% of configured:16000)") == \
         (15000, 16000)
+
+
+@pytest.mark.parametrize("action,written", [("terminate", "terminate"), ("Stop", "stop"),
+                                            ("hibernate", "hibernate"),
+                                            ("x JobState=COMPLETED", "unknown"), ("", "unknown")])
+def test_a_providers_notice_writes_a_reason_that_reads_back_as_ours(action: str,
+                                                                     written: str) -> None:
+    from slurm_spot.providers.notices import Notice
+
+    reason = Notice(action, WHEN_ELSEWHERE, "imds").reason
+    assert reason == f"spot-interruption:{written}@2026-03-01T08:00:00Z"
+    assert parse_interruption(reason) == (written, WHEN)
+    assert is_ours(reason)
+
+
+def test_a_launch_failures_reason_is_the_builders_one_line() -> None:
+    from slurm_spot.providers.base import ErrorClass, LaunchFailure
+
+    failure = LaunchFailure(nodes=("spot-1",), code="InsufficientInstanceCapacity",
+                            message="no capacity\nin us-east-1a " + "x" * 300,
+                            error_class=ErrorClass.CAPACITY)
+    assert failure.reason == launch_failure_reason(failure.code, failure.message)
+    assert failure.reason.startswith("(Code:InsufficientInstanceCapacity)no capacity in")
+    assert len(failure.reason) == MAX_REASON_CHARS and "\n" not in failure.reason
+    assert reason_code(failure.reason) == "InsufficientInstanceCapacity"

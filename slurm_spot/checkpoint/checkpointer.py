@@ -103,6 +103,7 @@ from slurm_spot.checkpoint.trainstate import (
     unwrap_model,
 )
 from slurm_spot.checkpoint.writer import SaveHandle, SaveJob, WriterThread
+from slurm_spot.jobs.contract import ENV_START_FRESH_IF_INVALID
 
 __all__ = [
     "META_FILE", "STATE_FILE", "Checkpoint", "CheckpointError", "Checkpointer", "SkipSampler",
@@ -192,7 +193,7 @@ class Checkpointer:
         self.writer_timeout_s = writer_timeout_s
         if start_fresh_if_invalid is None:
             start_fresh_if_invalid = os.environ.get(
-                "SLURM_SPOT_START_FRESH_IF_INVALID", "").strip().lower() in ("1", "true", "yes")
+                ENV_START_FRESH_IF_INVALID, "").strip().lower() in ("1", "true", "yes")
         self.start_fresh_if_invalid = start_fresh_if_invalid
         self._inflight: SaveHandle | None = None
         self._writer: WriterThread | None = None

@@ -86,10 +86,10 @@ from slurm_spot.checkpoint.s3objects import (
     parse_s3_url,
 )
 from slurm_spot.checkpoint.store import StagePlan
+from slurm_spot.jobs.contract import ENV_STAGING_DIR
 
 log = logging.getLogger(__name__)
 
-ENV_STAGING_DIR = "SLURM_SPOT_STAGING_DIR"
 __all__ = ["ENV_ADDRESSING_STYLE", "ENV_ENDPOINT_URL", "ENV_STAGING_DIR", "INFLIGHT",
            "INFLIGHT_STALE_S", "CommitOutcomeUnknown", "S3Store", "parse_s3_url"]
 

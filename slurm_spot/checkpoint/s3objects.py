@@ -29,11 +29,13 @@ from slurm_spot.checkpoint.files import (
     step_dir_name,
     validate,
 )
+from slurm_spot.jobs.contract import ENV_S3_ADDRESSING_STYLE, ENV_S3_ENDPOINT_URL
 
 log = logging.getLogger(__name__)
 
-ENV_ENDPOINT_URL = "SLURM_SPOT_S3_ENDPOINT_URL"
-ENV_ADDRESSING_STYLE = "SLURM_SPOT_S3_ADDRESSING_STYLE"
+#: The job contract's S3 pair (:mod:`slurm_spot.jobs.contract`), under this module's names.
+ENV_ENDPOINT_URL = ENV_S3_ENDPOINT_URL
+ENV_ADDRESSING_STYLE = ENV_S3_ADDRESSING_STYLE
 MiB = 1 << 20
 
 #: S3 error codes that mean "no such object" (``get_object`` and ``head_object``).

@@ -47,6 +47,13 @@ ENV_SLURM_BIN_DIR = "SLURM_SPOT_SLURM_BIN_DIR"
 #: ``--rendezvous`` is not given.
 ENV_RENDEZVOUS = "SLURM_SPOT_RENDEZVOUS"
 
+#: A local directory the S3 checkpoint store stages uploads and downloads in (default: the
+#: system's temporary directory); set by the user or the admin's TaskProlog.
+ENV_STAGING_DIR = "SLURM_SPOT_STAGING_DIR"
+#: ``1``/``true``/``yes``: a job whose every checkpoint is unreadable starts from step 0
+#: instead of stopping (the Checkpointer's ``start_fresh_if_invalid``); set by the user.
+ENV_START_FRESH_IF_INVALID = "SLURM_SPOT_START_FRESH_IF_INVALID"
+
 #: The line that marks an elastic job's batch script: the watcher releases a departing node
 #: from such a job instead of requeueing it (slurm_spot.watch).
 ELASTIC_MARK = "# slurm-spot: elastic job (one job step per node)"

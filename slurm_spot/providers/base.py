@@ -170,8 +170,9 @@ class LaunchFailure:
     @property
     def reason(self) -> str:
         """The Slurm node reason: ``(Code:<code>)<message>``, one line, at most 200 chars."""
-        text = " ".join(f"(Code:{self.code}){self.message}".split())
-        return text[:200]
+        from slurm_spot.slurm.reasons import launch_failure_reason
+
+        return launch_failure_reason(self.code, self.message)
 
 
 @dataclass(frozen=True)

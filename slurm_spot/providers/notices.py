@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -27,9 +28,16 @@ class Notice:
 
     @property
     def reason(self) -> str:
-        """The Slurm node reason the watcher writes: ``spot-interruption:<action>@<time>``."""
-        stamp = self.deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
-        return f"spot-interruption:{self.action}@{stamp}"
+        """The Slurm node reason the watcher writes: ``spot-interruption:<action>@<time>``
+        (:func:`slurm_spot.slurm.reasons.interruption_reason`); an action that is not a
+        lowercase word (the provider's text, e.g. IMDS's ``instance-action``) is written as
+        ``unknown`` so that the reason still reads back as slurm-spot's."""
+        from slurm_spot.slurm.reasons import interruption_reason
+
+        action = self.action.strip().lower()
+        if not re.fullmatch(r"[a-z][a-z_-]*", action):
+            action = "unknown"
+        return interruption_reason(action, self.deadline)
 
 
 class NoticeSource(Protocol):
