@@ -96,21 +96,22 @@ def test_a_job_beyond_the_quota_is_flagged_naming_quota_and_job_and_held(aws):
     from slurm_spot import power
     from slurm_spot.events import read_events
     from slurm_spot.slurm.client import SlurmClient
-    from tests.test_power import FakeScontrol
+    from tests.fakes.fake_slurm import resuming_slurm
 
     _, world = aws
     h = Harness(make_config(world, instance_types=["g5.4xlarge"]))
     h.market.vcpu_limit["spot"] = 32
-    scontrol = FakeScontrol()
+    scontrol = resuming_slurm(["gpu-1", "gpu-2", "gpu-3"], pending_jobs=(12,))
     result = power.resume(h.config, "gpu-[1-3]", SlurmClient("/usr/bin", runner=scontrol),
                           lambda c, name: h.provider, jobs={12: ("gpu-1", "gpu-2", "gpu-3")})
     (failure,) = result.failed
     assert failure.error_class is ErrorClass.QUOTA
     assert (failure.quota_limit, failure.quota_per_node) == (32, 16)
-    reason = scontrol.nodes["gpu-3"]["reason"]
+    reason = scontrol.nodes["gpu-3"].reason
     assert reason.startswith("(Code:VcpuLimitExceeded)quota: job 12 needs 48 vCPU")
     assert "32 vCPU quota" in reason
     assert ["/usr/bin/scontrol", "hold", "12"] in scontrol.calls
+    assert scontrol.jobs[12].reason == "JobHeldAdmin"
     # all-or-nothing: the two instances the quota allowed are given back, not left idle
     assert result.launched == [] and len(result.terminated) == 2
     flagged = [e for e in read_events(h.config.log_dir)
@@ -121,18 +122,18 @@ def test_a_job_beyond_the_quota_is_flagged_naming_quota_and_job_and_held(aws):
 def test_a_job_within_the_quota_is_not_held(aws):
     from slurm_spot import power
     from slurm_spot.slurm.client import SlurmClient
-    from tests.test_power import FakeScontrol
+    from tests.fakes.fake_slurm import resuming_slurm
 
     _, world = aws
     h = Harness(make_config(world, instance_types=["g5.4xlarge"]))
     h.market.vcpu_limit["spot"] = 32
     Harness.launch(h, "gpu-9")  # 16 of the 32 vCPU in use by another job
-    scontrol = FakeScontrol()
+    scontrol = resuming_slurm(["gpu-1", "gpu-2"], pending_jobs=(13,))
     result = power.resume(h.config, "gpu-[1-2]", SlurmClient("/usr/bin", runner=scontrol),
                           lambda c, name: h.provider, jobs={13: ("gpu-1", "gpu-2")})
     assert [f.error_class for f in result.failed] == [ErrorClass.QUOTA]
     assert not any(c[1:2] == ["hold"] for c in scontrol.calls)  # it fits once gpu-9 is gone
-    assert "job 13" not in scontrol.nodes["gpu-2"]["reason"]
+    assert "job 13" not in scontrol.nodes["gpu-2"].reason
 
 
 # ---- GCE: a machine or accelerator type a zone does not offer ------------------------------
@@ -223,7 +224,7 @@ def test_gce_a_node_set_with_no_offered_pair_fails_permanent_and_starts_no_coold
     from slurm_spot import power
     from slurm_spot.events import read_events
     from slurm_spot.slurm.client import SlurmClient
-    from tests.test_power import FakeScontrol
+    from tests.fakes.fake_slurm import resuming_slurm
 
     gce.unoffer("a2-highgpu-1g", GCE_A)
     config = _gce_config(gce, tmp_path)
@@ -233,13 +234,13 @@ def test_gce_a_node_set_with_no_offered_pair_fails_permanent_and_starts_no_coold
     assert "does not exist in zone" in failure.message
 
     gce.requests.clear()
-    scontrol = FakeScontrol()
+    scontrol = resuming_slurm(["gpu-2", "gpu-3"])
     result = power.resume(config, "gpu-[2-3]", SlurmClient("/usr/bin", runner=scontrol))
     assert gce.calls("bulkInsert") == []  # remembered: GCE is not even asked
     (again,) = result.failed
     assert (again.code, again.error_class) == ("TYPE_NOT_OFFERED", ErrorClass.PERMANENT)
     assert f"a2-highgpu-1g in {GCE_A}" in again.reason
-    assert scontrol.nodes["gpu-2"]["reason"].startswith("(Code:TYPE_NOT_OFFERED)")
+    assert scontrol.nodes["gpu-2"].reason.startswith("(Code:TYPE_NOT_OFFERED)")
 
     now = datetime.now(timezone.utc)
     history = build_history(read_events(config.log_dir), {"gpu-2": "gpu", "gpu-3": "gpu"},

@@ -507,22 +507,26 @@ def test_a_job_beyond_a_gce_quota_is_flagged_and_held_as_on_aws(
     """Issue 25: QUOTA_EXCEEDED never flagged a job that can never fit (EC2's
     VcpuLimitExceeded did): 3 nodes of 1 T4 each under a 2-GPU regional quota."""
     from slurm_spot.events import read_events
-    from tests.test_power import FakeScontrol
+    from tests.fakes.fake_slurm import FakeSlurm
 
     message = "Quota 'PREEMPTIBLE_NVIDIA_T4_GPUS' exceeded.  Limit: 2.0 in region us-central1."
     fake.fail_operation("QUOTA_EXCEEDED", times=None, message=message)
     config = gcp_config(fake, [{**GPU_SET, "fallback": "none"}], log_dir=str(tmp_path),
                         state_dir=str(tmp_path))
-    scontrol = FakeScontrol()
+    scontrol = FakeSlurm()
+    for name in ("gpu-1", "gpu-2", "gpu-3"):
+        scontrol.add_node(name, "IDLE+CLOUD+POWERING_UP")
+    scontrol.add_job(12, [], state="PENDING")
     result = power.resume(config, "gpu-[1-3]", SlurmClient("/usr/bin", runner=scontrol),
                           jobs={12: ("gpu-1", "gpu-2", "gpu-3")})
     (failure,) = result.failed
     assert failure.error_class is ErrorClass.QUOTA
     assert (failure.quota_limit, failure.quota_per_node, failure.quota_unit) == (2, 1, "GPU")
-    reason = scontrol.nodes["gpu-1"]["reason"]
+    reason = scontrol.nodes["gpu-1"].reason
     assert reason.startswith("(Code:QUOTA_EXCEEDED)quota: job 12 needs 3 GPU")
     assert "2 GPU quota" in reason
     assert ["/usr/bin/scontrol", "hold", "12"] in scontrol.calls
+    assert scontrol.jobs[12].reason == "JobHeldAdmin"
     flagged = [e for e in read_events(config.log_dir)
                if (e.get("extra") or {}).get("beyond_quota")]
     assert [e["job_ids"] for e in flagged] == [[12]] * 3

@@ -140,3 +140,22 @@ def test_the_loop_acts_on_an_instance_it_has_not_listed_yet_only_from_a_cluster_
     assert loop._receive(0.5, known=set()) == []
     loop._sources = [own]
     assert [e.instance_id for e in loop._receive(0.5, known=set())] == [instance_id]
+
+
+def test_an_instance_slurm_spot_terminated_is_not_read_as_reclaimed(instance) -> None:
+    """'Terminated by slurm-spot' holds the word 'spot': a power-down's end must not count as
+    a spot interruption (only the provider's reclaim does)."""
+    provider, instance_id, proc = instance
+    provider.terminate(["spot-1"])
+    assert proc.wait(timeout=5) != 0
+    (ended,) = [i for i in provider.list_instances() if i.instance_id == instance_id]
+    assert not ended.state.is_alive
+    assert "slurm-spot" in ended.state_reason and not ended.was_reclaimed
+
+
+def test_an_instance_the_provider_reclaimed_is_read_as_reclaimed(instance) -> None:
+    provider, instance_id, proc = instance
+    provider.reclaim("spot-1")
+    assert proc.wait(timeout=5) != 0
+    (ended,) = [i for i in provider.list_instances() if i.instance_id == instance_id]
+    assert ended.was_reclaimed

@@ -118,8 +118,11 @@ class Instance:
 
     @property
     def was_reclaimed(self) -> bool:
-        """True if the provider took the instance back (spot interruption)."""
-        reason = self.state_reason.lower()
+        """True if the provider took the instance back (spot interruption): its
+        ``state_reason`` names a spot termination (EC2 ``Server.SpotInstanceTermination``), a
+        preemption (GCE) or a reclaim (the local provider). ``spot`` inside ``slurm-spot`` (an
+        instance slurm-spot itself terminated) does not count."""
+        reason = self.state_reason.lower().replace("slurm-spot", "")
         return "spot" in reason or "preempt" in reason or "reclaim" in reason
 
     def to_json(self) -> dict[str, object]:

@@ -291,6 +291,14 @@ class FakeSlurm:
             job.reason = "None"
             self.released.append(job.job_id)
             return ""
+        if args[0] == "hold":
+            # scontrol(1) hold: a pending job gets priority 0 and reason JobHeldAdmin; an
+            # unknown id is refused, as scontrol does ("Invalid job id specified")
+            job_id = int(args[1])
+            if job_id not in self.jobs:
+                raise _Refused("Invalid job id specified")
+            self.jobs[job_id].reason = "JobHeldAdmin"
+            return ""
         if args[0] == "ping":
             return "Slurmctld(primary) at localhost is UP\n"
         if args == ["-V"]:
@@ -508,3 +516,16 @@ def _local(epoch: int) -> str:
 
 class _Refused(Exception):
     pass
+
+
+def resuming_slurm(nodes: list[str], pending_jobs: tuple[int, ...] = (),
+                   version: str = "22.05.8") -> FakeSlurm:
+    """Slurm while it runs ResumeProgram for ``nodes``: each is idle# (POWERING_UP) until the
+    resume hook records its address or gives it up; ``pending_jobs`` wait for them (PENDING,
+    so the hook may hold one: scontrol hold)."""
+    fake = FakeSlurm(version)
+    for name in nodes:
+        fake.add_node(name, "IDLE+CLOUD+POWERING_UP")
+    for job_id in pending_jobs:
+        fake.add_job(job_id, [], state="PENDING")
+    return fake
