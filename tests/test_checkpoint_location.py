@@ -44,3 +44,16 @@ def test_a_checkpointer_on_an_s3_root_keeps_its_url(tmp_path: Path,
     ckpt = Checkpointer("s3://bucket/runs//alice/7")
     assert ckpt.directory == "s3://bucket/runs//alice/7"
     assert Checkpointer(tmp_path / "c").directory == tmp_path / "c"
+
+
+def test_a_new_url_scheme_is_one_line_in_location(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/DESIGN.md, "Adding a checkpoint store": a store with a URL scheme is registered in
+    URL_SCHEMES; its roots stay strings and join with '/' (a Path would fold 'gs://')."""
+    from slurm_spot.checkpoint import location
+
+    monkeypatch.setattr(location, "URL_SCHEMES", (*location.URL_SCHEMES, "gs://"))
+    assert location.as_location("gs://bucket/ckpt") == "gs://bucket/ckpt"
+    assert location.job_directory(location.as_location("gs://bucket/ckpt/"), "alice", "7") \
+        == "gs://bucket/ckpt/alice/7"
+    assert not location.is_s3("gs://bucket/ckpt")
+    assert location.as_location("/data/gs:/x") == Path("/data/gs:/x")

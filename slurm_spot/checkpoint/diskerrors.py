@@ -9,7 +9,7 @@ import errno
 import os
 from pathlib import Path
 
-from slurm_spot.checkpoint.location import is_s3
+from slurm_spot.checkpoint.location import is_url
 
 #: Free space (bytes) under which a failed write is reported as a full device even when the
 #: error itself does not say so.
@@ -53,7 +53,7 @@ def describe_write_error(exc: BaseException, path: str | os.PathLike[str] | None
             code = cause.errno
             break
         cause = cause.__cause__ or cause.__context__
-    if path is None or is_s3(path):
+    if path is None or is_url(path):
         free = None
     else:
         free = _free_bytes(Path(path))

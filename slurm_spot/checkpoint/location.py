@@ -19,7 +19,7 @@ import os
 import re
 from pathlib import Path
 
-#: A checkpoint location: a directory, or an ``s3://`` URL as a string.
+#: A checkpoint location: a directory, or a store's URL (``s3://...``) as a string.
 Location = Path | str
 
 S3_SCHEME = "s3://"
@@ -31,11 +31,22 @@ def is_s3(location: str | os.PathLike[str]) -> bool:
     return os.fspath(location).startswith(S3_SCHEME)
 
 
+#: The URL schemes of checkpoint stores that are not a POSIX directory: a root or location
+#: starting with one is kept as a string (never a Path) and joined with ``/``. A new store
+#: with a URL scheme adds its scheme here (docs/DESIGN.md, "Adding a checkpoint store").
+URL_SCHEMES: tuple[str, ...] = (S3_SCHEME,)
+
+
+def is_url(location: str | os.PathLike[str]) -> bool:
+    """True when ``location`` names a store by URL (:data:`URL_SCHEMES`), not a directory."""
+    return os.fspath(location).startswith(URL_SCHEMES)
+
+
 def as_location(text: str | os.PathLike[str]) -> Location:
-    """``text`` as a location: an ``s3://`` URL stays the string it is, anything else is a
-    :class:`~pathlib.Path`."""
+    """``text`` as a location: a store's URL (``s3://...``, :func:`is_url`) stays the string
+    it is, anything else is a :class:`~pathlib.Path`."""
     raw = os.fspath(text)
-    return raw if is_s3(raw) else Path(raw)
+    return raw if is_url(raw) else Path(raw)
 
 
 def job_key(job_id: int | str, array_job_id: int | str | None = None,
@@ -63,6 +74,6 @@ def job_directory(root: Location, user: str, key: str) -> Location:
     """``<root>/<user>/<key>``: where the job's checkpoints live (an ``s3://`` URL under an
     S3 root). ``user`` and ``key`` are taken as given: the caller checks them (the prolog
     refuses names that are not plain, :mod:`slurm_spot.jobs.node.prolog`)."""
-    if isinstance(root, str) or is_s3(root):
+    if isinstance(root, str) or is_url(root):
         return f"{os.fspath(root).rstrip('/')}/{user}/{key}"
     return root / user / key
