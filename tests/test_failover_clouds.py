@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_spot.slurm.reasons import COOLDOWN_TEXT, parse_cooldown
 
 from slurm_spot import power
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.failover import FailoverRun, fail_over
 from slurm_spot.providers.aws.fleet import decode_node
+from slurm_spot.slurm.reasons import COOLDOWN_TEXT, parse_cooldown
 from slurm_spot.weights import current_weights
 from tests.fakes.ec2 import REGION, TEMPLATE, WEST_REGION, WEST_ZONES, World
 from tests.fakes.ec2_proxy import MotoEc2
