@@ -22,6 +22,12 @@ documented in scontrol(1) (22.05: ``Weight=<weight>`` "allows dynamic changes to
 associated with nodes"; it lasts until slurmctld restarts without ``-R`` or reconfigures,
 when slurm.conf's value is back and the next pass corrects it).
 
+**Powered-down nodes.** Slurm 23.02 and newer order powered-down nodes by Weight; before 23.02
+slurmctld replaces the Weight of an all-powered-down node set by one common reboot weight and
+takes such nodes in node-name order (:attr:`SlurmVersion.powered_down_weight`), so there these
+Weights only order nodes that are up, and :func:`name_order_warnings` (``config check``) tells
+an admin whose node set names sort against the cost order.
+
 **Not fighting an admin.** With ``power.order: weight`` nothing here runs: slurm.conf gets
 spot.yaml's ``weight`` and no Weight is ever changed (but a prewarm's temporary 0). With
 ``power.order: cost`` (the default) an admin's ``weight:`` is a tier the cost order never
