@@ -50,6 +50,7 @@ from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.cost.order import DEFAULT_SPOT_BAND, FIRST_WEIGHT, Offer, band_rate_per_h, order_weights
 from slurm_spot.cost.prices import PriceBook
 from slurm_spot.errors import SlurmCommandError
+from slurm_spot.hostlist import slurm_node_order
 from slurm_spot.providers import instance_types, package_for
 from slurm_spot.providers.prices import UnknownPriceError
 from slurm_spot.slurm.client import Node, SlurmClient
@@ -233,8 +234,6 @@ def name_order_warnings(config: SpotConfig, version: SlurmVersion | None) -> lis
     Weights), and what to do (rename, or Slurm 23.02+). Pure but for the catalogue prices
     :func:`static_weights` reads.
     """
-    from slurm_spot.hostlist import slurm_node_order
-
     if version is not None and version.powered_down_weight:
         return []
     weights = static_weights(config)
@@ -257,6 +256,6 @@ def name_order_warnings(config: SpotConfig, version: SlurmVersion | None) -> lis
             f"{slurm} gives a job the first powered-down node by name "
             f"({in_name_order[0]}), not by Weight. Rename the node sets so their "
             f"names sort in the cost order, or run Slurm 23.02 or newer "
-            f"(docs/admin.md, 'Failover between node sets')."
+            f"(docs/admin.md, 'What Weight can do while nodes are powered down')."
         )
     return lines
