@@ -3,7 +3,8 @@ slurmctld: node sets ``zeta`` (Weight 1, cheapest) and ``alpha`` (Weight 2), nam
 against the cost order, rendered as slurm-spot renders them (``zeta``'s NodeName lines
 first).
 
-Slurm 23.02 and newer order powered-down nodes by Weight, so the job runs on ``zeta``.
+Slurm 23.02 and newer order powered-down nodes by Weight, so the job runs on ``zeta``
+(passed on 24.11.5 and 26.05.5 in Debian roots made as docs/slurm-versions.md says).
 Before 23.02 a node set whose nodes are all powered down gets the reboot weight in place of
 its Weight (src/slurmctld/node_scheduler.c, ``_build_node_list``) and slurmctld's node table
 is sorted by name (src/slurmctld/read_config.c, ``_sort_node_record_table_ptr``), so the job
