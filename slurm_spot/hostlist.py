@@ -16,6 +16,7 @@ per-node files named after the node), and a leading ``-`` (scontrol reads it as 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -127,3 +128,40 @@ def group_by_node_set(config: SpotConfig, hostlist: str) -> dict[str, list[str]]
             f"node(s) {', '.join(unknown)} belong to no node set (configured: {known})"
         )
     return dict(groups)
+
+
+def natural_compare(a: str, b: str) -> int:
+    """-1, 0 or 1 as Slurm orders two node names: ``strnatcmp`` (src/common/strnatcmp.c, what
+    slurmctld sorts its node table with when no topology plugin ranks the nodes), i.e.
+    character by character, but a run of digits against a run of digits compared as numbers
+    (``gpu-2`` before ``gpu-10``); a run with a leading zero compares digit by digit, as a
+    fraction. Case-sensitive (ASCII). Spaces are not skipped (node names have none)."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        ca, cb = a[i], b[j]
+        if ca.isdigit() and cb.isdigit() and ca.isascii() and cb.isascii():
+            ei, ej = i, j
+            while ei < len(a) and a[ei].isdigit() and a[ei].isascii():
+                ei += 1
+            while ej < len(b) and b[ej].isdigit() and b[ej].isascii():
+                ej += 1
+            ra, rb = a[i:ei], b[j:ej]
+            if ca == "0" or cb == "0":
+                if ra != rb:  # fractional: left-aligned digit comparison
+                    return -1 if ra < rb else 1
+            elif int(ra) != int(rb):
+                return -1 if int(ra) < int(rb) else 1
+            i, j = ei, ej
+            continue
+        if ca != cb:
+            return -1 if ca < cb else 1
+        i += 1
+        j += 1
+    return (len(a) - i > len(b) - j) - (len(a) - i < len(b) - j)
+
+
+def slurm_node_order(names: Iterable[str]) -> list[str]:
+    """``names`` in the order of slurmctld's node table (:func:`natural_compare`), which
+    decides among equally weighted nodes: on Slurm before 23.02 that is every powered-down
+    node (:attr:`slurm_spot.slurm.version.SlurmVersion.powered_down_weight`)."""
+    return sorted(names, key=functools.cmp_to_key(natural_compare))

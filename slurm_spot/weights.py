@@ -22,6 +22,12 @@ documented in scontrol(1) (22.05: ``Weight=<weight>`` "allows dynamic changes to
 associated with nodes"; it lasts until slurmctld restarts without ``-R`` or reconfigures,
 when slurm.conf's value is back and the next pass corrects it).
 
+**Powered-down nodes.** Slurm 23.02 and newer order powered-down nodes by Weight; before 23.02
+slurmctld replaces the Weight of an all-powered-down node set by one common reboot weight and
+takes such nodes in node-name order (:attr:`SlurmVersion.powered_down_weight`), so there these
+Weights only order nodes that are up, and :func:`name_order_warnings` (``config check``) tells
+an admin whose node set names sort against the cost order.
+
 **Not fighting an admin.** With ``power.order: weight`` nothing here runs: slurm.conf gets
 spot.yaml's ``weight`` and no Weight is ever changed (but a prewarm's temporary 0). With
 ``power.order: cost`` (the default) an admin's ``weight:`` is a tier the cost order never
@@ -38,15 +44,18 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 
 from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.cost.order import DEFAULT_SPOT_BAND, FIRST_WEIGHT, Offer, band_rate_per_h, order_weights
 from slurm_spot.cost.prices import PriceBook
 from slurm_spot.errors import SlurmCommandError
+from slurm_spot.hostlist import slurm_node_order
 from slurm_spot.providers import instance_types, package_for
 from slurm_spot.providers.prices import UnknownPriceError
 from slurm_spot.slurm.client import Node, SlurmClient
 from slurm_spot.slurm.reasons import parse_cooldown
+from slurm_spot.slurm.version import SlurmVersion
 
 log = logging.getLogger(__name__)
 
@@ -210,3 +219,43 @@ def sync_weights(config: SpotConfig, slurm: SlurmClient, weights: Mapping[str, i
             continue
         done.changed[weight] = names
     return done
+
+
+def name_order_warnings(config: SpotConfig, version: SlurmVersion | None) -> list[str]:
+    """One line per partition whose node sets Slurm would not try in the cost order while
+    their nodes are powered down: ``[]`` on Slurm 23.02 and newer, which orders powered-down
+    nodes by Weight (:attr:`SlurmVersion.powered_down_weight`); before (or ``version`` None,
+    Slurm unknown) the powered-down node first in slurmctld's node table gets the job, and that
+    table is sorted by node name (:func:`slurm_spot.hostlist.slurm_node_order`), whatever the
+    order of the NodeName lines, the partition's ``Nodes=`` or the Weights. A partition is fine
+    when its nodes in that name order have non-decreasing :func:`static_weights`.
+
+    Each line names the partition, the node sets in name order and in cost order (with their
+    Weights), and what to do (rename, or Slurm 23.02+). Pure but for the catalogue prices
+    :func:`static_weights` reads.
+    """
+    if version is not None and version.powered_down_weight:
+        return []
+    weights = static_weights(config)
+    slurm = f"Slurm {version}" if version is not None else "Slurm before 23.02"
+    lines = []
+    for index, part in enumerate(config.partitions):
+        if len(part.node_sets) < 2:
+            continue
+        owner = {n: name for name in part.node_sets for n in config.node_set(name).node_names}
+        in_name_order = slurm_node_order(owner)
+        ordered = [weights[owner[n]] for n in in_name_order]
+        if all(a <= b for a, b in pairwise(ordered)):
+            continue
+        seen = ", ".join(dict.fromkeys(owner[n] for n in in_name_order))
+        by_cost = ", ".join(f"{name} (Weight {weights[name]})" for name in sorted(
+            part.node_sets, key=lambda name: (weights[name], part.node_sets.index(name))))
+        lines.append(
+            f"partitions.{index}.node_sets: partition {part.name}: node sets {seen} sort by "
+            f"name in another order than their cost order {by_cost}: "
+            f"{slurm} gives a job the first powered-down node by name "
+            f"({in_name_order[0]}), not by Weight. Rename the node sets so their "
+            f"names sort in the cost order, or run Slurm 23.02 or newer "
+            f"(docs/admin.md, 'What Weight can do while nodes are powered down')."
+        )
+    return lines

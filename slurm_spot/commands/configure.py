@@ -14,6 +14,7 @@ from slurm_spot.errors import BadInputError, ConfigError
 from slurm_spot.providers import check_config, check_online, cloud_permissions
 from slurm_spot.render import render, slurm_version, write_rendered
 from slurm_spot.slurm.version import SlurmVersion
+from slurm_spot.weights import name_order_warnings
 
 
 @click.group("config")
@@ -36,15 +37,18 @@ def check_command(app: AppContext, online: bool, as_json: bool) -> None:
                 + credentials_file_problems(config))
     if problems:
         raise ConfigError(str(config.source_path), config.with_lines(problems))
-    warnings: list[str] = []
+    # Node sets whose names sort against their cost order: tried in name order while
+    # powered down on Slurm before 23.02 (weights.name_order_warnings).
+    warnings: list[str] = config.with_lines(name_order_warnings(config, slurm_version()))
+    errors: list[str] = []
     if online:
         findings = check_online(config)
-        warnings = config.with_lines([str(f) for f in findings if f.severity != "error"])
+        warnings += config.with_lines([str(f) for f in findings if f.severity != "error"])
         errors = config.with_lines([str(f) for f in findings if f.severity == "error"])
-        for warning in warnings:
-            click.echo(f"slurm-spot: warning: {config.source_path}: {warning}", err=True)
-        if errors:
-            raise ConfigError(str(config.source_path), errors)
+    for warning in warnings:
+        click.echo(f"slurm-spot: warning: {config.source_path}: {warning}", err=True)
+    if errors:
+        raise ConfigError(str(config.source_path), errors)
     summary = {
         "config": str(config.source_path),
         "cluster": config.cluster,
@@ -53,8 +57,8 @@ def check_command(app: AppContext, online: bool, as_json: bool) -> None:
         "nodes": len(config.all_nodes()),
     }
     if as_json:
-        print_json({"ok": True, **summary, **({"online": True, "warnings": warnings}
-                                              if online else {})})
+        print_json({"ok": True, **summary, **({"online": True} if online else {}),
+                    **({"warnings": warnings} if online or warnings else {})})
     else:
         checked = " checked online" if online else ""
         click.echo(f"{config.source_path}: OK{checked} ({summary['nodes']} nodes in "

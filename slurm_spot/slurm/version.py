@@ -115,6 +115,17 @@ class SlurmVersion:
         return self.at_least(23, 2)
 
     @property
+    def powered_down_weight(self) -> bool:
+        """Node ``Weight`` orders powered-down (``idle~``) nodes. Before 23.02 slurmctld gave a
+        node set whose nodes are all powered down the reboot weight (INFINITE-1) in place of
+        its Weight, so such nodes tie and the lowest node index wins, and the node table is
+        sorted by name (``strnatcmp``): NEWS, "Changes in Slurm 23.02.0rc1": "Make node
+        weight usable for powered down and rebooting nodes."; measured on 22.05.8 by
+        tests/test_weight_order_e2e.py. Powered-up nodes still go first on every release
+        (slurm.conf(5), Weight)."""
+        return self.at_least(23, 2)
+
+    @property
     def addr_cache_options(self) -> bool:
         """``CommunicationParameters=NoAddrCache`` and ``SlurmctldParameters=cloud_reg_addrs``
         are needed, and known. 23.11 removed both (NEWS, "Changes in Slurm 23.11.0rc1": "Remove
