@@ -69,10 +69,13 @@ def natural_order(name: str) -> tuple[str, int]:
 
 
 def is_up(node: Node) -> bool:
-    """The node runs (slurmd registered, not powered down, not booting, responding)."""
+    """The node runs (slurmd registered, not powered down, not booting, responding) and is not
+    being powered down: a replacement whose launch failed goes ``DOWN`` then, as the resume
+    hook asks, ``idle%`` (POWERING_DOWN) on 22.05.8, which is not a node that is up."""
     flags = node.state.flags
     return (node.state.base in ("IDLE", "ALLOCATED", "MIXED", "COMPLETING")
-            and not flags & {"POWERED_DOWN", "POWERING_UP", "NOT_RESPONDING"})
+            and not flags & {"POWERED_DOWN", "POWERING_UP", "NOT_RESPONDING"}
+            and not node.state.is_powering_down)
 
 
 def is_ready_replacement(node: Node) -> bool:
@@ -360,7 +363,8 @@ class Prewarm:
         for node in nodes:
             if is_up(node):
                 states.append("up")
-            elif node.state.is_down or node.state.flags & {"FAIL", "DRAIN"} or (
+            elif node.state.is_down or node.state.flags & {"FAIL", "DRAIN"} \
+                    or node.state.is_powering_down or (
                     late and node.state.is_powered_down and not node.state.is_powering_up):
                 states.append("failed")
             else:

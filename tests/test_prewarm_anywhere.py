@@ -126,3 +126,23 @@ def test_a_replacement_that_fails_to_launch_is_chosen_again_from_the_next_node_s
     slurm.nodes["l4-1"].base, slurm.nodes["l4-1"].reason = "DOWN", COOLING
     assert prewarm.status() == "failed"
     assert list(read_events(config.log_dir)) == []  # events are the watcher's (on_retry)
+
+
+def test_a_replacement_being_powered_down_after_its_failed_launch_is_not_up(
+        tmp_path: Path) -> None:
+    """Seen in CI on 22.05.8: the resume hook set the failed replacement DOWN and then
+    POWER_DOWN; a second later slurmctld showed it ``idle%`` (IDLE+POWERING_DOWN), which the
+    watcher took for "replacement up" and signalled the job before any replacement existed.
+    It is a failed replacement: chosen again from the next node set."""
+    config = _config(tmp_path)
+    slurm = FakeSlurm()
+    for n in _cluster({"a10": 1, "t4": 2, "l4": 3, "elsewhere": 4}):
+        fake = slurm.add_node(n.name, "+".join([n.state.base, *sorted(n.state.flags)]))
+        fake.weight = n.weight
+    clock = [NOW.timestamp()]
+    prewarm = Prewarm(config, slurm.client(), "a10-1", lambda: clock[0], partitions=["spot"])
+    assert prewarm.start(1).power_up == ("a10-2",)
+    node = slurm.nodes["a10-2"]
+    node.base, node.flags = "IDLE", (node.flags - {"POWERING_UP"}) | {"POWERING_DOWN"}
+    assert prewarm.status() == "booting" and prewarm.chosen.power_up == ("t4-1",)
+    assert prewarm.failed_sets == {"a10"}
