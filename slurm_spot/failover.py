@@ -415,7 +415,12 @@ def _see_starts(config: SpotConfig, slurm: SlurmClient, run: FailoverRun,
             listed = None
         for job_id in sorted(waiting) if listed is not None else ():
             job = listed.get(job_id) if listed is not None else None
-            if job is None or job.state.is_finished:
+            if job is None:
+                # Not in an answer that did come: squeue keeps an ended job for MinJobAge
+                # (300 s), so this is a read that lost it (seen in CI: an empty answer while
+                # slurmctld stalled 20 s on a 2-node job), not an end. Ask again.
+                continue
+            if job.state.is_finished:
                 waiting.discard(job_id)
             elif not job.state.is_pending and job.nodes:
                 waiting.discard(job_id)

@@ -289,6 +289,25 @@ def test_a_controller_too_busy_to_answer_for_a_while_still_gets_the_start_record
     assert started["extra"]["node_set"] == "other"
 
 
+def test_a_job_missing_from_one_squeue_answer_is_still_waited_for(config: SpotConfig) -> None:
+    """Seen in CI: while slurmctld stalled on a 2-node requeue, one squeue answer came back
+    without the job; the worker took it for ended and wrote the note without where the job
+    went. squeue keeps an ended job for MinJobAge, so a missing job is asked for again."""
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    slurm = FakeClient([node("other-1", "IDLE+CLOUD+POWERED_DOWN")],
+                       [[job("PENDING", reason="BeginTime", restarts=1)], [],
+                        [job("CONFIGURING", "other-1", restarts=1)]])
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep)
+    assert (run.moves[7].node_set, run.moves[7].nodes) == ("other", ("other-1",))
+    (started,) = [e for e in _events(config) if e["action"] == "failover_started"]
+    assert started["extra"]["node_set"] == "other"
+    (note,) = next(c[1] for c in slurm.calls if c[0] == "admin_comment")  # type: ignore[misc]
+    assert "started on node set other (other-1)" in note[1]
+
+
 def test_a_job_placed_before_the_worker_cleared_its_hold_is_still_recorded(
         config: SpotConfig) -> None:
     """The reconciler's safety net may clear the hold first (the worker's squeue calls timed
