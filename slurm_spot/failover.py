@@ -65,8 +65,11 @@ log = logging.getLogger(__name__)
 
 #: How long the worker waits for slurmctld to requeue a job of a failed node (seconds). A
 #: requeue after DOWN takes well under a second on 22.05; the rest is margin for a busy
-#: controller. Later ones are left to the reconciler's safety net.
-REQUEUE_WAIT_S = 20.0
+#: controller: slurmctld 22.05 was seen answering nothing for 10 s per failed node while it
+#: failed to resolve their names (a 2-node job: 20 s, and the job then waited out the whole
+#: requeue hold). The worker is detached: the wait delays no hook. Later ones are left to
+#: the reconciler's safety net.
+REQUEUE_WAIT_S = 60.0
 #: How long, after the hold is cleared, the worker waits to see where the job started, for
 #: the event and AdminComment (seconds). It only delays the note, never the job.
 START_WAIT_S = 60.0
