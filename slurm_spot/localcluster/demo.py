@@ -197,12 +197,42 @@ class Demo:
             now = time.monotonic()
             if now - self.started > self.s.timeout_s:
                 raise SlurmSpotError(f"demo timed out after {self.s.timeout_s:.0f} s waiting "
-                                     f"for {what}; logs in {self.s.workdir / 'log'}")
+                                     f"for {what}; logs in {self.s.workdir / 'log'}\n"
+                                     + self.diagnosis(log))
             if now - last_report > 15:
                 last_report = now
                 self.say(f"  ... waiting for {what} ({now - self.started:.0f} s, "
                          f"step {log.last_step()})")
             time.sleep(0.5)
+
+    def diagnosis(self, log: TrainingLog, lines: int = 15) -> str:
+        """What a timed-out wait leaves for whoever reads the error (a CI log has nothing
+        else): the cluster's jobs as squeue shows them, and the last ``lines`` lines of the
+        job's output, the reconciler's log and the event log. Never raises."""
+        parts = []
+        conf = Path(self.env["SLURM_CONF"])
+        if not conf.exists():
+            parts.append(f"squeue: no cluster ({conf} does not exist)")
+        else:
+            try:
+                os.environ["SLURM_CONF"] = str(conf)
+                queue = SlurmClient(timeout_s=10).run("squeue", "-a", "-o", "%i %T %r %N %S",
+                                                      check=False)
+                parts.append(f"squeue:\n{(queue.stdout or queue.stderr).strip()}")
+            except (OSError, SlurmSpotError) as err:
+                parts.append(f"squeue: {err}")
+        logs = self.s.workdir / "log"
+        for path in (log.path, logs / "reconcile.log", logs / "events.jsonl"):
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(0, os.SEEK_END)
+                    fh.seek(max(0, fh.tell() - 64 * 1024))
+                    tail = fh.read().decode(errors="replace").splitlines()[-lines:]
+            except OSError as err:
+                parts.append(f"{path}: {err.strerror}")
+                continue
+            parts.append(f"last lines of {path}:\n" + "\n".join(tail))
+        return "\n".join(parts)
 
     # -- stages ---------------------------------------------------------------------------
     def _reference_argv(self) -> list[str]:
