@@ -42,7 +42,7 @@ def test_seed_2_hits_every_node_throughout_the_soak() -> None:
 def test_a_job_soaked_in_the_market_finishes_bit_exact(tmp_path: Path) -> None:
     if not _slurm_available():
         pytest.fail("slurmctld is not installed: run 'make test', which installs slurm-wlm")
-    settings = SoakSettings(workdir=tmp_path, steps=200, timeout_s=420)
+    settings = SoakSettings(workdir=tmp_path, steps=200, timeout_s=600)
     with acquire_cluster_lock():
         result = Soak(settings, print).run()
     market = result["market"]

@@ -207,7 +207,7 @@ class Demo:
 
     def diagnosis(self, log: TrainingLog, lines: int = 15) -> str:
         """What a timed-out wait leaves for whoever reads the error (a CI log has nothing
-        else): the cluster's jobs as squeue shows them, and the last ``lines`` lines of the
+        else): the cluster's jobs and nodes as squeue and sinfo show them, and the last ``lines`` lines of the
         job's output, the reconciler's log and the event log. Never raises."""
         parts = []
         conf = Path(self.env["SLURM_CONF"])
@@ -216,9 +216,11 @@ class Demo:
         else:
             try:
                 os.environ["SLURM_CONF"] = str(conf)
-                queue = SlurmClient(timeout_s=10).run("squeue", "-a", "-o", "%i %T %r %N %S",
-                                                      check=False)
+                client = SlurmClient(timeout_s=10)
+                queue = client.run("squeue", "-a", "-o", "%i %T %r %N %S", check=False)
                 parts.append(f"squeue:\n{(queue.stdout or queue.stderr).strip()}")
+                nodes = client.run("sinfo", "-N", "-h", "-o", "%N %T %E", check=False)
+                parts.append(f"sinfo:\n{(nodes.stdout or nodes.stderr).strip()}")
             except (OSError, SlurmSpotError) as err:
                 parts.append(f"squeue: {err}")
         logs = self.s.workdir / "log"
