@@ -33,11 +33,12 @@ Slurm starts a PrologSlurmctld with the job's variables only (``job_common_env_v
 ``job_mgr.c``: ``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``...; no ``SLURM_CONF``, unlike the
 ResumeProgram, whose environment ``power_save.c`` gives ``SLURM_CONF``), so without
 ``SLURM_CONF`` it takes the one of its parent, slurmctld's script process (slurmscriptd), which
-has slurmctld's environment: :func:`slurm_conf_from_parent`.
+has slurmctld's environment, or slurmctld's ``-f FILE``: :func:`slurm_conf_from_parent`.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -136,18 +137,36 @@ def wait_for_nodes(job_id: str, nodes: list[str], query_nodes: Callable[[], str 
 
 
 def slurm_conf_from_parent(ppid: int | None = None) -> str | None:
-    """``SLURM_CONF`` of the parent process (slurmscriptd, with slurmctld's environment), or
-    None when it has none or its environment cannot be read."""
-    pid = os.getppid() if ppid is None else ppid
+    """The slurm.conf of the slurmctld that started this program: ``SLURM_CONF`` of the parent
+    process (slurmscriptd, with slurmctld's environment), else the ``-f FILE`` of the parent's
+    or grandparent's command line (slurmscriptd renames itself, slurmctld keeps its
+    arguments); None when neither says (slurmctld then reads its default slurm.conf)."""
+    parent = os.getppid() if ppid is None else ppid
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        raw = Path(f"/proc/{parent}/environ").read_bytes()
     except OSError:
-        return None
+        raw = b""
     for item in raw.split(b"\0"):
-        if item.startswith(b"SLURM_CONF="):
-            value = item[len(b"SLURM_CONF="):].decode(errors="replace")
-            return value or None
+        if item.startswith(b"SLURM_CONF=") and len(item) > len(b"SLURM_CONF="):
+            return item[len(b"SLURM_CONF="):].decode(errors="replace")
+    for pid in (parent, _parent_of(parent)):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for flag, value in itertools.pairwise(argv):
+            if flag == b"-f" and value:
+                return value.decode(errors="replace")
     return None
+
+
+def _parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` (``/proc/<pid>/stat``), or 0 when unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def run(env: Mapping[str, str]) -> tuple[WaitResult | None, str]:

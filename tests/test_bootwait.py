@@ -123,6 +123,13 @@ def test_slurm_conf_comes_from_the_parent_process() -> None:
          f"subprocess.run([sys.executable, '-c', {code!r}], env=env)"],
         env=env, capture_output=True, text=True, timeout=60)
     assert parent.stdout.strip() == "/etc/x/slurm.conf", parent.stderr
+    # slurmctld -f FILE: its -f argument (parent or grandparent: slurmscriptd renames itself)
+    env.pop("SLURM_CONF")
+    parent = subprocess.run(
+        [sys.executable, "-c", "import os, subprocess, sys; env = {'PATH': os.environ['PATH']}; "
+         f"subprocess.run([sys.executable, '-c', {code!r}], env=env)", "-f", "/etc/y/slurm.conf"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert parent.stdout.strip() == "/etc/y/slurm.conf", parent.stderr
     assert slurm_conf_from_parent(ppid=2**22 + 12345) is None  # no such process
 
 
