@@ -27,7 +27,8 @@ an exit code of zero, the nodes will be considered ready for use".
 It always exits 0: a non-zero exit requeues or kills the job (slurm.conf(5)). When it cannot
 tell (no config, Slurm does not answer, the job left CONFIGURING, ResumeTimeout passed) it
 stops waiting and slurmctld's own path (the 30 s check, or ResumeTimeout's requeue) takes
-over, as without it. A job on nodes that are already up costs one ``scontrol`` call.
+over, as without it. A job on nodes that are already up costs one ``scontrol`` call; a job
+on none of spot.yaml's nodes (another partition of the site), none.
 
 Slurm starts a PrologSlurmctld with the job's variables only (``job_common_env_vars()`` of
 ``job_mgr.c``: ``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``...; no ``SLURM_CONF``, unlike the
@@ -193,6 +194,8 @@ def run(env: Mapping[str, str]) -> tuple[WaitResult | None, str]:
         nodes = expand(nodelist)
     except (SlurmSpotError, ValueError) as exc:
         return None, f"slurm-spot prolog-slurmctld: job {job_id}: {exc}; not waiting"
+    if not any(config.node_set_of(node) for node in nodes):
+        return None, f"slurm-spot prolog-slurmctld: job {job_id} on {nodelist}: no node of spot.yaml"
     bin_dir = Path(config.slurm_bin_dir)
     timeout_s = float(config.power.resume_timeout_s) + MARGIN_S
 

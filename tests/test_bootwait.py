@@ -159,3 +159,25 @@ def test_the_setting_off_renders_no_prolog(tmp_path: Path) -> None:
     text = render(_config(tmp_path, prolog_slurmctld=False), version="22.05").files[
         "slurm-spot.conf"]
     assert "PrologSlurmctld" not in text
+
+
+def test_a_job_on_other_nodes_of_the_site_is_not_held(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # slurmctld runs the PrologSlurmctld for every job: one on nodes spot.yaml does not make
+    # returns before asking Slurm anything (its scontrol here is not even there).
+    import yaml
+
+    from slurm_spot.bootwait import run
+
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump({
+        "cluster": "c", "providers": {"lab": {"type": "local"}},
+        "node_sets": [{"name": "spot", "provider": "lab", "count": 2, "cpus": 1}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log"),
+        "slurm_bin_dir": str(tmp_path / "no-slurm")}))
+    monkeypatch.setenv("SLURM_SPOT_CONFIG", str(config))
+    result, message = run({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "onprem-[1-4]"})
+    assert result is None and message.endswith("job 9 on onprem-[1-4]: no node of spot.yaml")
+    result, message = run({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "spot-1"})
+    assert result is not None and result.outcome == "error", message  # no scontrol there
