@@ -155,7 +155,11 @@ def section(results: list[dict[str, object]]) -> str:
         "`PrologSlurmctld=slurm-spot-prolog-slurmctld` (power.prolog_slurmctld, the default) "
         "waits for the registration and slurmctld launches the job when it exits "
         "(docs/admin.md, \"Batch launch on powered-up nodes\"). The 24.11/26.05 rows ran in "
-        "the Debian roots of tests/slurmroots.py.",
+        "the Debian roots of tests/slurmroots.py. `off` depends on where the registration falls "
+        "in slurmctld's 30 s period (uniform: 15 s on average, 30 s at worst); back-to-back "
+        "runs as here fall at a similar phase each time, so its range is narrower than that. "
+        "What remains with `on` is the hook's 0.5 s poll (registration -> slurmctld launches) "
+        "and slurmd's batch launch on a node that just started, with the node Prolog.",
         "",
         table(results),
         END,
