@@ -25,7 +25,9 @@ Usage (repository root)::
 
 ``--from-json`` merges runs made elsewhere (e.g. in the 24.11 and 26.05 roots:
 ``python -m tests.slurmroots run trixie -- .venv/bin/python benchmarks/batch_launch.py
---no-write --json-out /tmp/bl-24.11.json``) into one table.
+--no-write --json-out /tmp/bl-24.11.json``) into one table; benchmarks/batch_launch.json holds
+the runs of the table in BENCHMARKS.md (``--no-run --from-json benchmarks/batch_launch.json``
+writes it again).
 """
 
 from __future__ import annotations
