@@ -2,8 +2,8 @@
 were powered up have registered, so slurmctld launches the batch script at once instead of on
 its next periodic check (up to 30 s later on every Slurm release slurm-spot supports).
 
-Why (Slurm's source, read for 22.05.8, 24.11.5 and 26.05 at the tags ``slurm-22-05-8-1``,
-``slurm-24-11-5-1`` and the 26.05 branch; the same on every release in between):
+Why (Slurm's source, read at the tags ``slurm-22-05-8-1``, ``slurm-24-11-5-1`` and
+``slurm-26-05-3-1``; the same at every release tag in between):
 
 - ``select_nodes()`` (``src/slurmctld/node_scheduler.c``) marks a job whose nodes must be
   powered up ``JOB_CONFIGURING``, and ``_schedule()`` (``job_scheduler.c``) then does not call
