@@ -4,7 +4,8 @@ slurmctld (power saving) and slurmd (Prolog/Epilog/TaskProlog) run them with an 
 environment, so each is installed with an absolute interpreter path, and the config is found
 through ``SLURM_CONF`` (see :func:`slurm_spot.config.config_path`). They are the package's
 ``console_scripts`` (pyproject.toml): :func:`resume`, :func:`suspend`, :func:`resume_fail`,
-:func:`prolog`, :func:`task_prolog`, :func:`epilog`.
+:func:`prolog`, :func:`task_prolog`, :func:`epilog`, and :func:`prolog_slurmctld` (the
+PrologSlurmctld, :mod:`slurm_spot.bootwait`).
 
 A hook is started for every resume and suspend and, on every compute node, for every job
 (Prolog, Epilog) and every task (TaskProlog), so it imports only what it runs: the config,
@@ -42,15 +43,21 @@ log = logging.getLogger("slurm_spot.hooks")
 
 POWER_HOOKS = ("resume", "suspend", "resume-fail")
 JOB_HOOKS = ("prolog", "task-prolog", "epilog")
+CTLD_HOOKS = ("prolog-slurmctld",)
 
 
 def main(name: str, argv: list[str] | None = None) -> int:
-    """Run hook ``name`` (one of :data:`POWER_HOOKS` or :data:`JOB_HOOKS`) with the process
-    arguments; power hooks detach. Returns the exit code."""
+    """Run hook ``name`` (one of :data:`POWER_HOOKS`, :data:`JOB_HOOKS` or
+    :data:`CTLD_HOOKS`) with the process arguments; power hooks detach. Returns the exit
+    code."""
     args = list(sys.argv[1:] if argv is None else argv)
     plain = (len(args) == 1 and not args[0].startswith("-")) if name in POWER_HOOKS else not args
     if not plain or os.environ.get("SLURM_SPOT_VERBOSE"):
         return _full_cli(name, args)
+    if name in CTLD_HOOKS:  # always exits 0: a failing PrologSlurmctld requeues the job
+        from slurm_spot import bootwait
+
+        return bootwait.main()
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     use_escaped_output()  # a job's invalid UTF-8 byte is logged as \xff, never a traceback
@@ -129,6 +136,12 @@ def task_prolog() -> int:
 def epilog() -> int:
     """``slurm-spot-epilog`` (Epilog, as root on the node). Returns the exit code."""
     return main("epilog")
+
+
+def prolog_slurmctld() -> int:
+    """``slurm-spot-prolog-slurmctld`` (PrologSlurmctld, on the slurmctld host): wait until the
+    job's powered-up nodes registered (:mod:`slurm_spot.bootwait`). Always returns 0."""
+    return main("prolog-slurmctld")
 
 
 def _full_cli(name: str, args: list[str]) -> int:

@@ -25,7 +25,8 @@ from slurm_spot.hostlist import compress
 from slurm_spot.resources import templates
 from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
-HOOK_NAMES = ("resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog")
+HOOK_NAMES = ("resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog",
+              "prolog-slurmctld")
 FRAGMENT_NAME = "slurm-spot.conf"
 GRES_NAME = "gres.conf"
 
@@ -265,6 +266,7 @@ def render(
         "slurm_version": str(slurm) if slurm else None,
         "oldest": str(OLDEST_SUPPORTED),
         "parameters": slurm_parameters(slurm),
+        "one_prolog_slurmctld": not (slurm or OLDEST_SUPPORTED).multiple_prolog_slurmctld,
         "suspend_exc_nodes": suspend_exc_nodes(config),
         "gres_types": ["gpu"] if gres else [],
         "gres_lines": gres,

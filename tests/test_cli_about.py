@@ -60,7 +60,7 @@ def test_help_groups_the_hooks_apart_and_they_stay_callable() -> None:
         return {line.split()[0] for line in part.splitlines()[2:] if line.startswith("  ")}
 
     assert names(text[hooks:]) == {"resume", "suspend", "resume-fail", "prolog", "task-prolog",
-                                   "epilog"}
+                                   "epilog", "prolog-slurmctld"}
     assert names(text[daemons:hooks]) == {"reconcile", "watch"}
     assert names(text[typed:daemons]) | names(text[daemons:]) == set(COMMAND_MODULES)
     for hook in ("resume", "task-prolog"):

@@ -45,10 +45,11 @@ NODES = [f"{name}-{i}" for name in SETS for i in (1, 2)]
 #: What slurm-spot controls: the hold cleared and the job allocated on the next node set
 #: (goal 10 s; measured 1.7 s).
 ALLOCATED_WITHIN_S = 10.0
-#: Error -> RUNNING: boot of the local instance (~8 s), then slurmctld 22.05 keeps the job
-#: CONFIGURING until its next periodic job_time_limit pass (every 30 s, PERIODIC_TIMEOUT)
-#: or batch-launch retry ("Configuration for JobId=N complete"), which slurm-spot cannot
-#: trigger: measured 25.7-26.1 s, bounded by boot + 30 s.
+#: Error -> RUNNING: boot of the local instance (~8 s), then the job is CONFIGURING until
+#: slurm-spot-prolog-slurmctld sees its node registered (docs/admin.md, "Batch launch on
+#: powered-up nodes"); without that prolog slurmctld launches it on its next periodic
+#: job_time_limit pass (every 30 s, PERIODIC_TIMEOUT): measured 25.7-26.1 s then. The bound
+#: stays boot + 30 s.
 RUNNING_WITHIN_S = 40.0
 
 # The step exits 85 (RequeueExit) on SIGUSR2, its "checkpoint" instant; the batch script says

@@ -104,10 +104,16 @@ def test_slurmctld_starts_without_complaint_about_the_config(smoke: Cluster) -> 
 
 def test_two_node_job_runs_and_records_the_instances(smoke: Cluster) -> None:
     out = smoke.root / "hostname.out"
-    smoke.slurm("sbatch", "--wait", "-p", "spot", "-N", "2", "-o", str(out),
-                "--wrap", "srun hostname | sort", timeout=150)
+    job = smoke.slurm("sbatch", "--parsable", "--wait", "-p", "spot", "-N", "2", "-o", str(out),
+                      "--wrap", "srun hostname | sort", timeout=150).split(";")[0].strip()
     hosts = out.read_text().split()
     assert len(hosts) == 2 and len(set(hosts)) == 2 and all(h.startswith("spot-") for h in hosts)
+    # Launched when slurm-spot-prolog-slurmctld saw its nodes up (prolog_running_decr: "...
+    # is complete"), not by slurmctld's 30 s job_time_limit pass ("... complete"): docs/admin.md,
+    # "Batch launch on powered-up nodes".
+    log = (smoke.log_dir / "slurmctld.log").read_text()
+    assert f"Configuration for JobId={job} is complete" in log, f"Slurm {version(smoke)}"
+    assert f"job_time_limit: Configuration for JobId={job} complete" not in log
 
 
 def test_interruption_with_notice_then_without(smoke: Cluster, tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "_
 
 HOOKS = {"slurm-spot-resume": "resume", "slurm-spot-suspend": "suspend",
          "slurm-spot-resume-fail": "resume_fail", "slurm-spot-prolog": "prolog",
-         "slurm-spot-task-prolog": "task_prolog", "slurm-spot-epilog": "epilog"}
+         "slurm-spot-task-prolog": "task_prolog", "slurm-spot-epilog": "epilog",
+         "slurm-spot-prolog-slurmctld": "prolog_slurmctld"}
 
 
 @pytest.fixture(scope="module")

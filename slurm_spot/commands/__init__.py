@@ -27,6 +27,7 @@ COMMAND_MODULES: dict[str, str] = {
     "prolog": "jobhooks",
     "task-prolog": "jobhooks",
     "epilog": "jobhooks",
+    "prolog-slurmctld": "jobhooks",
     "instances": "instances",
     "reconcile": "reconcile",
     "status": "status",
@@ -42,14 +43,15 @@ COMMAND_MODULES: dict[str, str] = {
 
 #: ``--help`` sections, in order: what people type, the daemons (systemd units), and the
 #: programs slurm.conf names (ResumeProgram, SuspendProgram, ResumeFailProgram, Prolog,
-#: TaskProlog, Epilog; slurm.conf(5)), which nobody types but which stay callable by hand.
+#: TaskProlog, Epilog, PrologSlurmctld; slurm.conf(5)), which nobody types but which stay callable by hand.
 COMMAND_SECTIONS: dict[str, tuple[str, ...]] = {
     "Commands": ("sbatch", "status", "events", "instances", "node-name", "config", "render",
                  "plan", "cost", "simulate", "local", "demo", "rendezvous",
                  "lighthouse"),
     "Daemons (run by systemd: slurm-spot reconcile/watch --systemd-unit)": ("reconcile", "watch"),
     "Slurm hooks (slurm.conf runs them; see 'slurm-spot render')": (
-        "resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog"),
+        "resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog",
+        "prolog-slurmctld"),
 }
 
 

@@ -399,6 +399,11 @@ class PowerConfig(_Model):
         "set down and clear Slurm's requeue hold of the jobs it failed, so they start on "
         "another node set of their partition within seconds (slurm_spot/failover.py); false: "
         "the failed node alone goes DOWN and its job waits out Slurm's ~121 s requeue hold")
+    prolog_slurmctld: bool = Field(
+        True, description="render PrologSlurmctld=slurm-spot-prolog-slurmctld, which holds a "
+        "job on powered-up nodes until they registered so slurmctld launches it at once, not "
+        "on its next 30 s periodic check (slurm_spot/bootwait.py, docs/admin.md); false on a "
+        "Slurm before 24.05 whose slurm.conf has a PrologSlurmctld of its own (one only there)")
     order: Literal["cost", "weight"] = Field(
         "cost", description="how the node sets of a partition are ordered (Slurm's node "
         "Weight): cost: cheapest expected cost first within each spot.yaml weight, on-demand "

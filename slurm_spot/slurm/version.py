@@ -192,6 +192,17 @@ class SlurmVersion:
         return self.at_least(24, 5)
 
     @property
+    def multiple_prolog_slurmctld(self) -> bool:
+        """Several ``PrologSlurmctld`` lines run side by side (24.05+: slurm.conf(5) 24.11,
+        PrologSlurmctld: "It is possible to configure multiple prolog scripts by including
+        this option on multiple lines."; Slurm commit "Allow multiple Prolog/Epilog/
+        PrologSlurmctld/EpilogSlurmctld scripts to run.", first in slurm-24-05-0-0rc1).
+        Before, slurm.conf holds one, so slurm-spot's (:mod:`slurm_spot.bootwait`) and a
+        site's own cannot both run. Every release needs slurm-spot's: a job on powered-up
+        nodes is launched on slurmctld's 30 s periodic check otherwise (docs/admin.md)."""
+        return self.at_least(24, 5)
+
+    @property
     def scontrol_json(self) -> bool:
         """``scontrol show node --json`` (23.02+; 22.05's scontrol has no ``--json``)."""
         return self.at_least(23, 2)
@@ -206,7 +217,7 @@ class SlurmVersion:
         """Every feature flag by name (for ``render --json`` and the docs)."""
         names = ("partition_power_options", "addr_cache_options", "instance_fields",
                  "power_down_force_command", "expedited_requeue", "requeue_delay",
-                 "power_actions", "scontrol_json")
+                 "power_actions", "multiple_prolog_slurmctld", "scontrol_json")
         return {name: bool(getattr(self, name)) for name in names}
 
 
