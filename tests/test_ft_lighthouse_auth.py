@@ -110,7 +110,7 @@ def test_relay_lighthouse_returns_a_url_torchft_uses_unchanged(
         door: LighthouseFrontDoor) -> None:
     url = relay_lighthouse(f"127.0.0.1:{door.port}", JOB)
     assert url.startswith("http://127.0.0.1:")
-    assert [m.replica_id for m in _quorum(url, "g1").participants] == ["g1"]
+    assert [m.replica_id for m in _quorum(url, "g0").participants] == ["g0"]
 
 
 @needs_munge
@@ -203,7 +203,7 @@ def test_garbage_and_torchft_without_the_relay_are_refused(
             sock.sendall(b"\x00\x00\x00\x05hello")  # a frame, but not JSON
             assert sock.recv(1024) == b""
         with pytest.raises((RuntimeError, TimeoutError)):  # torchft's words vary: h2, canceled
-            _quorum(f"http://127.0.0.1:{door.port}", "direct")
+            _quorum(f"http://127.0.0.1:{door.port}", "g0")
     assert "no slurm-spot lighthouse handshake (a frame that is not JSON)" in caplog.text
     assert "through 'slurm-spot lighthouse-relay'" in caplog.text
 
@@ -315,3 +315,111 @@ def test_two_managers_train_through_the_relay_cli(tmp_path: Path) -> None:
         done += [json.loads(x) for x in lines if x.startswith('{"event": "done"')]
     assert [d["step"] for d in done] == [20, 20]
     assert done[0]["weights_sha256"] == done[1]["weights_sha256"]
+
+
+def _lighthouse_cli(owner_uid: int, folder: Path) -> subprocess.Popen[str]:
+    """``slurm-spot lighthouse --job 42`` with a squeue that says ``owner_uid`` owns every
+    job (no Slurm cluster here; tests/elastic_runs.py)."""
+    from tests.elastic_runs import fake_squeue
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurm_spot", "lighthouse", "--job", JOB, "--listen",
+         "127.0.0.1", "--port", "0", "--slurm-bin-dir", str(fake_squeue(folder, owner_uid))],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _front_door_of(proc: subprocess.Popen[str]) -> str:
+    import re
+
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # torchft's own log lines come first
+        seen.append(line)
+        found = re.search(r"front door listening on (127\.0\.0\.1:\d+) for job 42 \(only "
+                          r"uid (\d+)", line)
+        if found:
+            return found.group(1)
+    raise AssertionError("".join(seen))
+
+
+@needs_munge
+def test_the_command_admits_the_jobs_owner_through_the_relay_command(tmp_path: Path) -> None:
+    import signal
+
+    proc = _lighthouse_cli(OWNER, tmp_path / "bin")
+    try:
+        endpoint = _front_door_of(proc)
+        assert f"127.0.0.1:{endpoint.rsplit(':', 1)[1]}" == endpoint
+        relay = subprocess.Popen([sys.executable, "-m", "slurm_spot", "lighthouse-relay",
+                                  "--lighthouse", endpoint, "--job", JOB],
+                                 stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            assert relay.stdout is not None
+            url = relay.stdout.readline().strip()
+            assert url.startswith("http://127.0.0.1:")
+            assert [m.replica_id for m in _quorum(url, "g0").participants] == ["g0"]
+            relay.send_signal(signal.SIGTERM)
+            assert relay.wait(30) == 0
+        finally:
+            if relay.poll() is None:
+                relay.kill()
+                relay.wait()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@needs_munge
+def test_the_command_refuses_another_users_relay_and_logs_why(tmp_path: Path) -> None:
+    import signal
+
+    proc = _lighthouse_cli(OWNER + 4242, tmp_path / "bin")
+    try:
+        endpoint = _front_door_of(proc)
+        done = subprocess.run([sys.executable, "-m", "slurm_spot", "lighthouse-relay",
+                               "--lighthouse", endpoint, "--job", JOB, "--", "true"],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 1
+        assert (f"lighthouse front door {endpoint}: refused: uid {OWNER} does not own job "
+                f"{JOB}") in done.stderr
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+        assert "refused 127.0.0.1:" in err and f"uid {OWNER} does not own job {JOB}" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@needs_munge
+def test_the_relay_command_runs_the_training_with_the_url_and_passes_it_the_notice(
+        door: LighthouseFrontDoor) -> None:
+    """``lighthouse-relay ... -- COMMAND``: the command gets TORCHFT_LIGHTHOUSE, and the
+    preemption signal sent to the relay (the batch step's process) reaches it; the relay
+    exits with its code (85, the example's requeue code)."""
+    import signal
+
+    child = ("import os, signal, sys, time\n"
+             "signal.signal(signal.SIGUSR2, lambda *_: sys.exit(85))\n"
+             "print(os.environ['TORCHFT_LIGHTHOUSE'], flush=True)\n"
+             "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_spot", "lighthouse-relay",
+                             "--lighthouse", f"127.0.0.1:{door.port}", "--job", JOB, "--",
+                             sys.executable, "-c", child], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        assert [m.replica_id for m in _quorum(url, "g0").participants] == ["g0"]
+        proc.send_signal(signal.SIGUSR2)
+        assert proc.wait(60) == 85
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

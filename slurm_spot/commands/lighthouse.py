@@ -26,12 +26,15 @@ import click
                    "handshake at the front door on --listen/--port; the lighthouse itself "
                    "listens on 127.0.0.1). Replicas reach it through 'slurm-spot "
                    "lighthouse-relay --lighthouse HOST:PORT --job JOBID'.")
+@click.option("--slurm-bin-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of squeue (--job's owner) [default: where squeue is on PATH, "
+                   "else /usr/bin].")
 @click.option("--unauthenticated", is_flag=True,
               help="Instead of --job: torchft's lighthouse directly on --listen, letting in "
                    "anyone who can reach that address; say so only on a network closed to "
                    "those who should not.")
 def lighthouse_command(listen: str | None, port: int, min_replicas: int, join_timeout_ms: int,
-                       heartbeat_timeout_ms: int, job: str | None,
+                       heartbeat_timeout_ms: int, job: str | None, slurm_bin_dir: str | None,
                        unauthenticated: bool) -> None:
     """Host the torchft lighthouse of a fault-tolerant job until stopped.
 
@@ -59,9 +62,15 @@ def lighthouse_command(listen: str | None, port: int, min_replicas: int, join_ti
     if job is not None and unauthenticated:
         raise BadInputError("--job and --unauthenticated contradict each other: --job admits "
                             "only the job's owner, --unauthenticated anyone")
-    from slurm_spot.jobs.services.rendezvous import default_listen_host
+    import os
+    import shutil
 
-    host = listen if listen is not None else default_listen_host()
+    from slurm_spot.jobs.services.rendezvous import default_listen_host
+    from slurm_spot.slurm.client import SlurmClient
+
+    found = shutil.which("squeue")
+    client = SlurmClient(slurm_bin_dir or (os.path.dirname(found) if found else "/usr/bin"))
+    host = listen if listen is not None else default_listen_host(client)
     timeouts = LighthouseTimeouts(join_timeout_ms=join_timeout_ms,
                                   heartbeat_timeout_ms=heartbeat_timeout_ms)
     if job is not None:
@@ -75,7 +84,8 @@ def lighthouse_command(listen: str | None, port: int, min_replicas: int, join_ti
                        f"{min_replicas}); replicas: slurm-spot lighthouse-relay --lighthouse "
                        f"{endpoint} --job {job}", err=True)
 
-        serve_authenticated(host, port, job, min_replicas, timeouts, ready_authenticated)
+        serve_authenticated(host, port, job, min_replicas, timeouts, ready_authenticated,
+                            owner_of=client.job_owner_uid)
         return
 
     def ready(address: str) -> None:

@@ -208,7 +208,9 @@ def relay_lighthouse(endpoint: str, job_id: str) -> str:
     port 29510 when none is given) for job ``job_id`` in this process (a daemon thread, for
     the life of the process) and return the URL to give torchft
     (``TORCHFT_LIGHTHOUSE``/``Manager(lighthouse_addr=...)``), ``http://127.0.0.1:PORT``.
-    One handshake is made first, so that a wrong endpoint, job or user raises here.
+    One handshake is made first, so that a wrong endpoint, job or user raises here. The relay's
+    threads need this process's GIL to move each message: where the training loop keeps
+    Python busy, ``slurm-spot lighthouse-relay`` (a process of its own) is the better choice.
 
     Raises:
         BadInputError: ``endpoint`` or ``job_id`` is malformed (the message names it).
