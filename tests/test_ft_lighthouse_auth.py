@@ -217,10 +217,26 @@ def test_the_relays_errors_name_what_failed(door: LighthouseFrontDoor,
     with pytest.raises(LighthouseRelayError,
                        match=f"cannot reach the lighthouse front door 127.0.0.1:{free}"):
         relay_lighthouse(f"127.0.0.1:{free}", JOB)
-    torchft_port = lighthouse.address.rsplit(":", 1)[1]  # the lighthouse, not its front door
-    with pytest.raises(LighthouseRelayError, match=r"is no slurm-spot lighthouse front door|"
-                                                   r"the handshake failed"):
-        relay_lighthouse(f"127.0.0.1:{torchft_port}", JOB)
+    torchft_port = int(lighthouse.address.rsplit(":", 1)[1])  # not its front door
+    straight = LighthouseRelay("127.0.0.1", torchft_port, JOB, timeout_s=1.0)
+    try:
+        with pytest.raises(LighthouseRelayError, match=f"front door 127.0.0.1:{torchft_port}: "
+                                                       "the handshake failed: no answer"):
+            straight.check()
+    finally:
+        straight.close()
+    with listen_socket("127.0.0.1", 0) as other:  # some other service, speaking first
+        def greet() -> None:
+            conn, _ = other.accept()
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                conn.recv(1)
+
+        threading.Thread(target=greet, daemon=True).start()
+        port = other.getsockname()[1]
+        with pytest.raises(LighthouseRelayError,
+                           match=f"127.0.0.1:{port} is no slurm-spot lighthouse front door"):
+            relay_lighthouse(f"127.0.0.1:{port}", JOB)
     with pytest.raises(BadInputError, match="job id 'x;y'"):
         relay_lighthouse(f"127.0.0.1:{door.port}", "x;y")
     with pytest.raises(BadInputError, match="lighthouse endpoint"):

@@ -93,13 +93,15 @@ class LighthouseRelay:
             process's uid must own it.
         authenticator: makes the credentials (MUNGE by default).
         listen_port: the local port (0: one the kernel picks).
+        timeout_s: how long connecting to the front door and the handshake may take.
 
     Raises:
         BadInputError: the local port cannot be bound.
     """
 
     def __init__(self, host: str, port: int, job: str,
-                 authenticator: Authenticator | None = None, listen_port: int = 0) -> None:
+                 authenticator: Authenticator | None = None, listen_port: int = 0,
+                 timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         from slurm_spot.jobs.services.rendezvous import format_endpoint, listen_socket
 
         self.host, self.port, self.job = host, port, job
@@ -107,6 +109,7 @@ class LighthouseRelay:
         self.authenticator = authenticator or MungeAuthenticator()
         self.sock = listen_socket(LOOPBACK, listen_port)
         self.uid = os.getuid()
+        self.timeout_s = timeout_s
         self._closed = threading.Event()
         #: Local connections refused because another uid opened them.
         self.refused_local = 0
@@ -125,7 +128,7 @@ class LighthouseRelay:
                 lighthouse, no credential can be made, or it refused (its reason included).
         """
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S)
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         except OSError as exc:
             raise LighthouseRelayError(f"cannot reach the lighthouse front door {self.where}: "
                                        f"{exc.strerror or exc}") from None
@@ -143,7 +146,9 @@ class LighthouseRelay:
             ) from None
         except OSError as exc:
             sock.close()
-            why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+            why = (f"no answer within {self.timeout_s:g} s (a slurm-spot lighthouse front door "
+                   "speaks first; torchft's own port does not)") \
+                if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
             raise LighthouseRelayError(f"lighthouse front door {self.where}: the handshake "
                                        f"failed: {why}") from None
         return sock
