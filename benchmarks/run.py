@@ -77,6 +77,8 @@ BENCHMARKS: tuple[Bench, ...] = (
                             "--s3-big-runs", "0"),
           limit_s=900, what="checkpoint save stall and restore vs plain torch.save/load (1 GB "
                             "through moto's S3: kept from its last run)"),
+    Bench("ft_lighthouse_relay", ("--runs", "300", "--connects", "15"),
+          what="what the authenticated lighthouse's relay + front door add per torchft quorum"),
     Bench("cuda_resume_check", ("--device", "cpu", "--steps", "120", "--stop-at", "57"),
           what="bit-exact resume (CPU here; CUDA where a GPU is)"),
     Bench("recovery_without_notice", ("--skip-baseline",), cluster=True, limit_s=600,

@@ -81,14 +81,36 @@ def test_the_command_refuses_every_interface_with_exit_2() -> None:
     assert "every interface" in proc.stderr
 
 
-def test_the_command_starts_only_when_told_it_is_unauthenticated() -> None:
-    """Secure by default: an unauthenticated service is never started unasked."""
+def test_the_command_starts_only_authenticated_or_when_told_it_is_not() -> None:
+    """Secure by default: without --job (only that job's owner gets in) nor --unauthenticated
+    nothing starts; both at once contradict each other."""
     import subprocess
 
-    proc = subprocess.run(_cli("--listen", "127.0.0.1", "--port", "0"), capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "no authentication" in proc.stderr and "--unauthenticated" in proc.stderr
+    for extra, words in (([], ("--job JOBID", "--unauthenticated")),
+                         (["--job", "42", "--unauthenticated"], ("contradict",)),
+                         (["--job", "4;2"], ("--job", "expected a Slurm job id"))):
+        proc = subprocess.run(_cli("--listen", "127.0.0.1", "--port", "0", *extra),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert all(word in proc.stderr for word in words), proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_the_relay_command_names_what_failed() -> None:
+    import subprocess
+    import sys
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        free = unused.getsockname()[1]
+    relay = [sys.executable, "-m", "slurm_spot", "lighthouse-relay"]
+    proc = subprocess.run([*relay, "--lighthouse", f"127.0.0.1:{free}", "--job", "42", "--",
+                           "true"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert f"cannot reach the lighthouse front door 127.0.0.1:{free}" in proc.stderr
+    proc = subprocess.run([*relay, "--lighthouse", "127.0.0.1:1", "--job", "x"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--job 'x'" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -34,6 +34,7 @@ COMMAND_MODULES: dict[str, str] = {
     "sbatch": "sbatch",
     "rendezvous": "rendezvous",
     "lighthouse": "lighthouse",
+    "lighthouse-relay": "lighthouse",
     "demo": "demo",
     "plan": "plan",
     "cost": "cost",
@@ -47,7 +48,7 @@ COMMAND_MODULES: dict[str, str] = {
 COMMAND_SECTIONS: dict[str, tuple[str, ...]] = {
     "Commands": ("sbatch", "status", "events", "instances", "node-name", "config", "render",
                  "plan", "cost", "simulate", "local", "demo", "rendezvous",
-                 "lighthouse"),
+                 "lighthouse", "lighthouse-relay"),
     "Daemons (run by systemd: slurm-spot reconcile/watch --systemd-unit)": ("reconcile", "watch"),
     "Slurm hooks (slurm.conf runs them; see 'slurm-spot render')": (
         "resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog",

@@ -12,21 +12,32 @@ handshake, before anything else on a connection:
    closes. The server accepts only when the credential's uid owns ``job`` in Slurm.
 
 Every later request concerns that job's keys only.
+
+The same handshake opens every connection to the front door of an authenticated torchft
+lighthouse (:mod:`slurm_spot.jobs.services.ft_front_door`), with :data:`LIGHTHOUSE_PROTOCOL`
+in place of :data:`PROTOCOL` (so neither service takes the other's client for its own), after
+which the front door relays the connection's bytes to the lighthouse (:func:`relay`).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
+import secrets
 import socket
 import struct
 import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slurm_spot.errors import SlurmSpotError
 
 PROTOCOL = "slurm-spot-rendezvous/1"
+#: The protocol of the torchft lighthouse's front door (same handshake, then a byte relay).
+LIGHTHOUSE_PROTOCOL = "slurm-spot-lighthouse/1"
 #: The largest frame either side reads (a value of at most MAX_VALUE_BYTES in base64 fits).
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 #: The largest frame read before the handshake is done (a MUNGE credential is ~200 bytes).
@@ -102,9 +113,9 @@ def decode_bytes(text: object) -> bytes:
         raise WireError("expected base64 text") from None
 
 
-def credential_payload(nonce: str, job: str) -> bytes:
-    """What a client's credential says: this protocol, the server's nonce, the job."""
-    return f"{PROTOCOL} {nonce} {job}".encode()
+def credential_payload(nonce: str, job: str, protocol: str = PROTOCOL) -> bytes:
+    """What a client's credential says: the protocol, the server's nonce, the job."""
+    return f"{protocol} {nonce} {job}".encode()
 
 
 @dataclass(frozen=True)
@@ -152,18 +163,128 @@ class MungeAuthenticator:
         return done.stdout.decode().strip()
 
     def check(self, credential: str) -> Credential:
-        """Decode ``credential`` with ``unmunge`` (``-N``: numeric uid).
+        """Decode ``credential`` with ``unmunge`` (metadata keys STATUS and UID, written as
+        ``UID: name (uid)``; the uid is the number in parentheses).
 
         Raises:
-            RendezvousAuthError: unmunge refused it (invalid, expired, replayed, ...)."""
-        done = self._run([self.unmunge, "-N", "-k", "UID", "-m", "/dev/stderr"],
+            RendezvousAuthError: unmunge refused it; the message carries MUNGE's reason
+                ("Replayed credential", "Expired credential", "Failed to base64-decode
+                credential", ...)."""
+        done = self._run([self.unmunge, "-k", "STATUS,UID", "-m", "/dev/stderr"],
                          credential.encode())
+        text = done.stderr.decode(errors="replace")
+        fields = dict((key.strip(), value.strip()) for key, value in
+                      (line.split(":", 1) for line in text.splitlines() if ":" in line))
         if done.returncode != 0:
-            raise RendezvousAuthError("invalid credential: "
-                                      f"{done.stderr.decode(errors='replace').strip()}")
-        fields = dict(line.split(":", 1) for line in done.stderr.decode().splitlines()
-                      if ":" in line)
-        uid_text = fields.get("UID", "").strip()
-        if not uid_text.isdigit():
+            why = fields.get("STATUS") if "STATUS" in fields else text.strip()
+            raise RendezvousAuthError(f"invalid credential: {why}")
+        found = re.search(r"(?:^|\()(\d+)\)?$", fields.get("UID", ""))
+        if not found:
             raise RendezvousAuthError("unmunge gave no uid")
-        return Credential(int(uid_text), done.stdout)
+        return Credential(int(found.group(1)), done.stdout)
+
+
+#: ``admit(job, uid)`` returns when ``uid`` may use ``job`` and raises RendezvousAuthError
+#: (or another SlurmSpotError, such as a failed squeue) naming why not.
+Admit = Callable[[str, int], None]
+
+
+def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: Admit,
+                     protocol: str = PROTOCOL) -> tuple[str, int]:
+    """The server's side of the handshake (module docstring): sends a fresh nonce, checks the
+    client's credential (valid, made for this nonce and the job it names) and ``admit``.
+
+    Returns:
+        (job, uid): the job the client named and the uid its credential proved.
+
+    Raises:
+        RendezvousAuthError: the client is refused; it was sent ``{"ok": false, "error":
+            "refused: <why>"}`` and the message says why.
+        WireError: the client sent no frame of this protocol (garbage, closed connection).
+        OSError: the connection failed (``socket.timeout`` included).
+    """
+    nonce = secrets.token_hex(16)
+    send_frame(conn, {"hello": protocol, "nonce": nonce})
+    reply = recv_frame(conn, MAX_HANDSHAKE_FRAME_BYTES)
+    job, credential = reply.get("job"), reply.get("credential")
+    try:
+        if not isinstance(job, str) or not job or not isinstance(credential, str):
+            raise RendezvousAuthError("expected a job and a credential")
+        decoded = authenticator.check(credential)
+        if decoded.payload != credential_payload(nonce, job, protocol):
+            raise RendezvousAuthError("the credential was not made for this connection "
+                                      "and job")
+        admit(job, decoded.uid)
+    except SlurmSpotError as exc:  # RendezvousAuthError, or squeue failed in admit
+        send_frame(conn, {"ok": False, "error": f"refused: {exc}"})
+        raise RendezvousAuthError(str(exc)) from None
+    send_frame(conn, {"ok": True})
+    return job, decoded.uid
+
+
+def client_handshake(sock: socket.socket, job: str, authenticator: Authenticator, where: str,
+                     protocol: str = PROTOCOL, what: str = "rendezvous service") -> None:
+    """The client's side of the handshake: proves, with a fresh credential bound to the
+    server's nonce and ``job``, that this process's uid may use ``job``.
+
+    Args:
+        where: ``HOST:PORT`` of the server, for messages.
+        what: what the server is, for messages ("rendezvous service").
+
+    Raises:
+        WireError: the server does not speak ``protocol`` (it is some other service).
+        RendezvousAuthError: no credential could be made (munged), or the server refused it
+            (the message carries the server's reason).
+        OSError: the connection failed (``socket.timeout`` included).
+    """
+    hello = recv_frame(sock, MAX_HANDSHAKE_FRAME_BYTES)
+    nonce = hello.get("nonce")
+    if hello.get("hello") != protocol or not isinstance(nonce, str):
+        raise WireError(f"{where} is no slurm-spot {what}")
+    send_frame(sock, {"job": job, "credential": authenticator.make(
+        credential_payload(nonce, job, protocol))})
+    answer = recv_frame(sock, MAX_HANDSHAKE_FRAME_BYTES)
+    if answer.get("ok") is not True:
+        raise RendezvousAuthError(f"{what} {where}: {answer.get('error', 'refused')}")
+
+
+#: Bytes read at once by :func:`relay`.
+RELAY_CHUNK_BYTES = 256 * 1024
+
+
+def relay(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways between two connected sockets until both directions have ended,
+    then close both. An end of file is passed on as a half-close (``shutdown(SHUT_WR)``), so
+    either side may finish sending first; an error on either side (a reset) ends both
+    directions at once. Sets ``TCP_NODELAY`` where it applies (a relayed HTTP/2 frame is
+    sent at once, not held back by Nagle's algorithm). Blocks the calling thread; the other
+    direction runs in a thread of its own."""
+    for sock in (a, b):
+        sock.settimeout(None)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def one_way(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(RELAY_CHUNK_BYTES)
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                dst.sendall(data)
+        except OSError:
+            for sock in (src, dst):  # wakes the other direction up
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    back = threading.Thread(target=one_way, args=(b, a), daemon=True)
+    back.start()
+    one_way(a, b)
+    back.join()
+    a.close()
+    b.close()

@@ -15,12 +15,10 @@ from typing import Any
 import torch.distributed as dist
 
 from slurm_spot.jobs.rendezvous_wire import (
-    PROTOCOL,
     Authenticator,
     MungeAuthenticator,
-    RendezvousAuthError,
     WireError,
-    credential_payload,
+    client_handshake,
     decode_bytes,
     encode_bytes,
     recv_frame,
@@ -67,16 +65,7 @@ class RendezvousStore(dist.Store):  # type: ignore[misc]
     def _connect(self) -> socket.socket:
         sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S)
         try:
-            hello = recv_frame(sock)
-            nonce = hello.get("nonce")
-            if hello.get("hello") != PROTOCOL or not isinstance(nonce, str):
-                raise WireError(f"{self.host}:{self.port} is no slurm-spot rendezvous service")
-            send_frame(sock, {"job": self.job, "credential": self.authenticator.make(
-                credential_payload(nonce, self.job))})
-            answer = recv_frame(sock)
-            if answer.get("ok") is not True:
-                raise RendezvousAuthError(f"rendezvous service {self.host}:{self.port}: "
-                                          f"{answer.get('error', 'refused')}")
+            client_handshake(sock, self.job, self.authenticator, f"{self.host}:{self.port}")
             sock.settimeout(None)
             return sock
         except BaseException:

@@ -7,6 +7,13 @@ who is behind and heals from whom). The lighthouse is a Rust gRPC server inside 
 (``torchft._torchft.LighthouseServer``); it must run where no reclaim takes it, so on the job's
 on-demand coordinator, never on a spot node (docs/ml-engineer.md, "Fault-tolerant training").
 
+torchft's lighthouse has no authentication of its own: :func:`serve_authenticated` (what
+``slurm-spot lighthouse --job JOB`` runs) binds it to 127.0.0.1 and puts a front door on the
+cluster address that admits only the owner of the job (a MUNGE handshake,
+:mod:`slurm_spot.jobs.services.ft_front_door`); the replicas reach it through a node-local
+relay (:mod:`slurm_spot.jobs.injob.lighthouse_relay`). :func:`serve` is the unauthenticated
+lighthouse of ``--unauthenticated``.
+
 torchft is imported here only, when a lighthouse is started (the rest of slurm-spot runs
 without it installed).
 
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_spot.errors import BadInputError
+from slurm_spot.jobs.rendezvous_wire import Authenticator
 from slurm_spot.jobs.services.rendezvous import ALL_INTERFACES, format_endpoint, parse_host
 
 
@@ -72,6 +80,27 @@ class LighthouseTimeouts:
                                     f"got {value!r}")
 
 
+def refuse_every_interface(host: str, where: str) -> str:
+    """``host`` checked (:func:`~.rendezvous.parse_host`) unless it means every interface;
+    returns it.
+
+    Raises:
+        BadInputError: ``0.0.0.0``, ``::``, empty, or a malformed host (names ``where``).
+    """
+    every = host.strip() in ALL_INTERFACES
+    if not every:
+        host = parse_host(host, where)
+        try:
+            every = ipaddress.ip_address(host).is_unspecified
+        except ValueError:
+            pass  # a hostname
+    if every:
+        raise BadInputError(f"{where} {host!r} is every interface: the lighthouse must "
+                            "answer the cluster network only; give this machine's address "
+                            "on the cluster network (its NodeAddr)")
+    return host
+
+
 class Lighthouse:
     """A running torchft lighthouse on ``host:port`` (``port`` 0: one the kernel picks).
 
@@ -90,17 +119,7 @@ class Lighthouse:
 
     def __init__(self, host: str, port: int = 0, min_replicas: int = 1,
                  timeouts: LighthouseTimeouts | None = None) -> None:
-        every = host.strip() in ALL_INTERFACES
-        if not every:
-            host = parse_host(host, "lighthouse address")
-            try:
-                every = ipaddress.ip_address(host).is_unspecified
-            except ValueError:
-                pass  # a hostname
-        if every:
-            raise BadInputError(f"lighthouse address {host!r} is every interface: the "
-                                "lighthouse has no authentication of its own; give this "
-                                "machine's address on the cluster network (its NodeAddr)")
+        host = refuse_every_interface(host, "lighthouse address")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise BadInputError(f"lighthouse port must be 0..65535, got {port!r}")
         if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) \
@@ -158,6 +177,70 @@ def serve(host: str, port: int, min_replicas: int, timeouts: LighthouseTimeouts,
                        else signals.wait(1.0) is not None):
                 pass
         finally:
+            lighthouse.shutdown()
+    finally:
+        if signals is not None:
+            signals.close()
+
+
+def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
+                        timeouts: LighthouseTimeouts,
+                        ready: Callable[[str, int], None] | None = None,
+                        stop: threading.Event | None = None,
+                        owner_of: Callable[[str], int | None] | None = None,
+                        authenticator: Authenticator | None = None) -> None:
+    """Run a lighthouse on 127.0.0.1 (a port the kernel picks) behind a front door on
+    ``host:port`` that admits only the owner of ``job``
+    (:class:`~.ft_front_door.LighthouseFrontDoor`), until SIGTERM/SIGINT (main thread) or
+    ``stop`` is set; calls ``ready(front_door_endpoint, owner_uid)`` once both listen.
+
+    Args:
+        owner_of: the uid owning a job, None when Slurm does not know it (default: squeue,
+            :meth:`SlurmClient.job_owner_uid`); asked once, at start.
+        authenticator: checks credentials (default: MUNGE).
+
+    Raises:
+        BadInputError: ``host`` is every interface or malformed, the port is taken, ``job``
+            is not a job Slurm knows, or see :class:`Lighthouse`.
+        SlurmCommandError: squeue failed.
+        TorchftMissingError: torchft is not installed.
+    """
+    from slurm_spot.jobs.rendezvous_wire import MungeAuthenticator
+    from slurm_spot.jobs.services.ft_front_door import LighthouseFrontDoor
+    from slurm_spot.jobs.services.rendezvous import listen_socket
+    from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
+
+    host = refuse_every_interface(host, "lighthouse address")
+    if owner_of is None:
+        from slurm_spot.slurm.client import SlurmClient
+
+        owner_of = SlurmClient().job_owner_uid
+    owner = owner_of(job)
+    if owner is None:
+        raise BadInputError(f"--job {job}: Slurm does not know this job (squeue -j {job}); "
+                            "the lighthouse admits its owner only, so the job must be "
+                            "pending or running")
+    signals = SignalWait(STOP_SIGNALS) if threading.current_thread() is threading.main_thread() \
+        else None
+    stop = stop or threading.Event()
+    try:
+        sock = listen_socket(host, port)
+        try:
+            lighthouse = Lighthouse("127.0.0.1", 0, min_replicas, timeouts)
+        except BaseException:
+            sock.close()
+            raise
+        door = LighthouseFrontDoor(sock, ("127.0.0.1", int(lighthouse.address.rsplit(":", 1)[1])),
+                                   job, owner, authenticator or MungeAuthenticator())
+        try:
+            threading.Thread(target=door.serve_forever, daemon=True).start()
+            if ready is not None:
+                ready(format_endpoint(host, door.port), owner)
+            while not (stop.wait(1.0) if signals is None
+                       else signals.wait(1.0) is not None):
+                pass
+        finally:
+            door.close()
             lighthouse.shutdown()
     finally:
         if signals is not None:

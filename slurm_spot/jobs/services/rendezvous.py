@@ -96,8 +96,9 @@ def parse_host(text: str, where: str = "--rendezvous") -> str:
     return text
 
 
-def parse_endpoint(text: str, where: str = "--rendezvous") -> tuple[str, int]:
-    """``HOST:PORT``, ``[IPv6]:PORT``, or either without ``:PORT`` (port :data:`DEFAULT_PORT`)
+def parse_endpoint(text: str, where: str = "--rendezvous",
+                   default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT``, or either without ``:PORT`` (port ``default_port``)
     -> (host, port); the host is an RFC 1123 hostname, an IPv4 address, or an IPv6 address
     (returned without brackets). torchrun reads ``--rdzv-endpoint`` the same way
     (torch/distributed/elastic/rendezvous/utils.py, ``parse_rendezvous_endpoint``).
@@ -127,7 +128,7 @@ def parse_endpoint(text: str, where: str = "--rendezvous") -> tuple[str, int]:
     if problem:
         raise BadInputError(f"{where}={text!r}: {problem}")
     if port_text is None:
-        return host, DEFAULT_PORT
+        return host, default_port
     if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
         raise BadInputError(f"{where}={text!r}: the port must be a number in 1..65535")
     return host, int(port_text)

@@ -12,25 +12,21 @@ One thread per connection; a connection that has not finished its handshake with
 from __future__ import annotations
 
 import logging
-import secrets
 import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_spot.errors import SlurmSpotError
 from slurm_spot.jobs.rendezvous_wire import (
-    MAX_HANDSHAKE_FRAME_BYTES,
-    PROTOCOL,
     Authenticator,
     RendezvousAuthError,
     WireError,
-    credential_payload,
     decode_bytes,
     encode_bytes,
     recv_frame,
     send_frame,
+    server_handshake,
 )
 
 log = logging.getLogger(__name__)
@@ -234,25 +230,16 @@ class RendezvousServer:
 
     def _handshake(self, conn: socket.socket) -> str | None:
         """The job the client proved it owns, or None (it was told why, and is dropped)."""
-        nonce = secrets.token_hex(16)
-        send_frame(conn, {"hello": PROTOCOL, "nonce": nonce})
-        reply = recv_frame(conn, MAX_HANDSHAKE_FRAME_BYTES)
-        job, credential = reply.get("job"), reply.get("credential")
+        def admit(job: str, uid: int) -> None:
+            owner = self.owner_of(job)  # SlurmSpotError when squeue fails: refused
+            if owner is None or owner != uid:
+                raise RendezvousAuthError(f"uid {uid} does not own job {job}")
+
         try:
-            if not isinstance(job, str) or not job or not isinstance(credential, str):
-                raise RendezvousAuthError("expected a job and a credential")
-            decoded = self.authenticator.check(credential)
-            if decoded.payload != credential_payload(nonce, job):
-                raise RendezvousAuthError("the credential was not made for this connection "
-                                          "and job")
-            owner = self.owner_of(job)
-            if owner is None or owner != decoded.uid:
-                raise RendezvousAuthError(f"uid {decoded.uid} does not own job {job}")
-        except (RendezvousAuthError, SlurmSpotError) as exc:  # SlurmSpotError: squeue failed
+            job, _uid = server_handshake(conn, self.authenticator, admit)
+        except RendezvousAuthError as exc:
             log.warning("slurm-spot rendezvous: refused a client: %s", exc)
-            send_frame(conn, {"ok": False, "error": f"refused: {exc}"})
             return None
-        send_frame(conn, {"ok": True})
         return job
 
     def _answer(self, job: str, request: dict[str, Any]) -> dict[str, Any]:
