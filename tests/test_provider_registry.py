@@ -8,7 +8,7 @@ from datetime import date
 import pytest
 
 from slurm_spot.config import PROVIDER_TYPE_NAMES, SpotConfig, parse_config
-from slurm_spot.config.models import node_set_sections
+from slurm_spot.config.provider_models import node_set_sections
 from slurm_spot.errors import ConfigError
 from slurm_spot.providers import (
     PROVIDER_TYPES,

@@ -61,7 +61,8 @@ log = logging.getLogger(__name__)
 CACHE_DIR = "config-cache"
 FORMAT = 1
 MAX_ENTRY_BYTES = 4 * 1024 * 1024
-_SCHEMA_MODULES = ("models.py", "plain.py", "cache.py", "loader.py", "yamlfile.py", "source.py")
+_SCHEMA_MODULES = ("models.py", "provider_models.py", "base.py", "plain.py", "cache.py", "loader.py",
+                   "yamlfile.py", "source.py")
 
 
 def load_hook_config(path: str | os.PathLike[str] | None = None) -> SpotConfig:

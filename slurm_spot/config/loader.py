@@ -15,7 +15,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from slurm_spot.config.models import PROVIDER_TYPE_NAMES, SpotConfig
+from slurm_spot.config.models import SpotConfig
+from slurm_spot.config.provider_models import PROVIDER_TYPE_NAMES
 from slurm_spot.config.source import (
     ConfigBytes,
     check_trusted_file,

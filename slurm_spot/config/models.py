@@ -1,237 +1,40 @@
 """The site configuration, ``spot.yaml``, as frozen pydantic models: every field, its default
 and bounds, and the checks that need only the values (cross references, ports, names).
-Reading the file and reporting problems with their lines is :mod:`slurm_spot.config.loader`.
+The providers and node sets (what a provider type adds) are
+:mod:`slurm_spot.config.provider_models`. Reading the file and reporting problems with their
+lines is :mod:`slurm_spot.config.loader`.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    StrictInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from slurm_spot.config.plain import (  # re-exported: slurm_spot.config names them
+from slurm_spot.config.base import ConfigModel
+from slurm_spot.config.plain import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_STATE_DIR,
     MAX_TIME_PATTERN,
     NAME_PATTERN,
-    NODE_SET_PATTERN,
     S3_ROOT_PATTERN,
     SIGNAL_NAMES,
     find_node_set,
-    hostlist_of,
-    node_names,
     node_set_for,
+)
+from slurm_spot.config.provider_models import (
+    LocalProviderConfig,
+    NodeSetConfig,
+    ProviderConfig,
+    ProviderSettings,
+    provider_section_problems,
 )
 from slurm_spot.config.yamlfile import Path_, with_line
 
-_SLURM_UNSIGNALLABLE = "+"  # see plain.NODE_SET_PATTERN
 
-
-class _Model(BaseModel):
-    # allow_inf_nan: .inf/.nan are floats YAML accepts; no duration, price or size is either.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class LocalProviderConfig(_Model):
-    """The built-in ``local`` provider: instances are ``slurmd`` processes on this machine."""
-
-    type: Literal["local"] = "local"
-    slurmd: str = Field("/usr/sbin/slurmd", pattern=r"^/", description="absolute path of slurmd")
-    port_base: int = Field(17000, ge=1024, le=65000, description="node i listens on port_base+i")
-    boot_delay_s: float = Field(
-        2.0, ge=1.0, le=3600,
-        description="seconds between the launch request and slurmd's start: the simulated "
-                    "boot (a cloud GPU node takes 60-180 s; slurmd itself adds ~2-3 s)")
-    slurmd_timeout_s: int = Field(300, ge=10, le=86400,
-                                  description="SlurmdTimeout of the local cluster")
-    kill_wait_s: int = Field(30, ge=1, le=3600, description="KillWait of the local cluster")
-    notice_poll_s: float = Field(1.0, ge=0.05, le=60,
-                                 description="how often a local watcher polls (seconds)")
-
-
-class AwsProviderConfig(_Model):
-    """EC2 through boto3 (credentials from the standard boto3 chain, never from this file)."""
-
-    type: Literal["aws"] = "aws"
-    region: str
-    endpoint_url: str | None = None
-    profile: str | None = None
-    credentials_file: Path | None = Field(
-        None,
-        description="shared credentials file (INI, like ~/.aws/credentials) to read instead of "
-        "the default one: slurmctld runs the hooks with an empty environment, so "
-        "AWS_SHARED_CREDENTIALS_FILE cannot reach them (a controller outside EC2, tests)",
-    )
-    events_queue_url: str | None = Field(
-        None, pattern=r"^https?://\S+$",
-        description="SQS queue that an EventBridge rule fills with EC2's spot interruption "
-        "warnings and instance state-change notifications (docs/admin.md has the rule): the "
-        "reconciler long-polls it and handles a lost instance at once instead of at its next "
-        "pass; unset: the passes' listings alone find it")
-
-
-class GcpProviderConfig(_Model):
-    """Compute Engine through google-cloud-compute."""
-
-    type: Literal["gcp"] = "gcp"
-    project: str
-    region: str
-    api_endpoint: str | None = None
-    credentials_file: Path | None = None
-    preemption_events: bool = Field(
-        True, description="the reconciler lists the node sets' zones' operations every "
-        "reconcile.events_poll_s for compute.instances.preempted and handles a preempted "
-        "instance at once instead of at its next pass")
-
-
-#: The settings of one ``providers:`` entry, whichever its type. A provider type is one model
-#: here (its ``type`` Literal is the name) and one package in the registry
-#: (:data:`slurm_spot.providers.PROVIDER_TYPES`, which must name the same types:
-#: tests/test_provider_registry.py); every other list of types is derived from this union.
-ProviderSettings = LocalProviderConfig | AwsProviderConfig | GcpProviderConfig
-ProviderConfig = Annotated[ProviderSettings, Field(discriminator="type")]
-#: The provider type names spot.yaml accepts, in the order of :data:`ProviderSettings`.
-PROVIDER_TYPE_NAMES: tuple[str, ...] = tuple(
-    str(model.model_fields["type"].default) for model in get_args(ProviderSettings))
-
-
-class GpuSpec(_Model):
-    """GPUs per node: ``type`` as in ``Gres=gpu:<type>:<count>``."""
-
-    type: str = Field(pattern=r"^[a-z0-9_]+$")
-    count: int = Field(ge=1, le=64)
-
-
-class AwsNodeSetOptions(_Model):
-    """EC2 settings of one node set (see the EC2 Fleet API reference, CreateFleet)."""
-
-    launch_template: str = Field(description="launch template name, or its id (lt-...)")
-    launch_template_version: str = "$Default"
-    subnets: list[str] = Field(min_length=1)
-    # lowest-price: slurm-spot orders the types by price per GPU and skips pools in cooldown
-    # (providers/pool_order.py); the others leave the choice among all pools to EC2.
-    allocation_strategy: Literal[
-        "price-capacity-optimized", "capacity-optimized", "lowest-price", "diversified"
-    ] = "price-capacity-optimized"
-    max_price_usd_per_hour: float | None = Field(None, gt=0, le=10000)
-    subnet_zones: dict[str, str] = Field(
-        default_factory=dict, description="subnet id -> availability zone, for config checks"
-    )
-    interruption_behavior: Literal["terminate", "stop", "hibernate"] = "terminate"
-    rebalance_drain: bool = False
-
-
-class GcpNodeSetOptions(_Model):
-    """Compute Engine settings of one node set."""
-
-    zones: list[str] = Field(min_length=1)
-    machine_type: str | None = None
-    image: str | None = None
-    instance_template: str | None = None
-    network: str = "global/networks/default"
-    subnetwork: str | None = None
-    termination_action: Literal["DELETE", "STOP"] = "DELETE"
-    preemptible: bool = False
-    local_ssds: int = Field(0, ge=0, le=24)
-    disk_size_gb: int = Field(50, ge=10, le=65536)
-    type_order: Literal["price", "config"] = Field(
-        "price", description="order in which a launch tries machine_type and instance_types: "
-        "cheapest per GPU (per vCPU without GPUs) first, or as written; pools cooling down "
-        "after a capacity failure are skipped either way")
-
-
-class NodeSetConfig(_Model):
-    """A group of identical cloud nodes, named ``<name>-1`` .. ``<name>-<count>``.
-
-    ``memory_mib`` is Slurm's RealMemory (MiB). ``fallback`` names the market tried when the
-    primary market has no capacity (``on-demand`` for a spot node set), or ``none``.
-    """
-
-    name: str
-    provider: str
-    count: StrictInt = Field(ge=1, le=10000)
-    market: Literal["spot", "on-demand"] = "spot"
-    fallback: Literal["on-demand", "none"] = "none"
-    instance_types: list[str] = Field(default_factory=list)
-    cpus: int = Field(1, ge=1, le=65536)
-    memory_mib: int = Field(1000, ge=1, le=2**40)
-    gpus: GpuSpec | None = None
-    features: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")]] = Field(default_factory=list)
-    weight: int = Field(1, ge=0, le=65533)  # slurm.conf(5) Weight: 0..65533
-    interruption_band: str | None = Field(
-        None, description="AWS Spot Advisor 'frequency of interruption' band of this node "
-        "set's spot capacity (<5%, 5-10%, 10-15%, 15-20%, >20%), for the cost order of "
-        "power.order: cost (slurm_spot/cost/order.py); unset: 5-10% for a spot node set")
-    aws: AwsNodeSetOptions | None = None
-    gcp: GcpNodeSetOptions | None = None
-    spares: StrictInt = Field(
-        0, ge=0, le=10000,
-        description="hot spares (issue 26): this many nodes of the node set are kept powered "
-        "up and idle, so that a job (a requeued one after a reclaim without notice too) starts "
-        "without waiting for a boot. Slurm keeps them from its power saving (SuspendExcNodes="
-        "<nodes>:<N>, rendered); the reconciler powers nodes up to N each pass. Each costs its "
-        "hourly price around the clock (`slurm-spot plan` shows it); at most count")
-
-    @model_validator(mode="after")
-    def _spares_within_count(self) -> NodeSetConfig:
-        if self.spares > self.count:
-            raise ValueError(f"node set {self.name!r}: spares ({self.spares}) cannot exceed "
-                             f"count ({self.count})")
-        return self
-
-    @field_validator("interruption_band")
-    @classmethod
-    def _known_band(cls, value: str | None) -> str | None:
-        """One of the five Spot Advisor bands (slurm_spot/cost/planner.py BANDS)."""
-        if value is None:
-            return None
-        from slurm_spot.cost.planner import band_fraction
-        from slurm_spot.errors import BadInputError
-
-        try:
-            band_fraction(value)
-        except BadInputError as exc:
-            raise ValueError(str(exc)) from None
-        return value
-
-    @field_validator("name")
-    @classmethod
-    def _signallable_name(cls, value: str) -> str:
-        """Refuses names Slurm 22.05 cannot signal a job step on (see NODE_SET_PATTERN)."""
-        bad = sorted({c for c in value if c in _SLURM_UNSIGNALLABLE})
-        if bad:
-            raise ValueError(
-                f"node set {value!r}: {' '.join(repr(c) for c in bad)} cannot be used in a node "
-                f"set name: slurmd 22.05 cannot signal job steps on nodes named so (scancel "
-                f"fails with 'Invalid job id specified'), so jobs there would get no "
-                f"preemption signal; use '_', '.' or '-' instead")
-        if not re.fullmatch(NODE_SET_PATTERN, value):
-            raise ValueError(f"node set {value!r}: must start with a-z and hold only a-z, 0-9, "
-                             f"'.', '_', '-' (at most 41 characters)")
-        return value
-
-    @property
-    def node_names(self) -> list[str]:
-        """All node names of the set, in order (``gpu-1``, ``gpu-2``, ...)."""
-        return node_names(self.name, self.count)
-
-    @property
-    def hostlist(self) -> str:
-        """The node names as one Slurm hostlist expression (``gpu-[1-8]``)."""
-        return hostlist_of(self.name, self.count)
-
-
-class PartitionConfig(_Model):
+class PartitionConfig(ConfigModel):
     """A Slurm partition made of node sets. Timer overrides are in seconds."""
 
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,40}$")
@@ -296,7 +99,7 @@ def max_time_minutes(value: str) -> int | None:
     return minutes
 
 
-class PreemptionConfig(_Model):
+class PreemptionConfig(ConfigModel):
     """How jobs learn of an interruption.
 
     ``signal`` goes to every step on a node that received a notice, and ``lead_s`` seconds
@@ -353,7 +156,7 @@ def check_listen_address(value: str) -> str:
 
 
 
-class S3Settings(_Model):
+class S3Settings(ConfigModel):
     """How to reach an S3-compatible store for an ``s3://`` checkpoint root. Credentials are
     not configured here: the job's boto3 finds them in its standard chain (environment, shared
     credentials file, instance or workload metadata)."""
@@ -362,7 +165,7 @@ class S3Settings(_Model):
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
 
 
-class CheckpointConfig(_Model):
+class CheckpointConfig(ConfigModel):
     """Where job checkpoints live: ``<root>/<user>/<job key>``; ``keep`` newest are kept.
 
     ``root`` is an absolute directory (local or shared POSIX file system), or an
@@ -384,7 +187,7 @@ class CheckpointConfig(_Model):
         return is_s3(self.root)
 
 
-class PowerConfig(_Model):
+class PowerConfig(ConfigModel):
     """Slurm power-saving timers (seconds), written into ``slurm-spot.conf``."""
 
     suspend_time_s: int = Field(300, ge=0, le=365 * 86400)
@@ -412,7 +215,7 @@ class PowerConfig(_Model):
         "never changed by slurm-spot")
 
 
-class ReconcileConfig(_Model):
+class ReconcileConfig(ConfigModel):
     """The controller loop (``slurm-spot reconcile``). Durations in seconds."""
 
     interval_s: float = Field(30, ge=0.01, le=3600)  # below 10 ms: a typo, not a setting
@@ -468,7 +271,7 @@ class ReconcileConfig(_Model):
         return value
 
 
-class CostConfig(_Model):
+class CostConfig(ConfigModel):
     """Prices for ``slurm-spot plan``, ``cost`` and ``simulate`` (USD).
 
     Instance-type keys are the provider's type names (``g5.xlarge``, ``a2-highgpu-1g``); an
@@ -496,7 +299,7 @@ def _default_providers() -> dict[str, ProviderSettings]:
     return {"local": LocalProviderConfig()}
 
 
-class SpotConfig(_Model):
+class SpotConfig(ConfigModel):
     """The whole ``spot.yaml``."""
 
     cluster: str = Field(pattern=NAME_PATTERN)
@@ -540,7 +343,7 @@ class SpotConfig(_Model):
                     f"{where}.provider: provider {ns.provider!r} is not defined under 'providers'"
                 )
             else:
-                problems.extend(_provider_section_problems(where, ns, provider.type))
+                problems.extend(provider_section_problems(where, ns, provider.type))
             if ns.market == "on-demand" and ns.fallback == "on-demand":
                 problems.append(f"{where}.fallback: an on-demand node set cannot fall back to on-demand")
             for node in ns.node_names:
@@ -599,24 +402,6 @@ class SpotConfig(_Model):
     def all_nodes(self) -> list[str]:
         """Every cloud node name of every node set."""
         return [n for ns in self.node_sets for n in ns.node_names]
-
-
-def node_set_sections() -> tuple[str, ...]:
-    """The node-set sections named after a provider type (``aws``, ``gcp``): a
-    :class:`NodeSetConfig` field whose name is in :data:`PROVIDER_TYPE_NAMES`."""
-    return tuple(t for t in PROVIDER_TYPE_NAMES if t in NodeSetConfig.model_fields)
-
-
-def _provider_section_problems(where: str, ns: NodeSetConfig, provider_type: str) -> list[str]:
-    """A node set of a provider type that has a section needs it; no other type's section
-    is allowed (derived from :func:`node_set_sections`, so a new type's section is checked
-    as soon as it exists)."""
-    sections = node_set_sections()
-    problems = [f"{where}.{s}: required for a node set of a {s!r} provider" for s in sections
-                if s == provider_type and getattr(ns, s) is None]
-    problems += [f"{where}.{s}: only allowed for a node set of a {s!r} provider" for s in sections
-                 if s != provider_type and getattr(ns, s) is not None]
-    return problems
 
 
 # Prices of the local provider's "instances" (instance type and provider name ``local``), so

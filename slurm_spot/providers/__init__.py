@@ -8,7 +8,7 @@ library) only when called, so a hook or a check that involves only ``local`` nod
 imports boto3 (~0.4 s) or ``google.cloud.compute_v1`` (~1.7 s).
 
 This registry is the one list of provider types. The only other place a type is named is its
-settings model in :mod:`slurm_spot.config.models` (the ``ProviderSettings`` union, which
+settings model in :mod:`slurm_spot.config.provider_models` (the ``ProviderSettings`` union, which
 spot.yaml is validated against); the config's own lists (the known types an error names, the
 node-set sections, ``PROVIDER_TYPE_NAMES``) are derived from that union, and
 tests/test_provider_registry.py fails when the union and :data:`PROVIDER_TYPES` differ. Either
@@ -17,7 +17,7 @@ is a ConfigError here, a type registered without a model is rejected by the conf
 
 Adding a provider type (docs/DESIGN.md, "Adding a provider"): a package under ``providers/``,
 one line in :data:`PROVIDER_TYPES`, and its settings model (and node-set section, if it has
-one) in :mod:`slurm_spot.config.models`. An unknown type is a configuration error that names
+one) in :mod:`slurm_spot.config.provider_models`. An unknown type is a configuration error that names
 the field, never a fallback to another provider.
 """
 

@@ -1,7 +1,8 @@
 """The reconciler's pass (docs/DESIGN.md flow 6): snapshot the providers and Slurm once, classify
 every node with the pure rules of :mod:`slurm_spot.reconcile.rules`, act per verdict through a
 table, and isolate each action's failure. Every action is an event (source ``reconcile``) and
-a metric.
+a metric. What happens to the jobs (elastic releases, requeues, expedites, held jobs) is
+:mod:`slurm_spot.reconcile.job_actions`.
 
 The Slurm transitions that carry out each verdict (verified on Slurm 22.05.8):
 
@@ -57,28 +58,14 @@ from slurm_spot import events
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import PartialTerminationError, SlurmCommandError
 from slurm_spot.events import Action
-from slurm_spot.jobs.interruption.elastic_release import RELEASE_REASON, ElasticJobs, release_node
-from slurm_spot.jobs.interruption.requeue import requeue_ended_on, restarts_at_notice
 from slurm_spot.power import ProviderFactory, provider_cache
 from slurm_spot.prewarm import restore_weights
 from slurm_spot.providers import assign_listings, get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.providers.events import ProviderEvent, ended_instances
-from slurm_spot.reconcile.held_jobs import (
-    bad_constraint_jobs,
-    bad_constraint_reason,
-    release_withheld_reason,
-    split_launch_held,
-)
 from slurm_spot.reconcile.history import EventTail, build_history, history_keep_s
+from slurm_spot.reconcile.job_actions import JobActions
 from slurm_spot.reconcile.metrics import ReconcileMetrics
-from slurm_spot.reconcile.requeue_exit import (
-    cap_fast_requeues,
-    exit_reason,
-    held_by_requeue_exit,
-    requeue_candidates,
-    withheld_reason,
-)
 from slurm_spot.reconcile.rules import (
     History,
     NodeDecision,
@@ -89,14 +76,11 @@ from slurm_spot.reconcile.rules import (
     missing_since,
     plan_pass,
 )
-from slurm_spot.slurm.client import JobRecord, Node, SlurmClient
+from slurm_spot.slurm.client import Node, SlurmClient
 from slurm_spot.slurm.reasons import low_memory_of, parse_interruption
 from slurm_spot.weights import PriceOf
 
 log = logging.getLogger(__name__)
-# Jobs that ended this long (plus one pass interval) before a lost node was seen are taken as
-# ended by its interruption: the longest notice any provider gives (AWS, 120 s).
-ENDED_WINDOW_S = 120.0
 Clock = Callable[[], datetime]
 
 
@@ -179,8 +163,6 @@ class Reconciler:
         self.providers = providers
         self.metrics = metrics or ReconcileMetrics()
         self.clock = clock
-        self.sleep = sleep
-        self.expedite_wait_s = expedite_wait_s
         self.settings = settings_of(config)
         self.node_set_of = {n: ns.name for ns in config.node_sets for n in ns.node_names}
         self._failures_seen_after = clock()
@@ -194,11 +176,11 @@ class Reconciler:
         # node set, kept for passes whose lookup fails (slurm_spot.weights.price_lookup)
         self._price_of: PriceOf | None = None
         self._prices: dict[str, float] = {}
-        self._job_records: list[JobRecord] | SlurmCommandError | None = None
         #: alive instances of the last pass: the provider events worth an early pass
         self.known_instances: set[str] = set()
         self._reported: set[str] = set()  # instances this pass took as ended from an event
-        self._elastic = ElasticJobs(slurm)  # per pass: which jobs are elastic
+        #: the job side of the pass: elastic releases, requeues, expedites, held jobs
+        self.jobs = JobActions(config, slurm, self.metrics, self._emit, sleep, expedite_wait_s)
         # the pass's providers: each built once per pass (one cloud session and client)
         self._providers: ProviderFactory = provider_cache(providers)
         # verdict -> (Slurm updates for nodes that share a reason, what to record per node)
@@ -249,17 +231,7 @@ class Reconciler:
         tail = self._tail.read(now)
         history = build_history(tail, self.node_set_of, now, self.settings)
         return Snapshot(now, nodes, tuple(instances), provider_of, frozenset(unavailable),
-                        history, self._held_jobs(history, result), tuple(tail))
-
-    def _held_jobs(self, history: History, result: PassResult) -> tuple[int, ...]:
-        if not history.interrupted_jobs:
-            return ()
-        try:
-            jobs = self.slurm.jobs(sorted(history.interrupted_jobs))
-        except SlurmCommandError as exc:
-            result.errors.append(str(exc))
-            return ()
-        return tuple(j.job_id for j in jobs if j.state.is_pending and j.reason == "BeginTime")
+                        history, self.jobs.held_jobs(history, result), tuple(tail))
 
     # -- the pass -------------------------------------------------------------------------
     def run_pass(self, reported: Sequence[ProviderEvent] = ()) -> PassResult:
@@ -298,9 +270,9 @@ class Reconciler:
                                      snap, result)
         requeued = self._act_all(acting, failed, snap, result)
         # the more precise reason first; a job withheld there is not expedited as "safety net"
-        done = self._expedite_requeue_exits(result, requeued, snap)
-        self._expedite(requeued, [j for j in plan.expedite if j not in done], result)
-        self._stuck_jobs(snap, result)
+        done = self.jobs.expedite_requeue_exits(result, requeued, snap)
+        self.jobs.expedite(requeued, [j for j in plan.expedite if j not in done], result)
+        self.jobs.stuck_jobs(snap, result)
         self._keep_spares(snap, result)
         # A watcher restores its replacement's Weight itself unless its node went first.
         for node in restore_weights(self.config, self.slurm, snap.nodes):
@@ -384,14 +356,13 @@ class Reconciler:
                 groups.setdefault((d.verdict, d.reason), []).append(d)
         requeued: list[int] = []
         self._notes = []  # AdminComment notes, written at the end
-        self._job_records = None  # every job, read once if a lost node needs them
-        self._elastic = ElasticJobs(self.slurm)
+        self.jobs.new_pass()  # every job read once if a lost node needs them; which are elastic
         for (verdict, reason), members in groups.items():
             update, record = self._handlers[verdict]
             for d in self._update_batched(update, reason, members, result):
                 released: list[int] = []
                 if d.verdict in (Verdict.RECLAIMED, Verdict.BOOT_LOST) and d.jobs:
-                    released = self._release_elastic(d, result)
+                    released = self.jobs.release_elastic(d, result)
                     d = replace(d, jobs=tuple(j for j in d.jobs if j not in released))
                 try:
                     record(d, result)
@@ -400,7 +371,7 @@ class Reconciler:
                     continue
                 self.metrics.action(d.verdict.value, ok=True)
                 if d.verdict in (Verdict.RECLAIMED, Verdict.BOOT_LOST):
-                    requeued += list(d.jobs) + self._requeue_ended(d, snap, result)
+                    requeued += list(d.jobs) + self.jobs.requeue_ended(d, snap, result)
         result.errors += self.slurm.record_interruptions(self._notes)
         return requeued
 
@@ -431,71 +402,6 @@ class Reconciler:
         log.error("%s: %s failed: %s", d.node, d.verdict.value, exc)
         result.errors.append(f"{d.node}: {d.verdict.value}: {exc}")
         self.metrics.action(d.verdict.value, ok=False)
-
-    def _release_elastic(self, d: NodeDecision, result: PassResult) -> list[int]:
-        """The elastic jobs of the lost node ``d.node`` that go on without it (DOWN, just
-        issued, took the node out of them; :func:`release_node` shrinks any that Slurm kept
-        it in): one ``released`` event each. Returns their ids; a job that cannot be read is
-        left to the usual path (requeue), with an error."""
-        released = []
-        for job in d.jobs:
-            try:
-                if not self._elastic.is_elastic(job):
-                    continue
-                remaining = release_node(self.slurm, job, d.node, after_steps=False)
-            except (SlurmCommandError, ValueError) as exc:
-                result.errors.append(f"{d.node}: releasing it from job {job}: {exc}")
-                continue
-            if remaining is None:  # its batch script ran there, or that was its last node
-                self._requeue_headless(d, job, result)
-                continue
-            released.append(job)
-            self._emit(result, Action.RELEASED, node=d.node, instance=d.instance,
-                       job_ids=(job,), reason=RELEASE_REASON,
-                       extra={"remaining": remaining, "notice": False})
-        return released
-
-    def _requeue_headless(self, d: NodeDecision, job: int, result: PassResult) -> None:
-        """The fallback: an elastic job whose batch host was the lost node keeps running
-        without its batch script after DOWN (``--no-kill``: slurmctld removes any failed node,
-        job_mgr.c kill_running_job_by_node_name, 22.05), so it is requeued here
-        (``scontrol requeue``); it then restarts from its checkpoint like any other job."""
-        try:
-            record = self.slurm.job_record(job)
-            if record is None or record.state.base != "RUNNING":
-                return  # Slurm requeued it (one node left) or it ended
-            self.slurm.requeue(job)
-        except SlurmCommandError as exc:
-            result.errors.append(f"{d.node}: requeueing elastic job {job}: {exc}")
-
-    def _requeue_ended(self, d: NodeDecision, snap: Snapshot, result: PassResult) -> list[int]:
-        """Requeue the batch jobs that ended on a lost node during its interruption (an
-        interruption never makes a job FAILED; :mod:`slurm_spot.jobs.interruption.requeue`): those that
-        ended within the last pass interval plus the longest notice (AWS's 120 s), but not
-        one whose restart count rose since the node's watcher got its notice: it was requeued
-        already (:func:`restarts_at_notice`; one interruption, one requeue)."""
-        since = snap.now.timestamp() - self.config.reconcile.interval_s - ENDED_WINDOW_S
-        try:
-            if self._job_records is None:  # once per pass, however many nodes were lost
-                try:  # only the jobs that ended in the window: each lost node scans these
-                    self._job_records = [
-                        r for r in self.slurm.job_records() if r.state.is_finished
-                        and r.end_time is not None and r.end_time >= since]
-                except SlurmCommandError as exc:
-                    self._job_records = exc
-            if isinstance(self._job_records, SlurmCommandError):
-                raise self._job_records
-            decisions, errors = requeue_ended_on(
-                self.slurm, d.node, since, self._job_records,
-                restarts_at_notice(snap.events, d.node, since))
-        except SlurmCommandError as exc:
-            result.errors.append(f"{d.node}: requeue ended jobs: {exc}")
-            return []
-        result.errors.extend(errors)
-        for decision in decisions:
-            self._emit(result, Action.REQUEUE_ENDED if decision.requeue else Action.NOT_REQUEUED,
-                       node=d.node, job_ids=(decision.job_id,), reason=decision.why)
-        return [x.job_id for x in decisions if x.requeue]
 
     def _recheck(self, plan: Plan) -> set[str]:
         """Nodes whose terminations must not happen: re-read the nodes behind orphan and
@@ -637,117 +543,6 @@ class Reconciler:
                                f"kept {term.kept}"),
                        extra={"level": "warning", "kept": term.kept,
                               "terminated": inst.instance_id, "provider": provider})
-
-    # -- jobs -----------------------------------------------------------------------------
-    def _expedite(self, requeued: list[int], held: Sequence[int], result: PassResult) -> None:
-        """Clear the requeue delay of ``held`` jobs at once and of ``requeued`` ones as soon
-        as they are PENDING (up to ``expedite_wait_s``): one ``scontrol update jobid=<list>``
-        per round for all of them (:meth:`SlurmClient.expedite_many`)."""
-        waiting = set(requeued)
-        self._expedite_jobs(list(held), result, "safety net")
-        deadline = time.monotonic() + self.expedite_wait_s
-        while waiting:
-            try:
-                jobs = self.slurm.jobs(sorted(waiting))
-            except SlurmCommandError as exc:
-                result.errors.append(str(exc))
-                return
-            self._expedite_jobs([j.job_id for j in jobs if j.state.is_pending], result,
-                                Action.REQUEUED)
-            waiting &= {j.job_id for j in jobs if not j.state.is_pending and j.state.is_active}
-            if not waiting or time.monotonic() >= deadline:
-                return
-            self.sleep(0.5)
-
-    def _expedite_requeue_exits(self, result: PassResult, skip: Sequence[int],
-                                snap: Snapshot) -> list[int]:
-        """Clear the requeue delay of jobs on our partitions that requeued themselves with the
-        requeue exit code (an elastic job below MIN, a job that saved and left), however long
-        after an interruption: one ``squeue``, then ``scontrol show job`` for the few
-        candidates, or one for all jobs when there are many; ``skip``: the jobs this pass
-        requeued itself (expedited as such). A job requeued that way too often is left to
-        Slurm's hold (:func:`cap_fast_requeues`, event ``expedite_withheld``). Returns the jobs
-        expedited and those withheld (neither is expedited again this pass)."""
-        ours = [p.name for p in self.config.partitions]
-        try:
-            candidates = [j for j in requeue_candidates(self.slurm.jobs(), ours) if j not in skip]
-            if len(candidates) > 3:
-                records = [r for r in self.slurm.job_records() if r.job_id in candidates]
-            else:
-                records = [r for j in candidates if (r := self.slurm.job_record(j)) is not None]
-        except SlurmCommandError as exc:
-            result.errors.append(str(exc))
-            return []
-        code = self.config.preemption.requeue_exit_code
-        settings = self.config.reconcile
-        expedite, withheld = cap_fast_requeues(
-            held_by_requeue_exit(records, code), records, snap.events, snap.now, code,
-            settings.max_fast_requeues, settings.fast_requeue_window_s)
-        for w in withheld:
-            if not w.new:
-                continue
-            self._emit(result, Action.EXPEDITE_WITHHELD, job_ids=(w.job_id,),
-                       reason=withheld_reason(w, code, settings.max_fast_requeues,
-                                              settings.fast_requeue_window_s),
-                       extra={"restarts": w.restarts, "requeues": w.requeues,
-                              "window_s": settings.fast_requeue_window_s})
-        return self._expedite_jobs(expedite, result, exit_reason(code)) + [
-            w.job_id for w in withheld]
-
-    def _stuck_jobs(self, snap: Snapshot, result: PassResult) -> None:
-        """Pending jobs of our partitions nothing else would move (:mod:`.held_jobs`): one
-        ``squeue``; a job held after a failed launch is released (``scontrol release``, event
-        ``job_released``) up to the fast-requeue cap, then left held with one
-        ``release_withheld`` event per requeue; a job on BadConstraints is reported once per
-        requeue (event ``bad_constraints`` and an AdminComment note). One job's refusal
-        never stops the others."""
-        settings = self.config.reconcile
-        ours = [p.name for p in self.config.partitions]
-        try:
-            jobs = self.slurm.jobs()
-        except SlurmCommandError as exc:
-            result.errors.append(str(exc))
-            return
-        release, withheld = split_launch_held(jobs, ours, snap.events, snap.now,
-                                              settings.max_fast_requeues,
-                                              settings.fast_requeue_window_s)
-        for held in release:
-            try:
-                self.slurm.release(held.job_id)
-            except SlurmCommandError as exc:
-                result.errors.append(f"job {held.job_id}: release: {exc}")
-                self.metrics.action("release", ok=False)
-                continue
-            self.metrics.action("release", ok=True)
-            self._emit(result, Action.JOB_RELEASED, job_ids=(held.job_id,),
-                       reason="launch_failed_requeued_held on a spot partition",
-                       extra={"restarts": held.restarts, "releases": held.releases + 1})
-        for held in withheld:
-            if held.new:
-                self._emit(result, Action.RELEASE_WITHHELD, job_ids=(held.job_id,),
-                           reason=release_withheld_reason(held, settings.max_fast_requeues,
-                                                          settings.fast_requeue_window_s),
-                           extra={"restarts": held.restarts, "releases": held.releases})
-        found = bad_constraint_jobs(jobs, ours, snap.events)
-        for bad in found:
-            self._emit(result, Action.BAD_CONSTRAINTS, job_ids=(bad.job_id,),
-                       reason=bad_constraint_reason(bad),
-                       extra={"constraint": bad.constraint, "restarts": bad.restarts})
-        result.errors += self.slurm.record_interruptions(
-            [(bad.job_id, f"slurm-spot: {bad_constraint_reason(bad)}") for bad in found])
-
-    def _expedite_jobs(self, job_ids: list[int], result: PassResult, why: str) -> list[int]:
-        if not job_ids:
-            return []
-        done, errors = self.slurm.expedite_many(job_ids)
-        for error in errors:
-            log.error("expediting: %s", error)
-            result.errors.append(error)
-            self.metrics.action("expedite", ok=False)
-        for job in done:
-            self.metrics.action("expedite", ok=True)
-            self._emit(result, Action.EXPEDITED, job_ids=(job,), reason=why)
-        return done
 
     # -- events and metrics ---------------------------------------------------------------
     def _record(self, result: PassResult, action: Action, d: NodeDecision, reason: str | None = None,
