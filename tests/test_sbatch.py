@@ -257,3 +257,28 @@ def test_missing_sbatch_is_a_clear_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert f"{tmp_path / 'no-slurm' / 'sbatch'}: no sbatch to submit with" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_script_with_bytes_that_are_not_utf8_is_submitted_byte_for_byte(tmp_path: Path) -> None:
+    """sbatch takes any bytes (an old script's Latin-1 comment '# caf\\xe9'); `slurm-spot
+    sbatch` refused it as 'not a text file (UTF-8)', exit 2. Now its directives are read and
+    sbatch gets the script's own bytes back, with slurm-spot's lines added."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "seen.sh"
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/sh\n"
+        f'for a; do case "$a" in *batch.sh) cp "$a" {seen};; esac; done\n'
+        'echo "Submitted batch job 42"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    path, script = _job(tmp_path, slurm_bin_dir=str(bin_dir))
+    body = b"#SBATCH --signal=B:USR1@60\n# caf\xe9 \xff\nsrun echo \xe9t\xe9\n"
+    script.write_bytes(b"#!/bin/bash\n" + body)
+    result = CliRunner().invoke(cli, ["--config", str(path), "sbatch", str(script)])
+    assert result.exit_code == 0, result.output
+    assert "Submitted batch job 42" in result.output
+    sent = seen.read_bytes()
+    assert sent.startswith(b"#!/bin/bash\n# added by slurm-spot sbatch:\n#SBATCH --requeue")
+    assert sent.endswith(body) and b"#SBATCH --signal=USR2" not in sent  # its own --signal
+    dry = _dry(path, "--dry-run", "--json", str(script))
+    assert "# caf\\xe9 \\xff" in dry["script"]  # shown escaped, valid JSON
