@@ -282,3 +282,26 @@ def test_a_script_with_bytes_that_are_not_utf8_is_submitted_byte_for_byte(tmp_pa
     assert sent.endswith(body) and b"#SBATCH --signal=USR2" not in sent  # its own --signal
     dry = _dry(path, "--dry-run", "--json", str(script))
     assert "# caf\\xe9 \\xff" in dry["script"]  # shown escaped, valid JSON
+
+
+@pytest.mark.parametrize(("cli", "env", "script_signal", "expected"), [
+    (["--signal=USR1@60"], {}, "", "USR1"),
+    (["-p", "spot", "--sig", "B:TERM@30"], {}, "#SBATCH --signal=USR2@90\n", "TERM"),
+    ([], {"SBATCH_SIGNAL": "USR1@45"}, "#SBATCH --signal=URG@90\n", "USR1"),
+    ([], {}, "#SBATCH --signal=USR1@60\n", "USR1"),
+])
+def test_the_watcher_reads_the_signal_sbatch_will_use(cli: list[str], env: dict,
+                                                      script_signal: str, expected: str) -> None:
+    """sbatch takes --signal from its command line first, then SBATCH_SIGNAL, then the script;
+    the watcher reads only the script. A job submitted with `slurm-spot sbatch
+    --signal=USR1@60` whose processes catch USR1 and USR2 (a framework's own handler) got
+    spot.yaml's USR2 on a notice; the script now carries the signal sbatch uses, last."""
+    from slurm_spot.jobs.interruption.signal_choice import ProcInfo, plan_signal
+
+    script = "#!/bin/bash\n" + script_signal + "#SBATCH -t 10\nsrun python train.py\n"
+    plan = plan_submission(script, "job.sh", cli, [], "USR2", 90, env=env)
+    both = [ProcInfo(20, "0", "python", frozenset({10, 12, 15}), frozenset())]
+    chosen = plan_signal(7, plan.script, both, "USR2")
+    assert chosen.signal == expected, plan.script
+    assert plan.script.endswith("srun python train.py\n")  # the body is untouched
+    assert plan.options == cli  # sbatch still gets the user's options as typed
