@@ -170,36 +170,38 @@ class UnsafeEventsFile(OSError):
     root would let that account choose which file root appends to."""
 
 
-def _open_events_file(log_dir: Path) -> int:
-    """A write-only ``O_APPEND`` descriptor on ``log_dir/events.jsonl``, opened without
-    following any link at either step (the directory, then the file through the directory's
-    descriptor) and without a controlling terminal.
+def open_for_append(directory: Path, name: str = EVENTS_FILE) -> int:
+    """A write-only ``O_APPEND`` descriptor on ``directory/name`` (created 0644 if missing),
+    opened without following any link at either step (the directory, then the file through
+    the directory's descriptor) and without a controlling terminal: how root appends to a
+    file in a directory another account may write (the events file; the local provider's
+    ``events.jsonl``, :mod:`slurm_spot.providers.local.events`).
 
     Raises:
-        UnsafeEventsFile: ``log_dir`` is a symlink or world-writable; the file is a symlink,
+        UnsafeEventsFile: ``directory`` is a symlink or world-writable; the file is a symlink,
             not a regular file, has other hard links, or is owned by neither this process's
             user nor the directory's owner.
         OSError: anything else the kernel says (missing directory, permissions).
     """
     try:
-        dir_fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UnsafeEventsFile(f"{log_dir} is a symlink or not a directory") from None
+            raise UnsafeEventsFile(f"{directory} is a symlink or not a directory") from None
         raise
     try:
         dir_stat = os.fstat(dir_fd)
         if dir_stat.st_mode & stat.S_IWOTH:
-            raise UnsafeEventsFile(f"{log_dir} is writable by every account "
+            raise UnsafeEventsFile(f"{directory} is writable by every account "
                                    f"(mode {stat.S_IMODE(dir_stat.st_mode):04o})")
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
         try:
-            fd = os.open(EVENTS_FILE, flags, dir_fd=dir_fd)
+            fd = os.open(name, flags, dir_fd=dir_fd)
         except FileNotFoundError:  # O_EXCL: a link planted meanwhile fails, never followed
-            fd = os.open(EVENTS_FILE, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+            fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise UnsafeEventsFile(f"{log_dir / EVENTS_FILE} is a symlink") from None
+                raise UnsafeEventsFile(f"{directory / name} is a symlink") from None
             raise
     finally:
         os.close(dir_fd)
@@ -213,7 +215,7 @@ def _open_events_file(log_dir: Path) -> int:
         problem = f"is owned by uid {file_stat.st_uid}, neither this process's nor the directory's"
     if problem:
         os.close(fd)
-        raise UnsafeEventsFile(f"{log_dir / EVENTS_FILE} {problem}")
+        raise UnsafeEventsFile(f"{directory / name} {problem}")
     return fd
 
 
@@ -222,7 +224,7 @@ def emit(log_dir: Path, event: Event) -> None:
 
     Safe as root in a directory another account owns (the Epilog's, owned by SlurmUser):
     no link is followed and a file that is not the events file is refused
-    (:func:`_open_events_file`), so a planted symlink or hard link never makes root write
+    (:func:`open_for_append`), so a planted symlink or hard link never makes root write
     elsewhere.
 
     Never raises: if the file cannot be written, or is refused, the event goes to the log
@@ -230,7 +232,7 @@ def emit(log_dir: Path, event: Event) -> None:
     line = (event.to_json() + "\n").encode()
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
-        fd = _open_events_file(log_dir)
+        fd = open_for_append(log_dir)
         try:
             os.write(fd, line)
         finally:

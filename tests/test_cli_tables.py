@@ -156,3 +156,18 @@ def test_status_watch_survives_slurm_errors_and_exits_0_on_sigint(tmp_path: Path
     err = "".join(seen) + rest
     assert proc.returncode == 0, err
     assert out.count("Ctrl-C to stop") >= 2 and err.count("slurm-spot: error:") >= 2
+
+
+def test_a_terminal_table_shows_brackets_and_colons_as_written(tmp_path: Path) -> None:
+    """An admin's reason '[jdoe] disk' lost its '[jdoe]' at a terminal (rich read it as a
+    style), and a reason or job name holding '[/]' stopped `events`/`status` with rich's
+    MarkupError traceback; ':x:' became an emoji."""
+    path = write_config(tmp_path)
+    reason = "[jdoe] disk [/] bad :x: [bold]"
+    emit(tmp_path / "log", Event("drained", "reconcile", node="spot-1", reason=reason,
+                                 time=datetime(2026, 3, 1, 8, 0, tzinfo=timezone.utc).isoformat()))
+    argv = [sys.executable, "-m", "slurm_spot", "--config", str(path), "events",
+            "--format", "node,reason"]
+    code, text, err = run_in_terminal(argv, on_terminal=("stdout",))
+    assert code == 0, text + err
+    assert BOX & set(text) and reason in text

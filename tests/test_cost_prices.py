@@ -122,3 +122,33 @@ def test_unknown_prices_name_type_and_zone_never_zero() -> None:
         book.storage_usd_per_gb_month("aws")
     with pytest.raises(UnknownPriceError, match=r"egress_usd_per_gb\.gcp"):
         book.egress_usd_per_gb("gcp")
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ('  g5.xlarge: {usd_per_h: "1,006", source: unverified}\n',
+     "line 4: on_demand.g5.xlarge: usd_per_h '1,006' is not a price"),
+    ("  g5.xlarge: {source: unverified}\n", "on_demand.g5.xlarge: usd_per_h None is not a price"),
+    ("  g5.xlarge: -1.0\n", "line 4: on_demand.g5.xlarge: usd_per_h -1.0 is not a price"),
+    ("  g5.xlarge: .inf\n", "usd_per_h inf is not a price"),
+    ("  g5.xlarge: true\n", "usd_per_h True is not a price"),
+    ("  g5.xlarge: 1.0\n  g5.xlarge: 0.5\n", "line 5: on_demand.g5.xlarge: duplicate key"),
+    ("  g5.xlarge: [1.0]\n", "usd_per_h [1.0] is not a price"),
+])
+def test_a_damaged_catalogue_is_an_error_naming_file_line_and_entry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, says: str) -> None:
+    """A site's edit of a provider's prices.yaml ('1,006', a missing usd_per_h) stopped plan,
+    render and the cost order with a KeyError/ValueError traceback, a negative one priced a
+    node set below zero, and a repeated type silently kept the last figure."""
+    from slurm_spot.errors import BadInputError
+    from slurm_spot.providers.prices import read_catalogue
+
+    name = f"damaged_{tmp_path.name}"  # one module per case: imports are cached
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "prices.yaml").write_text(
+        "as_of: 2026-12-01\nregion: us-east-1\non_demand:\n" + body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BadInputError) as err:
+        read_catalogue(name)
+    assert str(err.value).startswith(f"{name}/prices.yaml: ") and says in str(err.value)

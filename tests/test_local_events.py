@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.config import SpotConfig, parse_config
+from slurm_spot.events import UnsafeEventsFile
 from slurm_spot.providers.base import InstanceState
 from slurm_spot.providers.events import event_sources
 from slurm_spot.providers.local.events import (
     MAX_BYTES,
+    MAX_READ_BYTES,
     LocalEventSource,
     events_path,
     parse_line,
@@ -106,6 +108,51 @@ def test_a_file_started_afresh_is_read_from_its_start(tmp_path: Path) -> None:
     publish(path, "loc-2", "spot-2", InstanceState.TERMINATED, "Terminated by slurm-spot")
     assert path.stat().st_size < 1000
     assert [e.instance_id for e in source.receive(0)] == ["loc-2"]
+
+
+def test_a_planted_symlink_is_refused_not_appended_to(tmp_path: Path) -> None:
+    """The provider runs as root: a symlink at events.jsonl (planted where another account
+    can write) made root append the event line to the file it named."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's own file\n")
+    path = tmp_path / "local" / "events.jsonl"
+    path.parent.mkdir()
+    path.symlink_to(victim)
+    with pytest.raises(UnsafeEventsFile, match="is a symlink"):
+        publish(path, "loc-3", "spot-3", InstanceState.TERMINATED, "r")
+    assert victim.read_text() == "root's own file\n"
+    path.unlink()
+    path.hardlink_to(victim)
+    with pytest.raises(UnsafeEventsFile, match="hard links"):
+        publish(path, "loc-3", "spot-3", InstanceState.TERMINATED, "r")
+    assert victim.read_text() == "root's own file\n"
+
+
+def test_the_source_does_not_read_through_a_link_and_warns_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(json.dumps({"time": "2026-01-01T00:00:00+00:00", "instance_id": "loc-9",
+                                  "node": "spot-9", "state": "terminated"}) + "\n")
+    path = tmp_path / "events.jsonl"
+    source = LocalEventSource("local", path, poll_s=0.01)
+    path.symlink_to(secret)
+    assert source.receive(0.05) == []
+    assert sum("reading" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_odd_bytes_and_a_huge_line_are_skipped_and_later_lines_read(tmp_path: Path) -> None:
+    """Non-UTF-8 bytes, a NUL-filled hole (a crash mid-write) and one line longer than a read
+    are skipped; the event after them is read, and no read takes the whole line at once."""
+    path = tmp_path / "events.jsonl"
+    source = LocalEventSource("local", path)
+    good = json.dumps({"time": "2026-01-01T00:00:00+00:00", "instance_id": "loc-1",
+                       "node": "spot-1", "state": "terminated", "reason": "r\udcff"})
+    path.write_bytes(b"\xff\xfe{\n" + b"\0" * 100 + b"\n" + b"x" * (2 * MAX_READ_BYTES + 5)
+                     + b"\n" + good.encode() + b"\n")
+    found = []
+    for _ in range(5):
+        found += source.receive(0)
+    assert [e.instance_id for e in found] == ["loc-1"]
 
 
 def test_a_missing_file_gives_no_events_and_no_error(tmp_path: Path) -> None:

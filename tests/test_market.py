@@ -106,6 +106,9 @@ def test_a_random_capacity_cycle_alternates_with_the_given_means() -> None:
     ("cheap:notice=1.5", "notice=1.5 must be a share"),
     ("cheap:rate=-1", "rate=-1.0 must be between 0"),
     ("cheap:down=30", "down=30 needs up > 0"),
+    # a period this short made `plan` run without end and the daemon loop without sleeping
+    ("cheap:up=1e-300,down=1e-300", "up=1e-300 must be 0 or at least 1 s"),
+    ("cheap:up=300,down=0.001s,cycle=random", "down=0.001 must be 0 or at least 1 s"),
     ("cheap:rate=0,rate=3600", "rate: given twice"),
     ("cheap:start=sideways,up=1,down=1", "start='sideways' must be up or down"),
     ("nope:rate=1", "market of node set 'nope': no such node set (defined: cheap, other)"),
@@ -184,3 +187,28 @@ def test_stop_restores_capacity_once_after_a_killed_daemon(config: Path, tmp_pat
     provider.set_capacity("cheap", 1)
     assert CliRunner().invoke(cli, stop).exit_code == 0
     assert provider.capacity() == {"cheap": 1}
+
+
+def test_the_daemon_waits_for_a_far_event_in_steps_not_one_sleep_that_overflows() -> None:
+    """`rate=1e-6` draws interruptions billions of seconds away (`rate=1e-320`: at inf); the
+    daemon slept the whole delay at once, time.sleep raised OverflowError and the daemon died
+    at its first event. It now waits in steps of at most an hour (until SIGTERM)."""
+    import math
+    import time
+
+    from slurm_spot.localcluster import marketd
+
+    with pytest.raises(OverflowError):
+        time.sleep(1e13)  # what the daemon did
+    for when in (time.time() + 1e13, math.inf):
+        slept: list[float] = []
+
+        def sleep(seconds: float, slept: list[float] = slept) -> None:
+            slept.append(seconds)
+            if len(slept) == 3:
+                raise SystemExit(0)  # the daemon's SIGTERM handler
+
+        with pytest.raises(SystemExit):
+            marketd.sleep_until(when, sleep)
+        assert slept == [marketd.SLEEP_STEP_S] * 3
+    marketd.sleep_until(time.time() - 1, lambda s: pytest.fail("slept for a past event"))

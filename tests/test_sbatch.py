@@ -257,3 +257,51 @@ def test_missing_sbatch_is_a_clear_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert f"{tmp_path / 'no-slurm' / 'sbatch'}: no sbatch to submit with" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_script_with_bytes_that_are_not_utf8_is_submitted_byte_for_byte(tmp_path: Path) -> None:
+    """sbatch takes any bytes (an old script's Latin-1 comment '# caf\\xe9'); `slurm-spot
+    sbatch` refused it as 'not a text file (UTF-8)', exit 2. Now its directives are read and
+    sbatch gets the script's own bytes back, with slurm-spot's lines added."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "seen.sh"
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/sh\n"
+        f'for a; do case "$a" in *batch.sh) cp "$a" {seen};; esac; done\n'
+        'echo "Submitted batch job 42"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    path, script = _job(tmp_path, slurm_bin_dir=str(bin_dir))
+    body = b"#SBATCH --signal=B:USR1@60\n# caf\xe9 \xff\nsrun echo \xe9t\xe9\n"
+    script.write_bytes(b"#!/bin/bash\n" + body)
+    result = CliRunner().invoke(cli, ["--config", str(path), "sbatch", str(script)])
+    assert result.exit_code == 0, result.output
+    assert "Submitted batch job 42" in result.output
+    sent = seen.read_bytes()
+    assert sent.startswith(b"#!/bin/bash\n# added by slurm-spot sbatch:\n#SBATCH --requeue")
+    assert sent.endswith(body) and b"#SBATCH --signal=USR2" not in sent  # its own --signal
+    dry = _dry(path, "--dry-run", "--json", str(script))
+    assert "# caf\\xe9 \\xff" in dry["script"]  # shown escaped, valid JSON
+
+
+@pytest.mark.parametrize(("cli", "env", "script_signal", "expected"), [
+    (["--signal=USR1@60"], {}, "", "USR1"),
+    (["-p", "spot", "--sig", "B:TERM@30"], {}, "#SBATCH --signal=USR2@90\n", "TERM"),
+    ([], {"SBATCH_SIGNAL": "USR1@45"}, "#SBATCH --signal=URG@90\n", "USR1"),
+    ([], {}, "#SBATCH --signal=USR1@60\n", "USR1"),
+])
+def test_the_watcher_reads_the_signal_sbatch_will_use(cli: list[str], env: dict,
+                                                      script_signal: str, expected: str) -> None:
+    """sbatch takes --signal from its command line first, then SBATCH_SIGNAL, then the script;
+    the watcher reads only the script. A job submitted with `slurm-spot sbatch
+    --signal=USR1@60` whose processes catch USR1 and USR2 (a framework's own handler) got
+    spot.yaml's USR2 on a notice; the script now carries the signal sbatch uses, last."""
+    from slurm_spot.jobs.interruption.signal_choice import ProcInfo, plan_signal
+
+    script = "#!/bin/bash\n" + script_signal + "#SBATCH -t 10\nsrun python train.py\n"
+    plan = plan_submission(script, "job.sh", cli, [], "USR2", 90, env=env)
+    both = [ProcInfo(20, "0", "python", frozenset({10, 12, 15}), frozenset())]
+    chosen = plan_signal(7, plan.script, both, "USR2")
+    assert chosen.signal == expected, plan.script
+    assert plan.script.endswith("srun python train.py\n")  # the body is untouched
+    assert plan.options == cli  # sbatch still gets the user's options as typed

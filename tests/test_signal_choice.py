@@ -200,3 +200,36 @@ def test_a_step_scancel_cannot_reach_gets_the_signal_by_kill_and_the_failure_is_
     finally:
         catcher.kill()
         catcher.wait()
+
+
+ALRM, XCPU = int(signal.SIGALRM), int(signal.SIGXCPU)
+
+
+@pytest.mark.parametrize(("directive", "name", "number"), [
+    ("--signal=ALRM@60", "ALRM", ALRM), ("--signal=B:XCPU@120", "XCPU", XCPU),
+    (f"--signal={ALRM}@60", "ALRM", ALRM)])
+def test_a_job_asking_for_a_signal_spot_yaml_cannot_name_gets_it(
+        tmp_path: Path, directive: str, name: str, number: int) -> None:
+    """A plain sbatch job of its own that asks for SIGALRM or SIGXCPU (sbatch takes both) made
+    the watcher's delivery raise ValueError (int('ALRM')), so on a notice no job of the node
+    after it was signalled either; now it gets its signal, and the next job still gets its."""
+    for pid, caught in ((50, 1 << (number - 1)), (60, 1 << (USR1 - 1))):
+        status = tmp_path / "proc" / str(pid) / "status"
+        status.parent.mkdir(parents=True)
+        status.write_text(f"Name:\tpython\nSigIgn:\t0\nSigCgt:\t{caught:016x}\n")
+    fake = _slurm(5, "spot-1", f"#!/bin/bash\n#SBATCH {directive}\nsrun python a.py\n",
+                  pids=[(50, "batch" if "B:" in directive else "0")])
+    fake.add_job(6, ["spot-1"]).script = SCRIPT_USR1
+    fake.jobs[6].pids = [(60, "0")]
+    killed: list[tuple[int, int]] = []
+    emitted: list[tuple[str, dict]] = []
+    signaller = JobSignaller(fake.client(), "spot-1", "USR2",
+                             lambda a, **f: emitted.append((a, f)), proc_root=tmp_path / "proc",
+                             kill=lambda pid, sig: killed.append((pid, sig)))
+    assert signaller.deliver([5, 6]) == []
+    assert signaller.signalled(5) and signaller.signalled(6)
+    assert [f["extra"]["signal"] for a, f in emitted if a == "signalled"] == [name, "USR1"]
+    if "B:" in directive:
+        assert killed == [(50, number)]
+    else:
+        assert ["-s", name, "5.0"] in fake.signals

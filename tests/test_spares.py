@@ -81,6 +81,19 @@ def test_bad_spares_are_refused_naming_the_field(tmp_path: Path, spares: object,
     assert "node_sets.0" in str(err.value) and message in str(err.value)
 
 
+def test_spares_of_a_node_set_in_no_partition_are_refused(tmp_path: Path) -> None:
+    """Before, the reconciler kept such spares up (and SuspendExcNodes kept Slurm from
+    powering them down) although no job could ever be given those nodes: a bill for nothing."""
+    data = aws_config(tmp_path)
+    data["partitions"][0]["node_sets"] = ["cpu"]
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert ("node_sets.0.spares: node set 'gpu' is in no partition: its 2 spare(s)"
+            in str(err.value))
+    data["node_sets"][0]["spares"] = 0
+    parse_config(data)  # a node set in no partition without spares costs nothing
+
+
 # -- which nodes the reconciler powers up ---------------------------------------------------
 def test_a_booting_idle_node_counts_as_a_spare_and_a_busy_one_does_not() -> None:
     assert is_spare(node("gpu-1", "IDLE+CLOUD"))

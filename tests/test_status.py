@@ -220,3 +220,31 @@ def test_cli_shows_where_the_last_failovers_went(world: tuple,
         42, "spot", "gpu", ["gpu-1", "gpu-2"])
     bare = _invoke(world, monkeypatch, "--noheader", "--capacity").output
     assert "last failovers" not in bare  # node rows only, for awk
+
+
+def test_a_failover_line_of_another_shape_does_not_stop_status(world: tuple,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """An events line whose ``extra`` has odd values (a number for ``nodes`` and
+    ``candidates``, text for ``seconds_from_error``: a damaged file, a hand edit) stopped
+    `status` with a TypeError/ValueError traceback; it now shows the move without them, and
+    the other rows still show."""
+    config, _, _, _ = world
+    config.log_dir.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(timezone.utc).isoformat()
+    lines = [
+        {"time": now, "action": "failover", "source": "resume", "job_ids": [42],
+         "extra": {"from_node_set": "spot", "code": "Ice", "candidates": 5,
+                   "expedited": "false"}},
+        {"time": now, "action": "failover_started", "source": "resume", "job_ids": [42],
+         "extra": {"from_node_set": "spot", "node_set": ["gpu"], "nodes": 7,
+                   "seconds_from_error": "soon"}},
+    ]
+    with open(config.log_dir / "events.jsonl", "a") as fh:
+        fh.writelines(json.dumps(line) + "\n" for line in lines)
+    result = _invoke(world, monkeypatch, "--capacity")
+    assert result.exit_code == 0, result.output
+    assert "no capacity (Ice)" in result.output
+    (move,) = read_envelope(_invoke(world, monkeypatch, "--json").output, "status")["failovers"]
+    assert (move["job"], move["candidates"], move["to_node_set"], move["nodes"],
+            move["seconds_from_error"], move["expedited"]) == (42, [], None, [], None, False)

@@ -29,6 +29,7 @@ from slurm_spot.jobs.submit.torchrun_scripts import (
     split_hetjob_options,
     torchrun_script,
 )
+from slurm_spot.rawtext import decode
 from slurm_spot.slurm.client import SlurmClient
 from slurm_spot.slurm.version import SlurmVersion
 
@@ -172,10 +173,10 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
                                    str(ours["python"]), env)
         script_args = []
     else:
-        try:
-            text = path.read_text()
-        except UnicodeDecodeError:
-            raise BadInputError(f"{script}: not a text file (UTF-8)") from None
+        try:  # any bytes, as sbatch takes them (a Latin-1 comment): kept, and passed on as read
+            text = decode(path.read_bytes())
+        except OSError as exc:
+            raise BadInputError(f"{script}: cannot be read: {exc.strerror}") from None
     slurm = SlurmVersion.detect(bin_dir=str(config.slurm_bin_dir))
     plan = plan_submission(text, path.name, options, script_args, config.preemption.signal,
                            config.preemption.lead_s, env=os.environ,

@@ -5,6 +5,7 @@ last failovers went (issue 24 part 6, from the events file)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -170,17 +171,35 @@ def failover_rows(found: Iterable[dict[str, object]],
         if action == "failover":
             row: dict[str, object] = {
                 "time": event.get("time"), "job": key[0], "from_node_set": key[1],
-                "code": extra.get("code"), "to_node_set": None, "nodes": [],
-                "seconds_from_error": None, "candidates": list(extra.get("candidates") or []),
-                "expedited": bool(extra.get("expedited")), "reason": event.get("reason", "")}
+                "code": _text_or_none(extra.get("code")), "to_node_set": None, "nodes": [],
+                "seconds_from_error": None, "candidates": _texts(extra.get("candidates")),
+                "expedited": extra.get("expedited") is True, "reason": event.get("reason", "")}
             rows.append(row)
             open_moves[key] = row
         elif key in open_moves:
             row = open_moves.pop(key)
-            row.update(to_node_set=extra.get("node_set"), nodes=list(extra.get("nodes") or []),
-                       seconds_from_error=extra.get("seconds_from_error"),
+            row.update(to_node_set=_text_or_none(extra.get("node_set")),
+                       nodes=_texts(extra.get("nodes")),
+                       seconds_from_error=_seconds(extra.get("seconds_from_error")),
                        reason=event.get("reason", row["reason"]))
     return list(reversed(rows))[:max(0, limit)]
+
+
+def _texts(value: object) -> list[str]:
+    """A list of names from an event's ``extra`` (a list there), else ``[]``: a line of
+    another shape (``"nodes": 5``) is shown as no names, never stops ``status``."""
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _text_or_none(value: object) -> str | None:
+    return None if value is None or isinstance(value, (dict, list)) else str(value)
+
+
+def _seconds(value: object) -> float | None:
+    """A number of seconds from an event's ``extra`` (not a bool, finite), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def last_failovers(log_dir: Path, now: datetime, limit: int = FAILOVER_LIMIT,

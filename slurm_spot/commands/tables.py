@@ -104,7 +104,10 @@ def print_table(rows: Sequence[Mapping[str, str]], fields: Sequence[Field],
                 header: bool = True) -> None:
     """Print ``rows`` (field name -> text): a rich table on a terminal, plain columns
     (:func:`plain_lines`) when stdout is a pipe or a file. Text holding an undecodable byte
-    (a job name, a node reason) is shown escaped (``bad\\xff``) and aligned as shown."""
+    (a job name, a node reason) is shown escaped (``bad\\xff``) and aligned as shown. Cells are
+    shown as written: rich's markup (``[bold]``, ``[/]``) and emoji codes (``:x:``) in a
+    value are not read (an admin's reason ``[jdoe] disk`` lost its ``[jdoe]``, and ``[/]``
+    stopped the command with a traceback)."""
     rows = [{name: escaped(str(text)) for name, text in r.items()} for r in rows]
     if not is_terminal():
         for line in plain_lines(rows, fields, header):
@@ -112,11 +115,12 @@ def print_table(rows: Sequence[Mapping[str, str]], fields: Sequence[Field],
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(show_header=header)
     for f in fields:
         table.add_column(f.name, width=f.width, no_wrap=f.width is not None,
                          overflow="crop" if f.width else "fold")
     for r in rows:
-        table.add_row(*(_cell(str(r.get(f.name, "")), f.width) for f in fields))
+        table.add_row(*(Text(_cell(str(r.get(f.name, "")), f.width)) for f in fields))
     Console(file=sys.stdout).print(table)

@@ -271,6 +271,12 @@ class ReconcileConfig(ConfigModel):
         return value
 
 
+#: The highest instance-hour price spot.yaml's ``cost`` takes (USD).
+MAX_USD_PER_HOUR = 10_000.0
+#: The highest storage (per GB-month) or egress (per GB) price it takes (USD).
+MAX_USD_PER_GB = 1_000.0
+
+
 class CostConfig(ConfigModel):
     """Prices for ``slurm-spot plan``, ``cost`` and ``simulate`` (USD).
 
@@ -281,14 +287,17 @@ class CostConfig(ConfigModel):
     that is needed and found nowhere is an error naming the type and zone, never zero.
     """
 
-    on_demand_usd_per_hour: dict[str, Annotated[float, Field(ge=0)]] = Field(
+    # Upper bounds: a price past them is a typo (1e308 made `plan` print spares costing a
+    # 300-digit $ figure "= unbounded (never finishes)/h", and null in --json); 10000 USD/h
+    # is also the bound of `plan --spot-usd-h` and of aws max_price_usd_per_hour.
+    on_demand_usd_per_hour: dict[str, Annotated[float, Field(ge=0, le=MAX_USD_PER_HOUR)]] = Field(
         default_factory=dict, description="instance type -> on-demand USD per instance-hour")
-    spot_usd_per_hour: dict[str, Annotated[float, Field(ge=0)]] = Field(
+    spot_usd_per_hour: dict[str, Annotated[float, Field(ge=0, le=MAX_USD_PER_HOUR)]] = Field(
         default_factory=dict, description="instance type -> spot USD per instance-hour")
-    storage_usd_per_gb_month: dict[str, Annotated[float, Field(ge=0)]] = Field(
+    storage_usd_per_gb_month: dict[str, Annotated[float, Field(ge=0, le=MAX_USD_PER_GB)]] = Field(
         default_factory=dict,
         description="provider name -> checkpoint storage USD per GB-month (e.g. S3 Standard)")
-    egress_usd_per_gb: dict[str, Annotated[float, Field(ge=0)]] = Field(
+    egress_usd_per_gb: dict[str, Annotated[float, Field(ge=0, le=MAX_USD_PER_GB)]] = Field(
         default_factory=dict,
         description="provider name -> USD per GB a restore moves (inter-zone or internet egress)")
     spot_price_max_age_s: float = Field(
@@ -357,12 +366,22 @@ class SpotConfig(ConfigModel):
         defaults = [p.name for p in self.partitions if p.default]
         if len(defaults) > 1:
             problems.append(f"partitions: more than one default partition: {', '.join(defaults)}")
+        in_partitions = {ref for part in self.partitions for ref in part.node_sets}
+        for i, ns in enumerate(self.node_sets):
+            if ns.spares > 0 and ns.name not in in_partitions:
+                problems.append(
+                    f"node_sets.{i}.spares: node set {ns.name!r} is in no partition: its "
+                    f"{ns.spares} spare(s) would be kept up, and paid for, for jobs that can "
+                    "never run there; add it to a partition or drop spares")
         names: set[str] = set()
         for i, part in enumerate(self.partitions):
             if part.name in names:
                 problems.append(f"partitions.{i}.name: partition {part.name!r} is defined twice")
             names.add(part.name)
             for j, ref in enumerate(part.node_sets):
+                if ref in part.node_sets[:j]:  # its nodes twice in Nodes=, twice in the order
+                    problems.append(f"partitions.{i}.node_sets.{j}: node set {ref!r} is "
+                                    "listed twice")
                 if ref not in seen_sets:
                     problems.append(
                         f"partitions.{i}.node_sets.{j}: node set {ref!r} is referenced but not defined"

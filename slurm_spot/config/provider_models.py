@@ -141,11 +141,13 @@ class NodeSetConfig(ConfigModel):
     market: Literal["spot", "on-demand"] = "spot"
     fallback: Literal["on-demand", "none"] = "none"
     instance_types: list[str] = Field(default_factory=list)
-    cpus: int = Field(1, ge=1, le=65536)
-    memory_mib: int = Field(1000, ge=1, le=2**40)
+    # StrictInt: YAML reads yes/no/on/off as booleans, and pydantic took them as 1/0
+    # (`weight: no` was Weight 0, the prewarm's; `cpus: on` one CPU).
+    cpus: StrictInt = Field(1, ge=1, le=65536)
+    memory_mib: StrictInt = Field(1000, ge=1, le=2**40)
     gpus: GpuSpec | None = None
     features: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")]] = Field(default_factory=list)
-    weight: int = Field(1, ge=0, le=65533)  # slurm.conf(5) Weight: 0..65533
+    weight: StrictInt = Field(1, ge=0, le=65533)  # slurm.conf(5) Weight: 0..65533
     interruption_band: str | None = Field(
         None, description="AWS Spot Advisor 'frequency of interruption' band of this node "
         "set's spot capacity (<5%, 5-10%, 10-15%, 15-20%, >20%), for the cost order of "

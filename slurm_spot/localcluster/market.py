@@ -11,7 +11,8 @@ A node set's market is written ``NAME:key=value,...`` (:func:`parse_market`), e.
 - ``notice``: the share of interruptions that come with a notice (``0.5`` or ``50%``); the
   rest kill the instance without one; ``notice_s``: the notice's length in seconds;
 - ``up``/``down``: capacity is there for ``up`` seconds, then gone (launches fail with the
-  local provider's ``InsufficientInstanceCapacity``) for ``down`` seconds, and so on;
+  local provider's ``InsufficientInstanceCapacity``) for ``down`` seconds (each 0 or at
+  least :data:`MIN_PERIOD_S`), and so on;
   ``start=down`` starts with the outage; ``cycle=random`` draws each period from an
   exponential distribution with those means instead. No ``down``: capacity never goes.
 
@@ -37,6 +38,12 @@ CAPACITY = "capacity"
 MAX_SECONDS = 7 * 86400.0
 #: Highest interruption rate accepted, per node-hour (one a second).
 MAX_RATE_PER_H = 3600.0
+#: Shortest capacity period accepted (seconds; ``up``/``down`` when not 0, the means with
+#: ``cycle=random``): the daemon changes a node set's capacity at most about this often. A
+#: shorter one (``up=1e-9``) made ``local market plan`` run without end and the daemon
+#: change the capacity and log it in a loop without sleeping; a period too small for the
+#: running time to advance (``1e-300``) never moved the clock at all.
+MIN_PERIOD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,10 @@ class NodeSetMarket:
             raise BadInputError(f"{where}: start={self.start!r} must be up or down")
         if self.cycle not in ("fixed", "random"):
             raise BadInputError(f"{where}: cycle={self.cycle!r} must be fixed or random")
+        for name, value in (("up", self.up_s), ("down", self.down_s)):
+            if 0 < value < MIN_PERIOD_S:
+                raise BadInputError(f"{where}: {name}={value:g} must be 0 or at least "
+                                    f"{MIN_PERIOD_S:g} s (how long capacity is there or gone)")
         if self.down_s > 0 and self.up_s <= 0:
             raise BadInputError(f"{where}: down={self.down_s:g} needs up > 0 (how long "
                                 "capacity is there between outages)")

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -213,6 +213,19 @@ def apply(config: SpotConfig, event: MarketEvent, limits_before: dict) -> dict[s
     return {"applied": True, "instance": alive[0].instance_id, "job_ids": job_ids}
 
 
+#: The longest single sleep of the daemon (seconds).
+SLEEP_STEP_S = 3600.0
+
+
+def sleep_until(when: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Sleep until ``when`` (epoch seconds; ``inf``: for ever, until SIGTERM) in steps of at
+    most :data:`SLEEP_STEP_S`. One ``time.sleep`` of the whole delay raised OverflowError past
+    about 292 years, which a low rate draws (``rate=1e-6``: a mean of 3.6e9 s; ``rate=1e-320``:
+    ``inf``), and the daemon died at its first event."""
+    while (left := when - time.time()) > 0:
+        sleep(min(left, SLEEP_STEP_S))
+
+
 def run(config_path: str) -> None:
     """The daemon's loop (module docstring)."""
     config = load_config(config_path)
@@ -233,16 +246,14 @@ def run(config_path: str) -> None:
         for event in events(markets, nodes, int(plan["seed"])):
             if duration is not None and event.at_s >= float(duration):
                 break
-            delay = started + event.at_s - time.time()
-            if delay > 0:
-                time.sleep(delay)
+            sleep_until(started + event.at_s)
             try:
                 outcome = apply(config, event, limits)
             except (OSError, SlurmSpotError) as exc:
                 outcome = {"applied": False, "why": f"{type(exc).__name__}: {exc}"}
             _log(paths.log, **event.to_json(), **outcome)
         if duration is not None:
-            time.sleep(max(0.0, started + float(duration) - time.time()))
+            sleep_until(started + float(duration))
     except SystemExit:
         end = "stopped"
     finally:

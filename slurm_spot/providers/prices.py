@@ -23,6 +23,7 @@ providers for prices, never the other way round).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -96,21 +97,57 @@ class PriceSource(Protocol):
         ...
 
 
+#: The highest catalogue price taken (USD per instance-hour; spot.yaml's bound too).
+MAX_CATALOGUE_USD_H = 10_000.0
+
+
+class CatalogueError(BadInputError, ValueError):
+    """A provider package's ``prices.yaml`` that cannot be used; the message names the file,
+    the line and the entry."""
+
+
 def read_catalogue(package: str) -> dict[str, Any]:
     """``prices.yaml`` of provider package ``package`` (``slurm_spot.providers.aws``) as a
     dict: ``as_of``, ``source``, ``region``, ``sources`` (key -> url, what, read_on),
-    ``on_demand`` and ``spot`` (instance type -> ``{usd_per_h, source}``); an empty dict when
-    the package ships none (the ``local`` provider: its prices are spot.yaml's).
+    ``on_demand`` and ``spot`` (instance type -> ``{usd_per_h, source}``, or a bare number);
+    an empty dict when the package ships none (the ``local`` provider: its prices are
+    spot.yaml's).
 
     Raises:
-        ValueError: the file is not a YAML mapping.
+        CatalogueError: the file is not UTF-8 YAML, not a mapping, repeats a key (YAML keeps
+            the last one silently), or has an entry whose ``usd_per_h`` is not a number of
+            USD per hour from 0 to :data:`MAX_CATALOGUE_USD_H`: a site's edit of the file
+            (``usd_per_h: "1,006"``, ``-1``, a missing key) stopped ``plan``, ``render`` and
+            the cost order with a KeyError/ValueError traceback, or priced a node set below 0.
     """
+    from slurm_spot.config.yamlfile import YamlShapeError, read_yaml
+
     found = resources.files(package).joinpath("prices.yaml")
     if not found.is_file():
         return {}
-    data = yaml.safe_load(found.read_text(encoding="utf-8"))
+    name = f"{package.replace('.', '/')}/prices.yaml"
+    try:
+        data, lines, problems = read_yaml(found.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError, YamlShapeError) as exc:
+        raise CatalogueError(f"{name}: not a UTF-8 YAML file: {exc}") from None
+    duplicates = [p for p in problems if "duplicate key" in p]
+    if duplicates:
+        raise CatalogueError(f"{name}: {duplicates[0]}")
     if not isinstance(data, dict):
-        raise ValueError(f"{package}/prices.yaml: not a mapping")
+        raise CatalogueError(f"{name}: not a mapping")
+    for market in ("on_demand", "spot"):
+        table = data.get(market) or {}
+        if not isinstance(table, dict):
+            raise CatalogueError(f"{name}: line {lines.get((market,), '?')}: {market}: not a "
+                                 "mapping of instance type -> price")
+        for itype, entry in table.items():
+            value = entry.get("usd_per_h") if isinstance(entry, dict) else entry
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and 0 <= value <= MAX_CATALOGUE_USD_H):
+                raise CatalogueError(
+                    f"{name}: line {lines.get((market, itype), '?')}: {market}.{itype}: "
+                    f"usd_per_h {value!r} is not a price (a number of USD per hour, 0 to "
+                    f"{MAX_CATALOGUE_USD_H:g})")
     return data
 
 

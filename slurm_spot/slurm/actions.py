@@ -13,6 +13,7 @@ from pathlib import Path
 
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.hostlist import compress
+from slurm_spot.rawtext import DECODE_ERRORS
 from slurm_spot.slurm.jobtext import admin_comment_text, split_job_records
 from slurm_spot.slurm.queries import SlurmQueries
 from slurm_spot.slurm.runner import CommandResult
@@ -151,7 +152,8 @@ class SlurmActions(SlurmQueries):
         """
         with tempfile.TemporaryDirectory(prefix="slurm-spot-sbatch-") as folder:
             path = Path(folder) / "batch.sh"
-            path.write_text(script)
+            # the script's own bytes: one sbatch took holds any (read with surrogateescape)
+            path.write_bytes(script.encode("utf-8", DECODE_ERRORS))
             argv = [str(self.bin_dir / "sbatch"), *options, str(path), *script_args]
             result = self._run(argv, timeout_s)
         if result.returncode != 0:

@@ -174,9 +174,30 @@ def choose_signal(requested: SignalSpec | None, procs: Sequence[ProcInfo],
     return default, "spot.yaml preemption.signal (no process of the job catches another)"
 
 
+def signal_number(name: str) -> int:
+    """The number of signal ``name`` as :class:`~slurm_spot.jobs.injob.jobenv.SignalSpec`
+    names it: a name without ``SIG`` (``USR1``, and every one sbatch's ``--signal`` takes:
+    ``ALRM``, ``XCPU``, ...) or a number as text (``40``, a real-time signal).
+
+    Raises:
+        ValueError: neither a signal name nor a number.
+    """
+    if name in SIGNAL_NAMES:
+        return SIGNAL_NAMES[name]
+    if name.isdecimal():
+        return int(name)
+    try:
+        return int(signal_module.Signals[f"SIG{name}"])
+    except KeyError:
+        raise ValueError(f"unknown signal {name!r}") from None
+
+
 def plan_delivery(job_id: int, name: str, why: str, procs: Sequence[ProcInfo]) -> SignalPlan:
-    """Which steps and batch processes of ``job_id`` get signal ``name`` (module docstring)."""
-    number = SIGNAL_NAMES[name] if name in SIGNAL_NAMES else int(name)
+    """Which steps and batch processes of ``job_id`` get signal ``name`` (module docstring).
+
+    Raises:
+        ValueError: ``name`` is no signal (:func:`signal_number`)."""
+    number = signal_number(name)
     steps: list[str] = []
     spared: list[str] = []
     by_step: dict[str, list[ProcInfo]] = {}
@@ -305,7 +326,7 @@ class JobSignaller:
                           extra={"signal": plan.signal, "spared": list(plan.spared)})
             return
         assert plan.signal is not None
-        number = SIGNAL_NAMES.get(plan.signal, 0) or int(plan.signal)
+        number = signal_number(plan.signal)
         steps, pids = list(plan.steps), list(plan.pids)
         for step in plan.steps:
             try:

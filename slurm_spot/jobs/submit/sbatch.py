@@ -191,7 +191,27 @@ def plan_submission(
         name = re.sub(r"[^A-Za-z0-9._+-]", "_", script_name.rsplit("/", 1)[-1]) or "job"
         added.append(f"--job-name={name}")
     final = insert_directives(script_text, added)
+    # sbatch takes --signal from the command line first, then SBATCH_SIGNAL, then the script;
+    # the watcher reads only the script (signal_choice.requested_signal, the last directive),
+    # so one given outside it is written last in the script's header too: before, a job
+    # submitted with `--signal=USR1@60` got spot.yaml's signal whenever it also caught that.
+    outside = option_values(cli_options, "--signal") or (
+        [env["SBATCH_SIGNAL"]] if env.get("SBATCH_SIGNAL") else [])
+    if outside:
+        final = append_directive(final, f"--signal={outside[-1]}")
     return Submission(final, list(cli_options), list(script_args), warnings)
+
+
+def append_directive(script_text: str, option: str) -> str:
+    """``script_text`` with ``#SBATCH <option>`` right after its last active directive (the
+    end of the header sbatch reads, :func:`read_directives`), or after the shebang if it has
+    none; a later directive of the same option would win, this one does not lose to any."""
+    active = read_directives(script_text).active
+    lines = script_text.splitlines(keepends=True)
+    at = active[-1].line if active else (1 if script_text.startswith("#!") else 0)
+    if at and not lines[at - 1].endswith("\n"):
+        lines[at - 1] += "\n"
+    return "".join([*lines[:at], f"#SBATCH {option}\n", *lines[at:]])
 
 
 def insert_directives(script_text: str, options: Sequence[str]) -> str:

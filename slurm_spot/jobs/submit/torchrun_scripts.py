@@ -24,6 +24,7 @@ from slurm_spot.jobs.services.rendezvous import (
     parse_host,
 )
 from slurm_spot.jobs.submit.sbatch import option_values, read_directives, take_option
+from slurm_spot.rawtext import decode
 from slurm_spot.render import render_template
 from slurm_spot.slurm.client import SlurmClient
 
@@ -197,9 +198,9 @@ def refuse_training_directives(path: Path) -> None:
         BadInputError: the script has some (names them and where they belong).
     """
     try:
-        text = path.read_text()
-    except (UnicodeDecodeError, OSError):
-        return  # not a text script: nothing sbatch would read either
+        text = decode(path.read_bytes())  # a Latin-1 comment does not hide its directives
+    except OSError:
+        return  # unreadable: the job's own start says so
     found = [" ".join(d.options) for d in read_directives(text).active]
     if found:
         raise BadInputError(

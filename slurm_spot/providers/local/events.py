@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 EVENTS_NAME = "events.jsonl"
 POLL_S = 0.1  # how often a waiting source looks at the file's size (seconds)
 MAX_BYTES = 1 << 20  # the file is started afresh beyond this (about 5000 events)
+#: The most one look at the file reads (bytes): a file grown by far more between two looks
+#: (written by something else) is read in such steps, never whole into memory.
+MAX_READ_BYTES = 2 * MAX_BYTES
 
 
 def events_path(state_dir: Path) -> Path:
@@ -49,20 +53,32 @@ def publish(path: Path, instance_id: str, node: str, state: InstanceState, reaso
     """Append one event line to ``path`` (the caller holds the provider's lock, so lines of
     two writers never interleave). A file beyond :data:`MAX_BYTES` is started afresh.
 
+    The provider runs as root: the file is opened as the controller's events file is
+    (:func:`slurm_spot.events.open_for_append`), so a symlink or hard link planted at
+    ``path`` (a state dir another account can write) is refused, never followed; before,
+    root appended the line to whatever file the link named.
+
     Raises:
-        OSError: the file cannot be written (the caller logs it: the passes still list).
+        OSError: the file cannot be written, or is refused
+            (:class:`~slurm_spot.events.UnsafeEventsFile`, naming why); the caller logs it:
+            the passes still list.
     """
+    from slurm_spot.events import open_for_append
+
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"time": (now or datetime.now(timezone.utc)).isoformat(),
                        "instance_id": instance_id, "node": node, "state": state.value,
                        "reason": reason}, sort_keys=True) + "\n"
     try:
-        if path.stat().st_size > MAX_BYTES:
-            path.unlink()
+        if path.lstat().st_size > MAX_BYTES:
+            path.unlink()  # a link itself is removed, never what it names
     except FileNotFoundError:
         pass
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line)
+    fd = open_for_append(path.parent, path.name)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def parse_line(provider: str, line: bytes) -> ProviderEvent | None:
@@ -101,7 +117,7 @@ class LocalEventSource:
 
     def _size(self) -> int:
         try:
-            return os.stat(self.path).st_size
+            return os.lstat(self.path).st_size  # a link's own size: its target is not read
         except OSError:
             return 0
 
@@ -123,11 +139,19 @@ class LocalEventSource:
         if size == self._offset:
             return []
         try:
-            with open(self.path, "rb") as fh:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                         | os.O_CLOEXEC)  # NONBLOCK: a FIFO planted there does not hang
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise OSError(f"{self.path} is not a regular file")
                 fh.seek(self._offset)
-                data = fh.read(size - self._offset)
-        except OSError as exc:
+                data = fh.read(min(size - self._offset, MAX_READ_BYTES))
+        except OSError as exc:  # a symlink (ELOOP), a FIFO, permissions: skip what is there
             log.warning("provider %s: reading %s failed: %s", self.provider, self.path, exc)
+            self._offset = size  # warned once, not at every poll; the listings still find it
+            return []
+        if len(data) >= MAX_READ_BYTES and b"\n" not in data:
+            self._offset += len(data)  # one line longer than a read: not an event, skip it
             return []
         complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
         self._offset += len(complete)
