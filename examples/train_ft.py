@@ -245,7 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.reference:
         train_reference(args)
         return
-    directory = args.checkpoint_dir or jobenv.checkpoint_dir(os.environ)
+    # Under `slurm-spot sbatch --fault-tolerant` every group shares the lighthouse job's
+    # checkpoint directory (jobenv.ft_checkpoint_dir), not its own job's.
+    directory = args.checkpoint_dir or jobenv.ft_checkpoint_dir(os.environ)
     if directory is None:
         sys.exit("train_ft: pass --checkpoint-dir or set $SLURM_SPOT_CHECKPOINT_DIR")
     handler = PreemptionHandler().install()  # first: from here on a signal only sets a flag

@@ -1,0 +1,283 @@
+"""``slurm-spot demo --fault-tolerant``: torchft replica groups on local spot nodes that train
+on while one group is reclaimed with notice and another is lost without, each replaced by a
+requeued run that heals from a live peer.
+
+1. bring up the local cluster of the elastic demo (5 spot nodes, partition ``spot``; one
+   on-demand node ``coord-1``, partition ``ondemand``; the reconciler);
+2. submit ``slurm-spot sbatch --torchrun --fault-tolerant 3 --coordinator-partition ondemand
+   -p spot examples/train_ft.py``: the lighthouse job on ``coord-1`` and 3 group jobs on spot
+   nodes (slurm_spot.jobs.submit.ft_scripts); meanwhile the one-process reference runs here;
+3. once every group trains, group g1's node is reclaimed **with notice** (``local preempt
+   NODE --notice``): the watcher boots a replacement and signals g1, which leaves at a step
+   boundary without a checkpoint and exits 85; its job is requeued, lands on the prewarmed
+   node, and its new run joins the next quorum and heals from a peer;
+4. then group g2's node is **killed without notice**: the survivors' all-reduce fails, the
+   next quorum forms without g2 (the lighthouse's heartbeat timeout); the reconciler requeues
+   g2's job, which heals from a peer on a new node;
+5. every group job must end COMPLETED with the same weights, and the final loss within
+   :data:`LOSS_TOLERANCE` of the reference.
+
+What the JSON reports (:func:`interruption_gaps`, :func:`joins`): per interruption the
+longest wait between two consecutive steps of any surviving group from the interruption until
+the replacement had healed (``survivor_max_gap_s``), and per join the heal's time and bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slurm_spot.errors import SlurmSpotError
+from slurm_spot.jsonenvelope import read_envelope
+from slurm_spot.localcluster.demo import Demo, DemoSettings, TrainingLog
+from slurm_spot.localcluster.elastic_demo import elastic_demo_config
+from slurm_spot.resources import example
+
+#: How far the groups' final loss may be from the one-process reference: every step is the
+#: mean-loss gradient over the same global batch whatever the number of groups, only summed
+#: in another order (gloo), so the losses agree to float rounding (measured: 1e-6 and below).
+LOSS_TOLERANCE = 1e-3
+TOLERANCE_REASON = ("every step is the mean-loss gradient over the same global batch in any "
+                    "number of groups, summed in another order: float rounding only")
+#: Job states after which a job runs no more.
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def ft_script() -> Path:
+    """``examples/train_ft.py`` (:func:`slurm_spot.resources.example`)."""
+    return example("train_ft.py")
+
+
+@dataclass
+class FtDemoSettings(DemoSettings):
+    """Knobs of the fault-tolerant demo (seconds, steps): ``steps`` at ``step_sleep_s`` each;
+    the notice when every group reached ``first_at_step``; the kill ``kill_after_steps``
+    steps after the first replacement healed."""
+
+    steps: int = 400
+    step_sleep_s: float = 0.1
+    checkpoint_every: int = 100
+    notice_s: float = 10.0
+    first_at_step: int = 20
+    kill_after_steps: int = 10
+    timeout_s: float = 420.0
+    workdir: Path = Path("/tmp/slurm-spot-demo-ft")
+
+
+def events(log: TrainingLog) -> list[dict[str, Any]]:
+    """The training events read so far, in order."""
+    return [e for _, e in log.events]
+
+
+def max_gap(times: Sequence[float], start: float, end: float) -> float:
+    """The longest wait (s) between two consecutive times whose later one lies in
+    [``start``, ``end``] (0.0 if none)."""
+    gaps = [b - a for a, b in itertools.pairwise(sorted(times)) if start <= b <= end]
+    return round(max(gaps, default=0.0), 3)
+
+
+def step_times(evs: Sequence[dict[str, Any]]) -> list[float]:
+    """The times of a group's step events (seconds since the epoch)."""
+    return [float(e["time"]) for e in evs if e.get("event") == "step"]
+
+
+def joins(evs: Sequence[dict[str, Any]], group: str) -> list[dict[str, object]]:
+    """A group's ``heal`` events as the JSON's ``joins``."""
+    return [{"group": group, "step": e.get("step"), "healed_from_peer": bool(e.get("from_peer")),
+             "heal_s": e.get("heal_s"), "bytes": e.get("bytes"), "time": e.get("time")}
+            for e in evs if e.get("event") == "heal"]
+
+
+class FtDemo(Demo):
+    """Runs the fault-tolerant demo (module docstring)."""
+
+    s: FtDemoSettings
+
+    def __init__(self, settings: FtDemoSettings, progress: Callable[[str], None]) -> None:
+        super().__init__(settings, progress)
+        self.s = settings
+
+    def _up(self) -> None:
+        workdir = self.s.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        source = workdir / "demo-spot.yaml"
+        source.write_text(yaml.safe_dump(
+            elastic_demo_config(workdir, self.s.boot_delay_s, self.s.prewarm), sort_keys=False))
+        self.say("starting the local cluster: 5 spot nodes, 1 on-demand node, the reconciler")
+        self.spot_with_config(source, "local", "up", "--conf-dir", str(self.conf_dir))
+
+    def _reference_argv(self) -> list[str]:
+        return [sys.executable, str(ft_script()), "--reference", "--steps", str(self.s.steps)]
+
+    def _run_job(self) -> dict[str, object]:
+        for name in ("SLURM_SPOT_CHECKPOINT_DIR", "TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID"):
+            self.env.pop(name, None)
+        shutil.rmtree(self.s.workdir / "checkpoints", ignore_errors=True)
+        self.say("computing the reference (one process, no torchft) meanwhile")
+        started = self.start_reference()
+        try:
+            lighthouse, groups = self._submit_ft()
+            logs = {name: TrainingLog(self.s.workdir / f"ft-{job}.out")
+                    for name, job in groups.items()}
+            every = _AllLogs(logs)
+            self.wait("every group to train", lambda: all(
+                log.last_step() >= self.s.first_at_step for log in logs.values()), every)
+            caused = [self._reclaim("notice", "g1", groups, logs, every)]
+            at = max(log.last_step() for log in logs.values()) + self.s.kill_after_steps
+            self.wait(f"step {at}", lambda: logs["g0"].last_step() >= at, every)
+            caused.append(self._reclaim("kill", "g2", groups, logs, every))
+            reference = self.reference(started)
+        finally:
+            if started.poll() is None:
+                started.kill()
+                started.communicate()
+        self.wait("every group to finish", lambda: all(
+            self.job_fields(int(job)).get("JobState") in FINAL_STATES
+            for job in groups.values()), every)
+        self.wait("the lighthouse job to end", lambda: self.job_fields(int(lighthouse)).get(
+            "JobState") in FINAL_STATES, every)
+        return self._result(lighthouse, groups, logs, caused, reference)
+
+    def _submit_ft(self) -> tuple[str, dict[str, str]]:
+        submitted = read_envelope(self.spot(
+            "sbatch", "--torchrun", "--fault-tolerant", "3", "--coordinator-partition",
+            "ondemand", "--json", "-p", "spot", "-J", "ft-demo",
+            "-o", str(self.s.workdir / "ft-%j.out"), str(ft_script()),
+            "--steps", str(self.s.steps), "--step-sleep", str(self.s.step_sleep_s),
+            "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1"), "sbatch")
+        groups = dict(zip(submitted["groups"], submitted["group_job_ids"], strict=True))
+        lighthouse = str(submitted["lighthouse_job_id"])
+        self.say(f"submitted the lighthouse job {lighthouse} (on-demand) and 3 replica groups "
+                 + ", ".join(f"{g}={j}" for g, j in groups.items()) + f": {self.s.steps} steps")
+        return lighthouse, groups
+
+    def _reclaim(self, kind: str, group: str, jobs: dict[str, str],
+                 logs: dict[str, TrainingLog], every: _AllLogs) -> dict[str, object]:
+        """Reclaim ``group``'s node (with notice, or killed), wait until its requeued run
+        healed from a peer; returns the interruption's JSON without its gap."""
+        job = int(jobs[group])
+        node = self.job_fields(job).get("NodeList", "")
+        log = logs[group]
+        heals_before = len(log.of("heal"))
+        notice = self.s.notice_s if kind == "notice" else 0
+        at = time.time()
+        self.spot("local", "preempt", node, "--notice", str(notice),
+                  "--conf-dir", str(self.conf_dir), "--json")
+        self.say(f"reclaimed {group}'s node {node} at step {log.last_step()} "
+                 + (f"with {notice:.0f} s notice" if notice else "without notice"))
+        self.wait(f"{group} to heal from a peer", lambda: len(log.of("heal")) > heals_before
+                  or log.of("done"), every)
+        if len(log.of("heal")) == heals_before:
+            raise SlurmSpotError(f"{group} finished before it was replaced: give --steps more")
+        heal = log.of("heal")[-1][1]
+        left = [e for _, e in log.of("leave") if float(e["time"]) >= at]
+        interrupted = float(left[0]["time"]) if left else at
+        self.say(f"  {group} healed from a peer at step {heal['step']} in {heal['heal_s']} s "
+                 f"({heal['bytes']} bytes), {float(heal['time']) - interrupted:.1f} s after it "
+                 f"{'left' if left else 'was killed'}")
+        return {"kind": kind, "group": group, "node": node, "job_id": job,
+                "left_at_step": left[0]["step"] if left else None,
+                "interrupted_at": round(interrupted, 3), "healed_at": heal["time"]}
+
+    def _result(self, lighthouse: str, groups: dict[str, str], logs: dict[str, TrainingLog],
+                caused: list[dict[str, object]], reference: dict) -> dict[str, object]:
+        for log in logs.values():
+            log.poll()
+        fields = {name: self.job_fields(int(job)) for name, job in groups.items()}
+        done = {name: log.of("done")[-1][1] for name, log in logs.items() if log.of("done")}
+        for item in caused:
+            survivors = [step_times(events(logs[g])) for g in logs if g != item["group"]]
+            item["survivor_max_gap_s"] = max(
+                max_gap(times, float(item["interrupted_at"]),  # type: ignore[arg-type]
+                        float(item["healed_at"]) + 2.0)  # type: ignore[arg-type]
+                for times in survivors)
+        losses = {d.get("loss") for d in done.values()}
+        final = done["g0"].get("loss") if "g0" in done else None
+        ref = reference.get("loss")
+        difference = None if final is None or ref is None else round(abs(final - ref), 6)
+        states = {name: f.get("JobState") for name, f in fields.items()}
+        lighthouse_state = self.job_fields(int(lighthouse)).get("JobState")
+        return {
+            "mode": "fault-tolerant",
+            "state": "COMPLETED" if set(states.values()) == {"COMPLETED"} and len(done) == 3
+            else "FAILED",
+            "jobs": {name: {"job_id": int(groups[name]), "state": states[name],
+                            "restarts": int(fields[name].get("Restarts", "0"))}
+                     for name in groups},
+            "lighthouse": {"job_id": int(lighthouse), "state": lighthouse_state,
+                           "node": self.job_fields(int(lighthouse)).get("NodeList")},
+            "restarts": sum(int(f.get("Restarts", "0")) for f in fields.values()),
+            "steps": max((int(d["step"]) for d in done.values()), default=0),
+            "interruptions": caused,
+            "joins": [j for name, log in logs.items() for j in joins(events(log), name)],
+            "replicas_identical": len(done) == 3
+            and len({d.get("weights_sha256") for d in done.values()}) == 1,
+            "final_loss": final,
+            "final_losses_equal": len(losses) == 1,
+            "reference_loss": ref,
+            "loss_difference": difference,
+            "loss_tolerance": LOSS_TOLERANCE,
+            "loss_within_tolerance": difference is not None and difference <= LOSS_TOLERANCE,
+            "tolerance_reason": TOLERANCE_REASON,
+            "wall_s": round(time.monotonic() - self.started, 1),
+            "workdir": str(self.s.workdir),
+        }
+
+
+class _AllLogs(TrainingLog):
+    """Polls several groups' logs at once (what :meth:`Demo.wait` polls); ``last_step`` is
+    the furthest group's."""
+
+    def __init__(self, logs: dict[str, TrainingLog]) -> None:
+        super().__init__(Path("/dev/null"))
+        self.logs = logs
+
+    def poll(self) -> None:
+        for log in self.logs.values():
+            log.poll()
+
+    def last_step(self) -> int:
+        return max(log.last_step() for log in self.logs.values())
+
+
+def verdict(result: dict[str, Any]) -> list[str]:
+    """What is wrong with a demo result (empty: it passed)."""
+    problems = []
+    if result["state"] != "COMPLETED":
+        problems.append(f"groups ended {result['jobs']}")
+    if not result["replicas_identical"]:
+        problems.append("the groups' final weights differ")
+    if not result["joins"] or not all(j["healed_from_peer"] for j in result["joins"]):
+        problems.append("a replacement did not heal from a peer")
+    if not result["loss_within_tolerance"]:
+        problems.append(f"final loss {result['final_loss']} is not within "
+                        f"{result['loss_tolerance']} of the reference {result['reference_loss']}")
+    return problems
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The human summary of a result."""
+    lines = [f"fault-tolerant job: {result['state']} after {result['wall_s']} s, "
+             f"{result['steps']} steps, {result['restarts']} group restart(s); lighthouse job "
+             f"{result['lighthouse']['job_id']} on {result['lighthouse']['node']} "
+             f"({result['lighthouse']['state']})"]
+    for name, job in result["jobs"].items():
+        lines.append(f"  {name}: job {job['job_id']} {job['state']}, {job['restarts']} restart(s)")
+    for item in result["interruptions"]:
+        lines.append(f"  {item['kind']:6} on {item['node']} ({item['group']}): the survivors' "
+                     f"longest pause {item['survivor_max_gap_s']} s")
+    for join in result["joins"]:
+        lines.append(f"  {join['group']} healed from a peer at step {join['step']}: "
+                     f"{join['heal_s']} s, {join['bytes']} bytes")
+    lines.append(f"replicas identical: {result['replicas_identical']}; final loss "
+                 f"{result['final_loss']} (reference {result['reference_loss']}, tolerance "
+                 f"{result['loss_tolerance']})")
+    return lines
