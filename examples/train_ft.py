@@ -216,8 +216,20 @@ def make_manager(args: argparse.Namespace, model: nn.Module,
     import socket
 
     from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing import HTTPTransport
 
     host = args.host or socket.gethostname()
+
+    class Transport(HTTPTransport):  # type: ignore[type-arg]
+        """torchft's checkpoint server, advertised at ``host``: torchft 0.2.0 advertises
+        ``socket.gethostname()``, which other nodes need not resolve (a cloud node's own
+        name; the local cluster's nodes, each in its own UTS namespace)."""
+
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            shown = f"[{host}]" if ":" in host else host
+            return f"http://{shown}:{port}/checkpoint/"
+
     store = torch.distributed.TCPStore(host, 0, is_master=True, wait_for_workers=False)
 
     def state_dict() -> dict[str, Any]:  # what a healing peer copies from this group
@@ -236,6 +248,7 @@ def make_manager(args: argparse.Namespace, model: nn.Module,
         connect_timeout=timedelta(seconds=args.timeout),
         rank=0, world_size=1, store_addr=host, store_port=store.port,
         lighthouse_addr=args.lighthouse, replica_id=args.replica_id, hostname=host,
+        checkpoint_transport=Transport(timeout=timedelta(seconds=args.timeout), num_chunks=0),
         init_sync=False)  # every group seeds its initial weights the same
     return manager, store
 

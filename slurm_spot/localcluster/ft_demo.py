@@ -11,7 +11,7 @@ requeued run that heals from a live peer.
    NODE --notice``): the watcher boots a replacement and signals g1, which leaves at a step
    boundary without a checkpoint and exits 85; its job is requeued, lands on the prewarmed
    node, and its new run joins the next quorum and heals from a peer;
-4. then group g2's node is **killed without notice**: the survivors' all-reduce fails, the
+4. once g1 left, group g2's node is **killed without notice**: the survivors' all-reduce fails, the
    next quorum forms without g2 (the lighthouse's heartbeat timeout); the reconciler requeues
    g2's job, which heals from a peer on a new node;
 5. every group job must end COMPLETED with the same weights, and the final loss within
@@ -60,9 +60,10 @@ def ft_script() -> Path:
 class FtDemoSettings(DemoSettings):
     """Knobs of the fault-tolerant demo (seconds, steps): ``steps`` at ``step_sleep_s`` each;
     the notice when every group reached ``first_at_step``; the kill ``kill_after_steps``
-    steps after the first replacement healed."""
+    steps after the noticed group left (both replacements start meanwhile: the demo does not
+    wait ~40 s of requeue and Python start-up twice)."""
 
-    steps: int = 400
+    steps: int = 450
     step_sleep_s: float = 0.1
     checkpoint_every: int = 100
     notice_s: float = 10.0
@@ -84,9 +85,17 @@ def max_gap(times: Sequence[float], start: float, end: float) -> float:
     return round(max(gaps, default=0.0), 3)
 
 
-def step_times(evs: Sequence[dict[str, Any]]) -> list[float]:
-    """The times of a group's step events (seconds since the epoch)."""
-    return [float(e["time"]) for e in evs if e.get("event") == "step"]
+def step_runs(evs: Sequence[dict[str, Any]]) -> list[list[float]]:
+    """The times of a group's step events (seconds since the epoch), one list per run of
+    the training (a ``start`` event begins one): a gap between two runs is the group's own
+    absence, not a pause of a survivor."""
+    runs: list[list[float]] = []
+    for event in evs:
+        if event.get("event") == "start" or not runs:
+            runs.append([])
+        if event.get("event") == "step":
+            runs[-1].append(float(event["time"]))
+    return runs
 
 
 def joins(evs: Sequence[dict[str, Any]], group: str) -> list[dict[str, object]]:
@@ -131,9 +140,12 @@ class FtDemo(Demo):
             self.wait("every group to train", lambda: all(
                 log.last_step() >= self.s.first_at_step for log in logs.values()), every)
             caused = [self._reclaim("notice", "g1", groups, logs, every)]
-            at = max(log.last_step() for log in logs.values()) + self.s.kill_after_steps
+            self.wait("g1 to leave", lambda: logs["g1"].of("leave"), every)
+            at = logs["g0"].last_step() + self.s.kill_after_steps
             self.wait(f"step {at}", lambda: logs["g0"].last_step() >= at, every)
             caused.append(self._reclaim("kill", "g2", groups, logs, every))
+            for item in caused:
+                self._healed(item, logs, every)
             reference = self.reference(started)
         finally:
             if started.poll() is None:
@@ -161,31 +173,37 @@ class FtDemo(Demo):
 
     def _reclaim(self, kind: str, group: str, jobs: dict[str, str],
                  logs: dict[str, TrainingLog], every: _AllLogs) -> dict[str, object]:
-        """Reclaim ``group``'s node (with notice, or killed), wait until its requeued run
-        healed from a peer; returns the interruption's JSON without its gap."""
+        """Reclaim ``group``'s node: with notice (``local preempt --notice``), or killed;
+        returns the interruption's JSON so far (:meth:`_healed` adds the rest)."""
         job = int(jobs[group])
         node = self.job_fields(job).get("NodeList", "")
-        log = logs[group]
-        heals_before = len(log.of("heal"))
         notice = self.s.notice_s if kind == "notice" else 0
-        at = time.time()
         self.spot("local", "preempt", node, "--notice", str(notice),
                   "--conf-dir", str(self.conf_dir), "--json")
-        self.say(f"reclaimed {group}'s node {node} at step {log.last_step()} "
+        self.say(f"reclaimed {group}'s node {node} at step {logs[group].last_step()} "
                  + (f"with {notice:.0f} s notice" if notice else "without notice"))
-        self.wait(f"{group} to heal from a peer", lambda: len(log.of("heal")) > heals_before
+        return {"kind": kind, "group": group, "node": node, "job_id": job,
+                "heals_before": len(logs[group].of("heal")), "at": time.time()}
+
+    def _healed(self, item: dict[str, object], logs: dict[str, TrainingLog],
+                every: _AllLogs) -> None:
+        """Wait until the reclaimed group's requeued run healed from a peer; adds when it
+        was interrupted (it left, or was killed) and healed to ``item``."""
+        group, before = str(item.pop("group")), int(item.pop("heals_before"))  # type: ignore[call-overload]
+        at = float(item.pop("at"))  # type: ignore[arg-type]
+        log = logs[group]
+        self.wait(f"{group} to heal from a peer", lambda: len(log.of("heal")) > before
                   or log.of("done"), every)
-        if len(log.of("heal")) == heals_before:
+        if len(log.of("heal")) == before:
             raise SlurmSpotError(f"{group} finished before it was replaced: give --steps more")
-        heal = log.of("heal")[-1][1]
-        left = [e for _, e in log.of("leave") if float(e["time"]) >= at]
+        heal = log.of("heal")[before][1]
+        left = [e for _, e in log.of("leave") if float(e["time"]) >= at - 1]
         interrupted = float(left[0]["time"]) if left else at
         self.say(f"  {group} healed from a peer at step {heal['step']} in {heal['heal_s']} s "
                  f"({heal['bytes']} bytes), {float(heal['time']) - interrupted:.1f} s after it "
                  f"{'left' if left else 'was killed'}")
-        return {"kind": kind, "group": group, "node": node, "job_id": job,
-                "left_at_step": left[0]["step"] if left else None,
-                "interrupted_at": round(interrupted, 3), "healed_at": heal["time"]}
+        item.update({"group": group, "left_at_step": left[0]["step"] if left else None,
+                     "interrupted_at": round(interrupted, 3), "healed_at": heal["time"]})
 
     def _result(self, lighthouse: str, groups: dict[str, str], logs: dict[str, TrainingLog],
                 caused: list[dict[str, object]], reference: dict) -> dict[str, object]:
@@ -194,11 +212,11 @@ class FtDemo(Demo):
         fields = {name: self.job_fields(int(job)) for name, job in groups.items()}
         done = {name: log.of("done")[-1][1] for name, log in logs.items() if log.of("done")}
         for item in caused:
-            survivors = [step_times(events(logs[g])) for g in logs if g != item["group"]]
+            runs = [run for g in logs if g != item["group"] for run in step_runs(events(logs[g]))]
             item["survivor_max_gap_s"] = max(
                 max_gap(times, float(item["interrupted_at"]),  # type: ignore[arg-type]
                         float(item["healed_at"]) + 2.0)  # type: ignore[arg-type]
-                for times in survivors)
+                for times in runs)
         losses = {d.get("loss") for d in done.values()}
         final = done["g0"].get("loss") if "g0" in done else None
         ref = reference.get("loss")
