@@ -154,7 +154,7 @@ def test_a_group_whose_lighthouse_is_gone_exits_1(tmp_path: Path) -> None:
 def test_the_lighthouse_script_stops_once_its_groups_are_gone(tmp_path: Path) -> None:
     """Bound to its node's NodeAddr; once no group of its Comment is queued it stops the
     lighthouse and ends 0 (a stand-in python prints its arguments and waits)."""
-    text = _plan(tmp_path, "-p", "spot")["jobs"][0]["script"].replace("sleep 5", "sleep 0.2")
+    text = _plan(tmp_path, "-p", "spot")["jobs"][0]["script"].replace("sleep 2", "sleep 0.2")
     python = tmp_path / "python"
     python.write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/lighthouse-argv\n'
                       "trap 'exit 0' TERM\nwhile :; do sleep 0.1; done\n")

@@ -17,9 +17,10 @@ requeued run that heals from a live peer.
 5. every group job must end COMPLETED with the same weights, and the final loss within
    :data:`LOSS_TOLERANCE` of the reference.
 
-What the JSON reports (:func:`interruption_gaps`, :func:`joins`): per interruption the
-longest wait between two consecutive steps of any surviving group from the interruption until
-the replacement had healed (``survivor_max_gap_s``), and per join the heal's time and bytes.
+What the JSON reports (:func:`survivor_gap`, :func:`joins`): per interruption the longest
+wait between two consecutive steps of any surviving group from the interruption for
+:data:`LOSS_WINDOW_S` or until the next one (``survivor_max_gap_s``); per join (a heal) the
+heal's time and bytes, and the survivors' longest wait within 2 s of it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ from slurm_spot.resources import example
 LOSS_TOLERANCE = 1e-3
 TOLERANCE_REASON = ("every step is the mean-loss gradient over the same global batch in any "
                     "number of groups, summed in another order: float rounding only")
+#: An interruption's ``survivor_max_gap_s`` counts the survivors' steps from the interruption
+#: (the group left, or was killed) for this long, or until the next interruption: the pause a
+#: loss causes comes within seconds (the lighthouse's 1 s heartbeat timeout); the pause when
+#: the replacement joins is its join's own ``survivor_max_gap_s`` (2 s either side of its heal).
+LOSS_WINDOW_S = 15.0
 #: Job states after which a job runs no more.
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
@@ -96,6 +102,13 @@ def step_runs(evs: Sequence[dict[str, Any]]) -> list[list[float]]:
         if event.get("event") == "step":
             runs[-1].append(float(event["time"]))
     return runs
+
+
+def survivor_gap(logs: dict[str, TrainingLog], group: str, start: float, end: float) -> float:
+    """The longest wait (s) between two consecutive steps of one run of any group but
+    ``group``, the later step within [``start``, ``end``] (seconds since the epoch)."""
+    runs = [run for g in logs if g != group for run in step_runs(events(logs[g]))]
+    return max((max_gap(times, start, end) for times in runs), default=0.0)
 
 
 def joins(evs: Sequence[dict[str, Any]], group: str) -> list[dict[str, object]]:
@@ -211,12 +224,16 @@ class FtDemo(Demo):
             log.poll()
         fields = {name: self.job_fields(int(job)) for name, job in groups.items()}
         done = {name: log.of("done")[-1][1] for name, log in logs.items() if log.of("done")}
+        starts = sorted(float(i["interrupted_at"]) for i in caused)  # type: ignore[arg-type]
         for item in caused:
-            runs = [run for g in logs if g != item["group"] for run in step_runs(events(logs[g]))]
-            item["survivor_max_gap_s"] = max(
-                max_gap(times, float(item["interrupted_at"]),  # type: ignore[arg-type]
-                        float(item["healed_at"]) + 2.0)  # type: ignore[arg-type]
-                for times in runs)
+            start = float(item["interrupted_at"])  # type: ignore[arg-type]
+            end = min([t for t in starts if t > start] + [start + LOSS_WINDOW_S])
+            item["survivor_max_gap_s"] = survivor_gap(logs, str(item["group"]), start, end)
+        joined = [j for name, log in logs.items() for j in joins(events(log), name)]
+        for join in joined:
+            at = float(join["time"])  # type: ignore[arg-type]
+            join["survivor_max_gap_s"] = survivor_gap(logs, str(join["group"]), at - 2.0,
+                                                      at + 2.0)
         losses = {d.get("loss") for d in done.values()}
         final = done["g0"].get("loss") if "g0" in done else None
         ref = reference.get("loss")
@@ -235,7 +252,7 @@ class FtDemo(Demo):
             "restarts": sum(int(f.get("Restarts", "0")) for f in fields.values()),
             "steps": max((int(d["step"]) for d in done.values()), default=0),
             "interruptions": caused,
-            "joins": [j for name, log in logs.items() for j in joins(events(log), name)],
+            "joins": joined,
             "replicas_identical": len(done) == 3
             and len({d.get("weights_sha256") for d in done.values()}) == 1,
             "final_loss": final,
@@ -294,7 +311,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                      f"longest pause {item['survivor_max_gap_s']} s")
     for join in result["joins"]:
         lines.append(f"  {join['group']} healed from a peer at step {join['step']}: "
-                     f"{join['heal_s']} s, {join['bytes']} bytes")
+                     f"{join['heal_s']} s, {join['bytes']} bytes; the others' longest pause "
+                     f"{join['survivor_max_gap_s']} s")
     lines.append(f"replicas identical: {result['replicas_identical']}; final loss "
                  f"{result['final_loss']} (reference {result['reference_loss']}, tolerance "
                  f"{result['loss_tolerance']})")
