@@ -66,15 +66,18 @@ def ft_script() -> Path:
 class FtDemoSettings(DemoSettings):
     """Knobs of the fault-tolerant demo (seconds, steps): ``steps`` at ``step_sleep_s`` each;
     the notice when every group reached ``first_at_step``; the kill ``kill_after_steps``
-    steps after the noticed group left (both replacements start meanwhile: the demo does not
-    wait ~40 s of requeue and Python start-up twice)."""
+    steps after the noticed group left (~5 s: the notice's own pause is over by then; both
+    replacements start meanwhile, so the demo does not wait for a requeue, a node and Python's
+    start-up twice). A replacement took 50-70 s from its group's loss to its heal on the
+    shared, loaded 2-CPU test machine (most of it slurmctld's power-up check and importing
+    torch and torchft), ~300-400 steps there: ``steps`` leaves room for that."""
 
-    steps: int = 450
+    steps: int = 600
     step_sleep_s: float = 0.1
     checkpoint_every: int = 100
     notice_s: float = 10.0
-    first_at_step: int = 20
-    kill_after_steps: int = 10
+    first_at_step: int = 5
+    kill_after_steps: int = 25
     timeout_s: float = 420.0
     workdir: Path = Path("/tmp/slurm-spot-demo-ft")
 

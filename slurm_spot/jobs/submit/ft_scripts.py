@@ -7,8 +7,10 @@
   (their ids are in its Comment, ``slurm-spot-ft-groups:ID,...``, set right after they are
   submitted). How it is started is :func:`lighthouse_launch`, the one place to change that.
 - **One job per replica group** on ``-p``'s spot partition, ``--requeue`` like every
-  ``slurm-spot sbatch`` job, ``--dependency=after:<lighthouse job>`` (it starts once the
-  lighthouse runs), one node, one process (``srun`` step: the watcher signals it there).
+  ``slurm-spot sbatch`` job, one node, one process (``srun`` step: the watcher signals it
+  there). Its nodes boot while the lighthouse's does (no ``--dependency`` on it: that made
+  the two boots one after the other); its script waits up to :data:`LIGHTHOUSE_WAIT_S` for
+  the lighthouse job to run.
   What requeues on an interruption is that group's job only (the watcher's and the
   reconciler's existing path for batch jobs); its next run heals from a live peer. ``sacct``
   counts each group's restarts; ``squeue`` shows ``NAME-lighthouse`` and ``NAME-g0``..
@@ -44,6 +46,8 @@ from slurm_spot.slurm.client import SlurmClient
 #: The lighthouse of lighthouse job J listens on port ``LIGHTHOUSE_PORT_BASE + J % 1000`` (after
 #: the rendezvous ports of heterogeneous jobs, 30400..31399).
 LIGHTHOUSE_PORT_BASE = 31400
+#: How long a group's script waits for its lighthouse job to run (seconds: a cloud node's boot).
+LIGHTHOUSE_WAIT_S = 600
 #: Most replica groups one ``--fault-tolerant`` submission makes.
 MAX_GROUPS = 64
 #: The lighthouse's timing (``slurm-spot lighthouse``'s options, milliseconds): a group silent
@@ -99,7 +103,8 @@ def group_script(config: SpotConfig, script: str, args: Sequence[str], python: s
     one_line("--python", python)
     command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
     return render_template(
-        "ft-group.sh.j2", version=__version__, python=shlex.quote(python), command=command,
+        "ft-group.sh.j2", version=__version__, wait_tries=LIGHTHOUSE_WAIT_S // 2,
+        python=shlex.quote(python), command=command,
         requeue_exit_code=config.preemption.requeue_exit_code, port_base=LIGHTHOUSE_PORT_BASE,
         env=[(k, shlex.quote(v)) for k, v in env], env_lighthouse_job=ENV_FT_LIGHTHOUSE_JOB,
         env_group=ENV_FT_GROUP, env_host=ENV_FT_HOST, env_checkpoint_key=ENV_FT_CHECKPOINT_KEY)
@@ -131,9 +136,8 @@ def plan_fault_tolerant(config: SpotConfig, script: str, args: Sequence[str], py
     """Plan the lighthouse job and the group jobs from the command line's sbatch
     ``options``: ``-p``, ``-N`` and what a node needs (``--gres``, ``-c``, ...) go to the
     groups only (the lighthouse runs on ``coordinator``, one node); ``-J NAME`` names them
-    ``NAME-lighthouse`` and ``NAME-g<i>`` (default: the script's name); a ``--dependency``
-    of the user's is kept for both, the groups' with ``after:<lighthouse>`` added; every other
-    option goes to both.
+    ``NAME-lighthouse`` and ``NAME-g<i>`` (default: the script's name); every other option
+    (a ``--dependency`` too) goes to all of them.
 
     Raises:
         BadInputError: ``--nproc-per-node`` above 1 or ``-N`` above 1 (a group is one process on
@@ -162,11 +166,10 @@ def plan_fault_tolerant(config: SpotConfig, script: str, args: Sequence[str], py
     lighthouse_options = [*rest, f"--partition={coordinator}", "--nodes=1",
                           f"--job-name={base}-lighthouse",
                           *[f"--dependency={d}" for d in dependencies[-1:]]]
-    after = f"after:{LIGHTHOUSE_JOB_PLACEHOLDER}"
     group_options = [
         *rest, *([f"--partition={partition}"] if partition else []), "--nodes=1",
         *[shlex.split(w)[0] for w in worker_options], "--job-name=" + base + "-{group}",
-        f"--dependency={dependencies[-1] + ',' + after if dependencies else after}",
+        *[f"--dependency={d}" for d in dependencies[-1:]],
         f"--export=ALL,{ENV_FT_GROUP}={{group}},{ENV_FT_LIGHTHOUSE_JOB}="
         f"{LIGHTHOUSE_JOB_PLACEHOLDER}" + (f",{extra}" if extra else "")]
     signal, lead = config.preemption.signal, config.preemption.lead_s
@@ -196,8 +199,8 @@ def _job_id(stdout: str) -> str:
 
 
 def submit_fault_tolerant(slurm: SlurmClient, plan: FaultTolerantPlan) -> FaultTolerantJobs:
-    """Submit the lighthouse job, then each group's (``--dependency=after:<lighthouse>``),
-    then name the groups in the lighthouse job's Comment (it stops once they are all gone).
+    """Submit the lighthouse job, then each group's, then name the groups in the lighthouse
+    job's Comment (it stops once they are all gone).
     A group that sbatch refuses cancels what was submitted before it.
 
     Raises:
