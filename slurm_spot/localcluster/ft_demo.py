@@ -6,7 +6,7 @@ requeued run that heals from a live peer.
    on-demand node ``coord-1``, partition ``ondemand``; the reconciler);
 2. submit ``slurm-spot sbatch --torchrun --fault-tolerant 3 --coordinator-partition ondemand
    -p spot examples/train_ft.py``: the lighthouse job on ``coord-1`` and 3 group jobs on spot
-   nodes (slurm_spot.jobs.submit.ft_scripts); meanwhile the one-process reference runs here;
+   nodes (slurm_spot.jobs.submit.ft_scripts);
 3. once every group trains, group g1's node is reclaimed **with notice** (``local preempt
    NODE --notice``): the watcher boots a replacement and signals g1, which leaves at a step
    boundary without a checkpoint and exits 85; its job is requeued, lands on the prewarmed
@@ -14,7 +14,9 @@ requeued run that heals from a live peer.
 4. once g1 left, group g2's node is **killed without notice**: the survivors' all-reduce fails, the
    next quorum forms without g2 (the lighthouse's heartbeat timeout); the reconciler requeues
    g2's job, which heals from a peer on a new node;
-5. every group job must end COMPLETED with the same weights, and the final loss within
+5. once both healed, every group is told to end a few steps later (``--steps-file``) and the
+   one-process reference of that many steps runs here;
+6. every group job must end COMPLETED with the same weights, and the final loss within
    :data:`LOSS_TOLERANCE` of the reference.
 
 What the JSON reports (:func:`survivor_gap`, :func:`joins`): per interruption the longest
@@ -64,20 +66,23 @@ def ft_script() -> Path:
 
 @dataclass
 class FtDemoSettings(DemoSettings):
-    """Knobs of the fault-tolerant demo (seconds, steps): ``steps`` at ``step_sleep_s`` each;
+    """Knobs of the fault-tolerant demo (seconds, steps): at most ``steps`` at ``step_sleep_s``
+    each; once both replacements healed, every group ends ``tail_steps`` after the furthest
+    (``train_ft.py --steps-file``: the end is not a race against the replacements' start-up);
     the notice when every group reached ``first_at_step``; the kill ``kill_after_steps``
     steps after the noticed group left (~5 s: the notice's own pause is over by then; both
     replacements start meanwhile, so the demo does not wait for a requeue, a node and Python's
     start-up twice). A replacement took 50-70 s from its group's loss to its heal on the
     shared, loaded 2-CPU test machine (most of it slurmctld's power-up check and importing
-    torch and torchft), ~300-400 steps there: ``steps`` leaves room for that."""
+    torch and torchft), 300-500 steps there."""
 
-    steps: int = 600
+    steps: int = 5000
     step_sleep_s: float = 0.1
     checkpoint_every: int = 100
     notice_s: float = 10.0
     first_at_step: int = 5
     kill_after_steps: int = 25
+    tail_steps: int = 40
     timeout_s: float = 420.0
     workdir: Path = Path("/tmp/slurm-spot-demo-ft")
 
@@ -146,10 +151,11 @@ class FtDemo(Demo):
         for name in ("SLURM_SPOT_CHECKPOINT_DIR", "TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID"):
             self.env.pop(name, None)
         shutil.rmtree(self.s.workdir / "checkpoints", ignore_errors=True)
-        self.say("computing the reference (one process, no torchft) meanwhile")
-        started = self.start_reference()
+        stop = self.s.workdir / "steps"
+        stop.unlink(missing_ok=True)
+        started = None
         try:
-            lighthouse, groups = self._submit_ft()
+            lighthouse, groups = self._submit_ft(stop)
             logs = {name: TrainingLog(self.s.workdir / f"ft-{job}.out")
                     for name, job in groups.items()}
             every = _AllLogs(logs)
@@ -162,9 +168,17 @@ class FtDemo(Demo):
             caused.append(self._reclaim("kill", "g2", groups, logs, every))
             for item in caused:
                 self._healed(item, logs, every)
+            # Both replacements train: end every group at the same step, a little later.
+            self.s.steps = max(log.last_step() for log in logs.values()) + self.s.tail_steps
+            partial = stop.with_suffix(".partial")
+            partial.write_text(f"{self.s.steps}\n")
+            partial.replace(stop)
+            self.say(f"every group ends at step {self.s.steps}; computing the reference "
+                     "(one process, no torchft) meanwhile")
+            started = self.start_reference()
             reference = self.reference(started)
         finally:
-            if started.poll() is None:
+            if started is not None and started.poll() is None:
                 started.kill()
                 started.communicate()
         self.wait("every group to finish", lambda: all(
@@ -174,17 +188,19 @@ class FtDemo(Demo):
             "JobState") in FINAL_STATES, every)
         return self._result(lighthouse, groups, logs, caused, reference)
 
-    def _submit_ft(self) -> tuple[str, dict[str, str]]:
+    def _submit_ft(self, stop: Path) -> tuple[str, dict[str, str]]:
         submitted = read_envelope(self.spot(
             "sbatch", "--torchrun", "--fault-tolerant", "3", "--coordinator-partition",
             "ondemand", "--json", "-p", "spot", "-J", "ft-demo",
             "-o", str(self.s.workdir / "ft-%j.out"), str(ft_script()),
             "--steps", str(self.s.steps), "--step-sleep", str(self.s.step_sleep_s),
-            "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1"), "sbatch")
+            "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1",
+            "--steps-file", str(stop)), "sbatch")
         groups = dict(zip(submitted["groups"], submitted["group_job_ids"], strict=True))
         lighthouse = str(submitted["lighthouse_job_id"])
         self.say(f"submitted the lighthouse job {lighthouse} (on-demand) and 3 replica groups "
-                 + ", ".join(f"{g}={j}" for g, j in groups.items()) + f": {self.s.steps} steps")
+                 + ", ".join(f"{g}={j}" for g, j in groups.items())
+                 + f": at most {self.s.steps} steps")
         return lighthouse, groups
 
     def _reclaim(self, kind: str, group: str, jobs: dict[str, str],
