@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: all setup system-deps venv lint typecheck unit e2e test demo demo-elastic bench bench-smoke clean slurm-roots test-slurm
+.PHONY: all setup system-deps venv lint typecheck unit e2e test demo demo-elastic demo-ft bench bench-smoke clean slurm-roots test-slurm
 
 all: test
 
@@ -83,6 +83,11 @@ demo: setup
 # without; the survivors go on, replacements join, the job is never requeued.
 demo-elastic: setup
 	$(VENV)/bin/slurm-spot demo --elastic
+
+# Fault-tolerant training (torchft): a lighthouse on 1 on-demand node + 3 replica groups on spot
+# nodes, one reclaimed with notice and one killed; the others train on, replacements heal from a peer.
+demo-ft: setup
+	$(VENV)/bin/slurm-spot demo --fault-tolerant
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

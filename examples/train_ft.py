@@ -109,6 +109,10 @@ _non_negative.__name__ = "number >= 0"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=_count(0), default=300, help="total optimizer steps")
+    p.add_argument("--steps-file",
+                   help="a file whose integer, once it exists, replaces --steps (read before "
+                   "each step; every group reads the same): ends a running job early, at the "
+                   "same step in every group (the demo ends once its replacements healed)")
     p.add_argument("--global-batch", type=_count(1), default=96,
                    help=f"samples per optimizer step, shared among the groups (<= {DIGITS_SAMPLES})")
     p.add_argument("--lr", type=_seconds, default=0.05, help="learning rate (SGD, momentum 0.9)")
@@ -216,8 +220,20 @@ def make_manager(args: argparse.Namespace, model: nn.Module,
     import socket
 
     from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing import HTTPTransport
 
     host = args.host or socket.gethostname()
+
+    class Transport(HTTPTransport):  # type: ignore[type-arg]
+        """torchft's checkpoint server, advertised at ``host``: torchft 0.2.0 advertises
+        ``socket.gethostname()``, which other nodes need not resolve (a cloud node's own
+        name; the local cluster's nodes, each in its own UTS namespace)."""
+
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            shown = f"[{host}]" if ":" in host else host
+            return f"http://{shown}:{port}/checkpoint/"
+
     store = torch.distributed.TCPStore(host, 0, is_master=True, wait_for_workers=False)
 
     def state_dict() -> dict[str, Any]:  # what a healing peer copies from this group
@@ -236,6 +252,7 @@ def make_manager(args: argparse.Namespace, model: nn.Module,
         connect_timeout=timedelta(seconds=args.timeout),
         rank=0, world_size=1, store_addr=host, store_port=store.port,
         lighthouse_addr=args.lighthouse, replica_id=args.replica_id, hostname=host,
+        checkpoint_transport=Transport(timeout=timedelta(seconds=args.timeout), num_chunks=0),
         init_sync=False)  # every group seeds its initial weights the same
     return manager, store
 
@@ -245,7 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.reference:
         train_reference(args)
         return
-    directory = args.checkpoint_dir or jobenv.checkpoint_dir(os.environ)
+    # Under `slurm-spot sbatch --fault-tolerant` every group shares the lighthouse job's
+    # checkpoint directory (jobenv.ft_checkpoint_dir), not its own job's.
+    directory = args.checkpoint_dir or jobenv.ft_checkpoint_dir(os.environ)
     if directory is None:
         sys.exit("train_ft: pass --checkpoint-dir or set $SLURM_SPOT_CHECKPOINT_DIR")
     handler = PreemptionHandler().install()  # first: from here on a signal only sets a flag
@@ -266,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     state = TrainState(model, inner)
     say(event="start", step=manager.current_step(), restarts=jobenv.restart_count(os.environ))
     first_quorum = True
-    while manager.current_step() < args.steps:
+    while manager.current_step() < total_steps(args):
         started = time.monotonic()
         before = manager.current_step()
         optimizer.zero_grad()  # starts this step's quorum
@@ -297,16 +316,16 @@ def main(argv: list[str] | None = None) -> None:
                 bytes=state_bytes({"model": model.state_dict(), "optim": inner.state_dict()}),
                 participants=participants)
         done = manager.current_step()
-        if done % args.log_every == 0 or done == args.steps:
+        if done % args.log_every == 0 or done == total_steps(args):
             say(event="step", step=done, loss=round(float(batch_loss), 6),
                 participants=participants)
-        if rank == 0 and (done % args.checkpoint_every == 0 or done == args.steps):
+        if rank == 0 and (done % args.checkpoint_every == 0 or done == total_steps(args)):
             # The last step too: a group that starts after the end restores it and stops.
             state.step = done
             state.extra[TORCHFT_KEY] = manager.state_dict()
             ckpt.save(state)
         time.sleep(args.step_sleep)
-        if handler.stop_requested and done < args.steps:
+        if handler.stop_requested and done < total_steps(args):
             # At a step boundary, without a checkpoint: the other groups hold the state.
             say(event="leave", step=done, signal=handler.received_signal)
             manager.shutdown(wait=False)
@@ -316,6 +335,19 @@ def main(argv: list[str] | None = None) -> None:
         weights_sha256=weights_sha256(model))
     manager.shutdown(wait=False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def total_steps(args: argparse.Namespace) -> int:
+    """``--steps``, or the integer in ``--steps-file`` once that file exists (read once, then
+    kept in ``args.steps``)."""
+    if args.steps_file and os.path.exists(args.steps_file):
+        try:
+            with open(args.steps_file) as fh:
+                args.steps = min(args.steps, int(fh.read().strip()))
+        except ValueError:
+            return int(args.steps)  # written but not yet complete: read it again next step
+        args.steps_file = None
+    return int(args.steps)
 
 
 def restore(ckpt: Checkpointer, state: TrainState, manager: Any, say: Any) -> bool:

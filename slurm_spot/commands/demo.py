@@ -35,6 +35,11 @@ class _Seconds(click.FloatRange):
               help="The elastic demo instead: 1 on-demand coordinator (the rendezvous) + 3 "
                    "spot workers; one reclaimed with notice, one without; the survivors go on, "
                    "replacements join, the job is never requeued.")
+@click.option("--fault-tolerant", "fault_tolerant", is_flag=True,
+              help="The fault-tolerant (torchft) demo instead: a lighthouse on 1 on-demand node "
+                   "+ 3 replica groups on spot nodes; one reclaimed with notice, one killed "
+                   "without; the others train on, each replacement heals from a live peer. "
+                   "Needs the ft extra (pip install 'slurm-spot[ft]').")
 @click.option("--steps", type=click.IntRange(min=160), default=None,
               help="Training steps [default: 240 (0.25 s each: the notice comes at step 50, "
                    "the kill at least 45 steps before the end; fewer would end before the "
@@ -60,8 +65,9 @@ class _Seconds(click.FloatRange):
                    "(path for most S3-compatible stores).")
 @json_option
 @click.pass_context
-def demo_command(ctx: click.Context, elastic: bool, workdir: Path | None, steps: int | None,
-                 keep_cluster: bool, boot_delay_s: float, notice_s: float | None, prewarm: bool,
+def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdir: Path | None,
+                 steps: int | None, keep_cluster: bool, boot_delay_s: float,
+                 notice_s: float | None, prewarm: bool,
                  checkpoint_root: str | None, s3_endpoint_url: str | None,
                  s3_addressing_style: str, as_json: bool) -> None:
     """Run a 2-node torchrun job on local spot nodes, preempt it twice, watch it finish.
@@ -74,7 +80,18 @@ def demo_command(ctx: click.Context, elastic: bool, workdir: Path | None, steps:
     coordinator that hosts the rendezvous; one worker is reclaimed with notice, one without;
     the result has the world sizes, each interruption's and each replacement's pause, and the
     final loss against an uninterrupted reference (exit 1 if the job was requeued, did not
-    complete, or the loss is off by more than the stated tolerance)."""
+    complete, or the loss is off by more than the stated tolerance).
+
+    --fault-tolerant: torchft replica groups (slurm-spot sbatch --torchrun --fault-tolerant 3);
+    the result has each interruption's survivor_max_gap_s (the survivors' longest pause
+    between two steps), each join's heal_s and bytes, replicas_identical and the final loss
+    against a one-process reference (exit 1 unless every group COMPLETED, the replicas are
+    identical, every replacement healed from a peer and the loss is within tolerance)."""
+    if fault_tolerant:
+        if elastic:
+            raise BadInputError("--fault-tolerant and --elastic: give one")
+        _ft_demo(ctx, workdir, steps, keep_cluster, boot_delay_s, notice_s, prewarm, as_json)
+        return
     if elastic:
         _elastic_demo(ctx, workdir, steps, keep_cluster, boot_delay_s, notice_s, prewarm,
                       as_json)
@@ -181,6 +198,42 @@ def _elastic_demo(ctx: click.Context, workdir: Path | None, steps: int | None,
     problems = verdict(result)
     if problems:
         click.echo(f"demo --elastic failed: {'; '.join(problems)}", err=True)
+        raise SystemExit(1)
+
+
+def _ft_demo(ctx: click.Context, workdir: Path | None, steps: int | None, keep_cluster: bool,
+             boot_delay_s: float, notice_s: float | None, prewarm: bool, as_json: bool) -> None:
+    """``demo --fault-tolerant`` (slurm_spot.localcluster.ft_demo).
+
+    Raises:
+        BadInputError: an option of the plain demo only, a --workdir too long for the local
+            nodes' sockets, torchft not installed.
+    """
+    from click.core import ParameterSource
+
+    from slurm_spot.jobs.services.ft_lighthouse import import_torchft_lighthouse
+    from slurm_spot.localcluster.elastic_demo import check_workdir
+    from slurm_spot.localcluster.ft_demo import FtDemo, FtDemoSettings, summary_lines, verdict
+
+    for name in _NOT_ELASTIC:
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            raise BadInputError(f"--{name.replace('_', '-')} does not go with --fault-tolerant: "
+                                "the demo keeps its checkpoints on the local cluster's disk")
+    import_torchft_lighthouse()  # TorchftMissingError (exit 2) says how to install it
+    settings = FtDemoSettings(keep_cluster=keep_cluster, boot_delay_s=boot_delay_s,
+                              prewarm=prewarm)
+    if workdir is not None:
+        settings.workdir = workdir
+    check_workdir(settings.workdir)
+    if steps is not None:
+        settings.steps = steps
+    if notice_s is not None:
+        settings.notice_s = notice_s
+    result = _run_with_progress(lambda progress: FtDemo(settings, progress).run(), as_json)
+    _show(result, summary_lines, as_json)
+    problems = verdict(result)
+    if problems:
+        click.echo(f"demo --fault-tolerant failed: {'; '.join(problems)}", err=True)
         raise SystemExit(1)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -51,8 +53,24 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             raise BadInputError("--elastic needs --torchrun (it starts elastic torchrun agents)")
         elastic = parse_nnodes(str(ours["elastic"]))
         check_nodes_within(line.options, elastic)
+    groups = None
+    if "fault-tolerant" in ours:
+        from slurm_spot.jobs.submit.ft_scripts import parse_groups
+
+        if not ours.get("torchrun"):
+            raise BadInputError("--fault-tolerant needs --torchrun (it submits torchft replica "
+                                "groups)")
+        if elastic is not None:
+            raise BadInputError("--fault-tolerant and --elastic: give one (replica groups that "
+                                "heal from a peer, or one elastic job)")
+        groups = parse_groups(str(ours["fault-tolerant"]))
+        if "coordinator-partition" not in ours:
+            raise BadInputError("--fault-tolerant needs --coordinator-partition P: the on-demand "
+                                "partition whose node runs the job's torchft lighthouse")
     for name in ("rendezvous", "join-timeout", "coordinator-partition", "no-replacements",
                  "no-preload"):
+        if name == "coordinator-partition" and groups is not None:
+            continue
         if name in ours and elastic is None:
             raise BadInputError(f"--{name} is for elastic jobs: add --torchrun --elastic MIN:MAX")
     if "rendezvous" in ours and "coordinator-partition" in ours:
@@ -74,7 +92,7 @@ def _our_options(line: CommandLine) -> dict[str, object]:
             "elastic": elastic, "rendezvous": rendezvous, "join_timeout": int(join),
             "coordinator": ours.get("coordinator-partition"),
             "replacements": not ours.get("no-replacements"),
-            "preload": not ours.get("no-preload")}
+            "preload": not ours.get("no-preload"), "groups": groups}
 
 
 class _WordsAsTyped(click.Command):
@@ -117,6 +135,11 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --coordinator-partition P  with --elastic: a heterogeneous job; one node of on-demand
                          partition P runs the batch script and the rendezvous store, the
                          MIN..MAX workers run on -p's partition (not with --rendezvous).
+    --fault-tolerant N   with --torchrun and --coordinator-partition P: a torchft job of N
+                         replica groups (examples/train_ft.py), each a one-node requeueable
+                         job NAME-g<i> on -p's partition, around a lighthouse job
+                         NAME-lighthouse on one node of on-demand partition P; a group that
+                         is reclaimed is requeued alone and heals from a live peer.
     --no-replacements    with --elastic: do not replace lost nodes (by default one-node
                          companion jobs, <name>+replacement, join until the job is back
                          at the node count it started with, at most MAX).
@@ -152,6 +175,10 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
         env = [("GLOO_SOCKET_IFNAME", one_line("$GLOO_SOCKET_IFNAME",
                                                 os.environ["GLOO_SOCKET_IFNAME"]))
                ] if os.environ.get("GLOO_SOCKET_IFNAME") else []
+        if ours["groups"] is not None:
+            with _job_environment(job_env):
+                _fault_tolerant(app, line, script, script_args, env, ours)
+            return
         if ours["elastic"] is not None and ours["coordinator"] is not None:
             partition, nodes, worker_options, options = split_hetjob_options(options)
             check_coordinator_partition(SlurmClient(config.slurm_bin_dir),
@@ -186,16 +213,77 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     if job_env and any(o.startswith("--export") and "ALL" not in o for o in options):
         raise BadInputError("--checkpoint-root/--s3-*: the job gets them through its "
                             "environment; add ALL to --export")
-    before = {k: os.environ.get(k) for k in job_env}
-    os.environ.update(job_env)  # sbatch (run below) exports its environment to the job
-    try:
+    with _job_environment(job_env):
         _submit(app, plan, bool(ours["dry_run"]), bool(ours["json"]))
+
+
+@contextlib.contextmanager
+def _job_environment(job_env: dict[str, str]) -> Iterator[None]:
+    """``job_env`` in this process's environment while sbatch runs (it exports its
+    environment to the job), the environment as it was afterwards."""
+    before = {k: os.environ.get(k) for k in job_env}
+    os.environ.update(job_env)
+    try:
+        yield
     finally:
         for key, value in before.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _fault_tolerant(app: AppContext, line: CommandLine, script: str, script_args: list[str],
+                    env: list[tuple[str, str]], ours: dict[str, object]) -> None:
+    """``--torchrun --fault-tolerant N`` (slurm_spot.jobs.submit.ft_scripts): print the plan
+    with ``--dry-run``, else submit the lighthouse job and the N group jobs."""
+    from slurm_spot.jobs.submit.ft_scripts import (
+        LIGHTHOUSE_JOB_PLACEHOLDER,
+        plan_fault_tolerant,
+        submit_fault_tolerant,
+    )
+
+    config = app.config
+    slurm = SlurmClient(config.slurm_bin_dir)
+    coordinator = str(ours["coordinator"])
+    check_coordinator_partition(slurm, coordinator, None)
+    version = SlurmVersion.detect(bin_dir=str(config.slurm_bin_dir))
+    groups = int(ours["groups"])  # type: ignore[call-overload]
+    plan = plan_fault_tolerant(config, script, script_args, str(ours["python"]), env, groups,
+                               coordinator, line.options, Path(script).name,
+                               int(ours["nproc"]), os.environ,  # type: ignore[call-overload]
+                               expedite=bool(version and version.expedited_requeue))
+    for warning in plan.warnings:
+        click.echo(f"slurm-spot: warning: {warning}", err=True)
+    sbatch = str(slurm.bin_dir / "sbatch")
+    if ours["dry_run"]:
+        jobs = [{"role": "lighthouse", "script": plan.lighthouse.script,
+                 "argv": plan.lighthouse.argv("<script>", sbatch)}]
+        jobs += [{"role": f"group {name}", "script": plan.group.script,
+                  "argv": [sbatch, *plan.group_options(i), "<script>"]}
+                 for i, name in enumerate(plan.group_names)]
+        if ours["json"]:
+            print_json({"jobs": jobs, "warnings": plan.warnings})
+            return
+        shown = ""
+        for job in jobs:
+            if job["script"] != shown:
+                click.echo(str(job["script"]), nl=False)
+                shown = str(job["script"])
+            click.echo(f"# {job['role']}: " + " ".join(shlex.quote(w) for w in job["argv"]))
+        click.echo(f"# {LIGHTHOUSE_JOB_PLACEHOLDER}: the lighthouse job's id, once submitted")
+        return
+    if not slurm.has_command("sbatch"):
+        raise BadInputError(f"{sbatch}: no sbatch to submit with; --dry-run shows the jobs "
+                            "without it")
+    submitted = submit_fault_tolerant(slurm, plan)
+    if ours["json"]:
+        print_json({"job_id": submitted.lighthouse, "lighthouse_job_id": submitted.lighthouse,
+                    "group_job_ids": submitted.groups, "groups": plan.group_names,
+                    "warnings": plan.warnings})
+    else:
+        click.echo(f"Submitted lighthouse job {submitted.lighthouse} and replica group jobs "
+                   f"{' '.join(submitted.groups)}")
 
 
 def _submit(app: AppContext, plan: Submission, dry_run: bool, as_json: bool) -> None:

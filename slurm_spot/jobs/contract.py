@@ -14,6 +14,11 @@ cannot drift apart. Who writes and who reads each:
   :mod:`slurm_spot.jobs.injob.jobenv`, the torchrun agent and the checkpoint library;
 - :data:`ENV_RENDEZVOUS`: set by the user (or the admin's profile) for ``slurm-spot sbatch
   --elastic``, ``HOST:PORT`` of ``slurm-spot rendezvous``;
+- :data:`ENV_FT_LIGHTHOUSE_JOB`, :data:`ENV_FT_GROUP`: written by ``slurm-spot sbatch
+  --torchrun --fault-tolerant`` into each replica group's job (``--export``); read by the
+  group's batch script (which finds the lighthouse from the job id and exports
+  ``TORCHFT_LIGHTHOUSE``, :data:`ENV_FT_HOST` and :data:`ENV_FT_CHECKPOINT_KEY`) and by the
+  training (``examples/train_ft.py``, :func:`slurm_spot.jobs.injob.jobenv.ft_checkpoint_dir`);
 - :data:`ELASTIC_MARK`: the line ``slurm-spot sbatch --elastic`` writes into the batch
   script; the watcher and the reconciler read it back (``scontrol write batch_script``) to
   release a departing node from the job instead of requeueing it
@@ -53,6 +58,20 @@ ENV_STAGING_DIR = "SLURM_SPOT_STAGING_DIR"
 #: ``1``/``true``/``yes``: a job whose every checkpoint is unreadable starts from step 0
 #: instead of stopping (the Checkpointer's ``start_fresh_if_invalid``); set by the user.
 ENV_START_FRESH_IF_INVALID = "SLURM_SPOT_START_FRESH_IF_INVALID"
+
+#: The job id of a fault-tolerant job's lighthouse job (``slurm-spot sbatch --fault-tolerant``),
+#: in each replica group's environment: the group's script finds the lighthouse's node from it.
+ENV_FT_LIGHTHOUSE_JOB = "SLURM_SPOT_FT_LIGHTHOUSE_JOB"
+#: The replica group's name (``g0``, ``g1``, ...), torchft's ``replica_id``: what
+#: ``examples/train_ft.py`` reads by default.
+ENV_FT_GROUP = "REPLICA_GROUP_ID"
+#: This node's address on the cluster network (its NodeAddr), where the other groups reach the
+#: group's torchft manager, store and checkpoint server.
+ENV_FT_HOST = "SLURM_SPOT_FT_HOST"
+#: The checkpoint key every replica group of one fault-tolerant job shares (the lighthouse
+#: job's id): its checkpoints are ``<root>/<user>/<key>``, the lighthouse job's checkpoint
+#: directory, not each group's own.
+ENV_FT_CHECKPOINT_KEY = "SLURM_SPOT_FT_CHECKPOINT_KEY"
 
 #: The line that marks an elastic job's batch script: the watcher releases a departing node
 #: from such a job instead of requeueing it (slurm_spot.watch).

@@ -29,6 +29,7 @@ from slurm_spot.checkpoint.location import Location, as_location
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.contract import (  # the names, re-exported for the checkpoint library
     ENV_CHECKPOINT_DIR,
+    ENV_FT_CHECKPOINT_KEY,
     ENV_PREEMPT_SIGNAL,
     ENV_REQUEUE_EXIT_CODE,
     ENV_SLURM_BIN_DIR,
@@ -266,6 +267,26 @@ def requeue_exit_code(env: Env, default: int = DEFAULT_REQUEUE_EXIT_CODE) -> int
     if not raw.isdigit() or int(raw) > 255:
         raise JobEnvError(f"{ENV_REQUEUE_EXIT_CODE}={raw!r} is not an exit code (0..255)")
     return int(raw)
+
+
+def ft_checkpoint_dir(env: Env) -> Location | None:
+    """The checkpoint directory the replica groups of a fault-tolerant job share: the
+    TaskProlog's ``SLURM_SPOT_CHECKPOINT_DIR`` (``<root>/<user>/<this group's job id>``) with
+    its last part replaced by ``SLURM_SPOT_FT_CHECKPOINT_KEY`` (the lighthouse job's id, set by
+    the group's batch script); without that key, :func:`checkpoint_dir`.
+
+    Raises:
+        JobEnvError: the key is set but is not a job id.
+    """
+    own = checkpoint_dir(env)
+    key = env.get(ENV_FT_CHECKPOINT_KEY, "").strip()
+    if not key or own is None:
+        return own
+    if not (key.isascii() and key.isdigit()):
+        raise JobEnvError(f"{ENV_FT_CHECKPOINT_KEY}={key!r} is not a job id")
+    if isinstance(own, str):
+        return f"{own.rstrip('/').rsplit('/', 1)[0]}/{key}"
+    return own.parent / key
 
 
 def checkpoint_dir(env: Env) -> Location | None:

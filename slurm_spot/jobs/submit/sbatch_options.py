@@ -65,7 +65,7 @@ OURS = {"torchrun": False, "dry-run": False, "json": False, "nproc-per-node": Tr
         "python": True, "checkpoint-root": True, "s3-endpoint-url": True,
         "s3-addressing-style": True, "elastic": True, "rendezvous": True,
         "join-timeout": True, "coordinator-partition": True, "no-replacements": False,
-        "no-preload": False}
+        "no-preload": False, "fault-tolerant": True}
 
 
 def resolve_long(name: str, ours: bool = True) -> str:

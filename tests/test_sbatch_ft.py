@@ -1,0 +1,192 @@
+"""``slurm-spot sbatch --torchrun --fault-tolerant N`` (slurm_spot/jobs/submit/ft_scripts.py):
+the jobs it plans, the option errors (exit 2, naming the option), and its two batch scripts run
+by bash against stand-ins for Slurm's commands (the cluster itself: tests/test_demo_ft_e2e.py)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from slurm_spot.cli import cli
+from slurm_spot.jobs.injob import jobenv
+from slurm_spot.jobs.submit.ft_scripts import LIGHTHOUSE_PORT_BASE
+from slurm_spot.jsonenvelope import read_envelope
+
+
+def _config(tmp_path: Path) -> Path:
+    path = tmp_path / "spot.yaml"
+    path.write_text(yaml.safe_dump({
+        "cluster": "c", "slurm_bin_dir": str(tmp_path / "no-slurm"),
+        "node_sets": [{"name": "spot", "provider": "local", "count": 3},
+                      {"name": "od", "provider": "local", "count": 1, "market": "on-demand"}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]},
+                       {"name": "ondemand", "node_sets": ["od"]}],
+        "preemption": {"signal": "USR2", "lead_s": 60}}))
+    return path
+
+
+def _sbatch(tmp_path: Path, *words: str) -> tuple[int, str]:
+    train = tmp_path / "train_ft.py"
+    train.write_text("print('hi')\n")
+    result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "sbatch", *words,
+                                      str(train), "--steps", "9"])
+    return result.exit_code, result.output
+
+
+def _plan(tmp_path: Path, *words: str) -> dict:
+    code, output = _sbatch(tmp_path, "--torchrun", "--fault-tolerant", "3",
+                           "--coordinator-partition", "ondemand", "--dry-run", "--json", *words)
+    assert code == 0, output
+    return dict(read_envelope(output))
+
+
+def test_one_lighthouse_job_on_demand_and_one_requeueable_job_per_group(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "-p", "spot", "--gres=gpu:1", "-J", "big", "-t", "60")
+    lighthouse, *groups = plan["jobs"]
+    assert lighthouse["role"] == "lighthouse"
+    argv = lighthouse["argv"]
+    assert "--partition=ondemand" in argv and "--job-name=big-lighthouse" in argv
+    assert "-t" in argv and "--gres=gpu:1" not in argv and "spot" not in argv
+    text = lighthouse["script"]
+    assert "lighthouse --listen \"${addr}\" --port \"${port}\"" in text
+    assert "--unauthenticated" in text and "0.0.0.0" not in text
+    assert f"port=$(( {LIGHTHOUSE_PORT_BASE} + SLURM_JOB_ID % 1000 ))" in text
+    assert [g["role"] for g in groups] == ["group g0", "group g1", "group g2"]
+    for index, group in enumerate(groups):
+        argv = group["argv"]
+        assert "--partition=spot" in argv and "--gres=gpu:1" in argv and "-t" in argv
+        assert f"--job-name=big-g{index}" in argv
+        assert not [w for w in argv if w.startswith("--dependency")]  # both boot at once
+        assert (f"--export=ALL,REPLICA_GROUP_ID=g{index},"
+                "SLURM_SPOT_FT_LIGHTHOUSE_JOB=<lighthouse job id>") in argv
+        script = group["script"]
+        assert "#SBATCH --requeue" in script and "#SBATCH --signal=USR2@60" in script
+        assert "--steps 9" in script and "srun --nodes=1 --ntasks=1" in script
+        assert "ELASTIC" not in script.upper().replace("NOT ELASTIC", "")  # requeued, not released
+
+
+def test_a_users_dependency_goes_to_every_job(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "-p", "spot", "--dependency=afterok:7")
+    for job in plan["jobs"]:
+        assert "--dependency=afterok:7" in job["argv"]
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["--fault-tolerant", "3", "--coordinator-partition", "ondemand"],
+     "--fault-tolerant needs --torchrun"),
+    (["--torchrun", "--fault-tolerant", "3"], "--fault-tolerant needs --coordinator-partition P"),
+    (["--torchrun", "--fault-tolerant", "0", "--coordinator-partition", "ondemand"],
+     "--fault-tolerant=0: expected the number of replica groups, 1..64"),
+    (["--torchrun", "--fault-tolerant", "x", "--coordinator-partition", "ondemand"],
+     "--fault-tolerant=x: expected the number of replica groups"),
+    (["--torchrun", "--fault-tolerant", "2", "--elastic", "2:3", "--coordinator-partition",
+      "ondemand"], "--fault-tolerant and --elastic: give one"),
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand", "-N", "2"],
+     "-N/--nodes 2 with --fault-tolerant: each replica group is a one-node job"),
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand",
+      "--nproc-per-node", "2"], "--nproc-per-node=2 with --fault-tolerant"),
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand",
+      "--export=NONE"], "--export without ALL with --fault-tolerant"),
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "spot", "-p", "spot"],
+     "--coordinator-partition=spot is also the groups' partition (-p)"),
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "on demand"],
+     "--coordinator-partition='on demand': not a partition name"),
+])
+def test_bad_input_exits_2_naming_the_option(tmp_path: Path, words: list[str],
+                                            message: str) -> None:
+    code, output = _sbatch(tmp_path, "--dry-run", *words)
+    assert code == 2, output
+    assert message in output
+
+
+def _stand_ins(folder: Path, commands: dict[str, str]) -> dict[str, str]:
+    """Shell scripts named after Slurm's commands in ``folder``, first on PATH."""
+    folder.mkdir()
+    for name, body in commands.items():
+        path = folder / name
+        path.write_text("#!/bin/bash\n" + body)
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+def test_a_group_script_finds_its_lighthouse_and_exits_85_for_requeue(tmp_path: Path) -> None:
+    """The group's script, run by bash: the lighthouse's URL from its job's node and id, this
+    node's address, the shared checkpoint key; the training's exit 85 is the script's."""
+    group = _plan(tmp_path, "-p", "spot")["jobs"][1]["script"]
+    env = _stand_ins(tmp_path / "bin", {
+        "squeue": 'case "$*" in *%T*) echo RUNNING ;; *%N*) echo coord-1 ;; esac\n',
+        "scontrol": 'case "$*" in *coord-1*) echo "NodeName=coord-1 NodeAddr=10.0.0.9 X=1" ;;'
+                    ' *) echo "NodeName=spot-2 NodeAddr=10.0.0.22 X=1" ;; esac\n',
+        "srun": f'env | grep -E "^(TORCHFT|SLURM_SPOT_FT)" | sort > {tmp_path}/env\n'
+                f'echo "$@" > {tmp_path}/argv\nexit 85\n'})
+    env.update({"SLURM_SPOT_FT_LIGHTHOUSE_JOB": "1234", "REPLICA_GROUP_ID": "g1",
+                "SLURM_JOB_ID": "1240", "SLURMD_NODENAME": "spot-2"})
+    proc = subprocess.run(["bash", "-c", group], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 85, proc.stdout + proc.stderr
+    assert "exiting 85 for requeue" in proc.stdout
+    assert (tmp_path / "env").read_text().splitlines() == [
+        "SLURM_SPOT_FT_CHECKPOINT_KEY=1234", "SLURM_SPOT_FT_HOST=10.0.0.22",
+        "SLURM_SPOT_FT_LIGHTHOUSE_JOB=1234",
+        f"TORCHFT_LIGHTHOUSE=http://10.0.0.9:{LIGHTHOUSE_PORT_BASE + 234}"]
+    assert (tmp_path / "argv").read_text().split()[-2:] == ["--steps", "9"]
+
+
+def test_a_group_whose_lighthouse_is_gone_exits_1(tmp_path: Path) -> None:
+    group = _plan(tmp_path, "-p", "spot")["jobs"][1]["script"].replace("seq 300", "seq 2")
+    env = _stand_ins(tmp_path / "bin", {"squeue": "exit 1\n", "scontrol": "exit 0\n",
+                                        "srun": "exit 0\n"})
+    env.update({"SLURM_SPOT_FT_LIGHTHOUSE_JOB": "1234", "SLURMD_NODENAME": "spot-2",
+                "SLURM_JOB_ID": "1240"})
+    proc = subprocess.run(["bash", "-c", group], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 1
+    assert "the lighthouse job 1234 is not running" in proc.stdout
+
+
+def test_the_lighthouse_script_stops_once_its_groups_are_gone(tmp_path: Path) -> None:
+    """Bound to its node's NodeAddr; once no group of its Comment is queued it stops the
+    lighthouse and ends 0 (a stand-in python prints its arguments and waits)."""
+    text = _plan(tmp_path, "-p", "spot")["jobs"][0]["script"].replace("sleep 2", "sleep 0.2")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/lighthouse-argv\n'
+                      "trap 'exit 0' TERM\nwhile :; do sleep 0.1; done\n")
+    python.chmod(0o755)
+    text = text.replace(text.split(" -m slurm_spot lighthouse")[0].rsplit("\n", 1)[1],
+                        str(python))
+    env = _stand_ins(tmp_path / "bin", {
+        "squeue": 'case "$*" in *%k*) echo slurm-spot-ft-groups:11,12 ;;'
+                  f' *) cat {tmp_path}/queued 2>/dev/null ;; esac\n',
+        "scontrol": 'echo "NodeName=coord-1 NodeAddr=10.0.0.9 X=1"\n'})
+    env.update({"SLURM_JOB_ID": "1234", "SLURMD_NODENAME": "coord-1"})
+    (tmp_path / "queued").write_text("11\n99\n")
+    proc = subprocess.Popen(["bash", "-c", text], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(2)  # group 11 is still queued
+        (tmp_path / "queued").write_text("99\n")
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill()
+    assert "every replica group (11,12) ended" in (proc.stdout.read() if proc.stdout else "")
+    argv = (tmp_path / "lighthouse-argv").read_text().split()
+    assert argv[argv.index("--listen") + 1] == "10.0.0.9"
+    assert argv[argv.index("--port") + 1] == str(LIGHTHOUSE_PORT_BASE + 234)
+    assert "--unauthenticated" in argv
+
+
+def test_groups_share_the_lighthouse_jobs_checkpoint_directory() -> None:
+    env = {"SLURM_SPOT_CHECKPOINT_DIR": "/ck/alice/1240", "SLURM_SPOT_FT_CHECKPOINT_KEY": "1234"}
+    assert jobenv.ft_checkpoint_dir(env) == Path("/ck/alice/1234")
+    assert jobenv.ft_checkpoint_dir({**env, "SLURM_SPOT_CHECKPOINT_DIR": "s3://b/p/alice/1240"}) \
+        == "s3://b/p/alice/1234"
+    assert jobenv.ft_checkpoint_dir({"SLURM_SPOT_CHECKPOINT_DIR": "/ck/alice/1240"}) \
+        == Path("/ck/alice/1240")
+    with pytest.raises(jobenv.JobEnvError, match="SLURM_SPOT_FT_CHECKPOINT_KEY='x'"):
+        jobenv.ft_checkpoint_dir({**env, "SLURM_SPOT_FT_CHECKPOINT_KEY": "x"})
