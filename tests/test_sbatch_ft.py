@@ -55,7 +55,8 @@ def test_one_lighthouse_job_on_demand_and_one_requeueable_job_per_group(tmp_path
     assert "-t" in argv and "--gres=gpu:1" not in argv and "spot" not in argv
     text = lighthouse["script"]
     assert "lighthouse --listen \"${addr}\" --port \"${port}\"" in text
-    assert "--unauthenticated" in text and "0.0.0.0" not in text
+    assert '--job "${SLURM_JOB_ID}"' in text and "--unauthenticated" not in text
+    assert "0.0.0.0" not in text
     assert f"port=$(( {LIGHTHOUSE_PORT_BASE} + SLURM_JOB_ID % 1000 ))" in text
     assert [g["role"] for g in groups] == ["group g0", "group g1", "group g2"]
     for index, group in enumerate(groups):
@@ -118,7 +119,9 @@ def _stand_ins(folder: Path, commands: dict[str, str]) -> dict[str, str]:
 def test_a_group_script_finds_its_lighthouse_and_exits_85_for_requeue(tmp_path: Path) -> None:
     """The group's script, run by bash: the lighthouse's URL from its job's node and id, this
     node's address, the shared checkpoint key; the training's exit 85 is the script's."""
-    group = _plan(tmp_path, "-p", "spot")["jobs"][1]["script"]
+    # 2 tries of the wait for the lighthouse's front door (nothing listens at 10.0.0.9 here)
+    group = _plan(tmp_path, "-p", "spot")["jobs"][1]["script"].replace("seq 300", "seq 2").replace(
+        "seq 60", "seq 2")
     env = _stand_ins(tmp_path / "bin", {
         "squeue": 'case "$*" in *%T*) echo RUNNING ;; *%N*) echo coord-1 ;; esac\n',
         "scontrol": 'case "$*" in *coord-1*) echo "NodeName=coord-1 NodeAddr=10.0.0.9 X=1" ;;'
@@ -133,9 +136,14 @@ def test_a_group_script_finds_its_lighthouse_and_exits_85_for_requeue(tmp_path: 
     assert "exiting 85 for requeue" in proc.stdout
     assert (tmp_path / "env").read_text().splitlines() == [
         "SLURM_SPOT_FT_CHECKPOINT_KEY=1234", "SLURM_SPOT_FT_HOST=10.0.0.22",
-        "SLURM_SPOT_FT_LIGHTHOUSE_JOB=1234",
-        f"TORCHFT_LIGHTHOUSE=http://10.0.0.9:{LIGHTHOUSE_PORT_BASE + 234}"]
-    assert (tmp_path / "argv").read_text().split()[-2:] == ["--steps", "9"]
+        "SLURM_SPOT_FT_LIGHTHOUSE_JOB=1234"]
+    # the training runs under the relay to the lighthouse's authenticated front door, which
+    # sets TORCHFT_LIGHTHOUSE for it
+    argv = (tmp_path / "argv").read_text().split()
+    relay = argv.index("lighthouse-relay")
+    assert argv[relay + 1:relay + 6] == [
+        "--lighthouse", f"10.0.0.9:{LIGHTHOUSE_PORT_BASE + 234}", "--job", "1234", "--"]
+    assert argv[-2:] == ["--steps", "9"]
 
 
 def test_a_group_whose_lighthouse_is_gone_exits_1(tmp_path: Path) -> None:
@@ -178,7 +186,8 @@ def test_the_lighthouse_script_stops_once_its_groups_are_gone(tmp_path: Path) ->
     argv = (tmp_path / "lighthouse-argv").read_text().split()
     assert argv[argv.index("--listen") + 1] == "10.0.0.9"
     assert argv[argv.index("--port") + 1] == str(LIGHTHOUSE_PORT_BASE + 234)
-    assert "--unauthenticated" in argv
+    assert argv[argv.index("--job") + 1] == "1234"  # only this job's owner gets in
+    assert "--unauthenticated" not in argv
 
 
 def test_groups_share_the_lighthouse_jobs_checkpoint_directory() -> None:

@@ -2,8 +2,8 @@
 :func:`submit_fault_tolerant`): a torchft job as N + 1 Slurm batch jobs.
 
 - **The lighthouse job**: one node of the on-demand partition ``--coordinator-partition P``
-  runs ``slurm-spot lighthouse`` at its NodeAddr, port :data:`LIGHTHOUSE_PORT_BASE` + job id
-  % 1000 (never every interface), until none of its replica groups is pending or running
+  runs ``slurm-spot lighthouse --job`` (a front door that lets in only the job's owner) at its
+  NodeAddr, port :data:`LIGHTHOUSE_PORT_BASE` + job id % 1000 (never every interface), until none of its replica groups is pending or running
   (their ids are in its Comment, ``slurm-spot-ft-groups:ID,...``, set right after they are
   submitted). How it is started is :func:`lighthouse_launch`, the one place to change that.
 - **One job per replica group** on ``-p``'s spot partition, ``--requeue`` like every
@@ -48,6 +48,9 @@ from slurm_spot.slurm.client import SlurmClient
 LIGHTHOUSE_PORT_BASE = 31400
 #: How long a group's script waits for its lighthouse job to run (seconds: a cloud node's boot).
 LIGHTHOUSE_WAIT_S = 600
+#: How many times (about 1-3 s apart) a group tries to reach the lighthouse's front door once
+#: the lighthouse job runs, before it starts the relay anyway (which then names the failure).
+FRONT_DOOR_WAIT_TRIES = 60
 #: Most replica groups one ``--fault-tolerant`` submission makes.
 MAX_GROUPS = 64
 #: The lighthouse's timing (``slurm-spot lighthouse``'s options, milliseconds): a group silent
@@ -76,14 +79,13 @@ def parse_groups(value: str) -> int:
 
 def lighthouse_launch(python: str, min_replicas: int = 1) -> str:
     """The shell command that starts the lighthouse in the lighthouse job's script, where
-    ``$addr`` (the node's NodeAddr) and ``$port`` are set: ``slurm-spot lighthouse`` bound to
-    that address only. The one place that says how the lighthouse is started: torchft's
-    lighthouse has no authentication, so this says ``--unauthenticated`` explicitly (the
-    cluster network must be closed; docs/ml-engineer.md, "Security")."""
+    ``$addr`` (the node's NodeAddr) and ``$port`` are set: ``slurm-spot lighthouse --job``,
+    torchft's lighthouse on 127.0.0.1 behind a front door on that address only, which lets in
+    only the owner of this job (a MUNGE handshake: slurm_spot.jobs.services.ft_front_door).
+    The groups reach it through ``slurm-spot lighthouse-relay`` (:func:`group_script`)."""
     return (f"{shlex.quote(python)} -m slurm_spot lighthouse --listen \"${{addr}}\" "
-            f"--port \"${{port}}\" --min-replicas {min_replicas} "
-            f"--join-timeout-ms {JOIN_TIMEOUT_MS} --heartbeat-timeout-ms {HEARTBEAT_TIMEOUT_MS} "
-            "--unauthenticated")
+            f"--port \"${{port}}\" --job \"${{SLURM_JOB_ID}}\" --min-replicas {min_replicas} "
+            f"--join-timeout-ms {JOIN_TIMEOUT_MS} --heartbeat-timeout-ms {HEARTBEAT_TIMEOUT_MS}")
 
 
 def lighthouse_script(python: str) -> str:
@@ -104,6 +106,7 @@ def group_script(config: SpotConfig, script: str, args: Sequence[str], python: s
     command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
     return render_template(
         "ft-group.sh.j2", version=__version__, wait_tries=LIGHTHOUSE_WAIT_S // 2,
+        door_tries=FRONT_DOOR_WAIT_TRIES,
         python=shlex.quote(python), command=command,
         requeue_exit_code=config.preemption.requeue_exit_code, port_base=LIGHTHOUSE_PORT_BASE,
         env=[(k, shlex.quote(v)) for k, v in env], env_lighthouse_job=ENV_FT_LIGHTHOUSE_JOB,
