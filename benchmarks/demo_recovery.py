@@ -120,6 +120,9 @@ def section(runs: list[dict]) -> str:
                f"{notice_after:g} s with notice, warm: "
                + ("meets" if notice_after <= 5 else "misses") + " the <= 5 s quiet target, "
                + ("meets" if notice_after <= 10 else "misses") + " the <= 10 s loaded one")
+    start = {m: [table[(m, "notice")][p] for p in ("agent_s", "worker_s")] for m in MODES}
+    start_sums = {m: None if None in v else round(sum(v), 2)  # type: ignore[arg-type]
+                  for m, v in start.items()}
     when = max(str(r.get("measured", "")) for r in runs) or \
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     return f"""{BEGIN}
@@ -143,6 +146,15 @@ identical to an uninterrupted run: {exact}.
 {rows}
 
 Target (issue 26): exit -> first step {verdict}.
+
+Agent + worker start (notice, medians): before {start_sums['before']} s, after
+{start_sums['after']} s. Warm, the worker itself starts in a fraction of a second, but the agent
+then waits for its fork server, a second interpreter that imports torch and the script's
+imports (scikit-learn here) after the agent imported torch: on a fresh start the node still
+imports torch twice, only no longer in series with the worker's own start. The rest of
+allocation -> first step is Slurm's launch (slurmd, Prolog, TaskProlog, srun: a few seconds
+under this load) and `data set, model, DDP`, which holds the wait for the other node's rank
+(DDP's first broadcast) on this machine where both nodes share the same 2 CPUs.
 {END}"""
 
 
