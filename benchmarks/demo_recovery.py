@@ -99,8 +99,9 @@ LABELS = {
 }
 
 
-def section(runs: list[dict]) -> str:
-    """The BENCHMARKS.md section of ``runs`` (both modes)."""
+def section(runs: list[dict], note: str = "") -> str:
+    """The BENCHMARKS.md section of ``runs`` (both modes); ``note``: a paragraph of the
+    person who ran them (what else ran on the machine), after the tables."""
     count = {m: sum(r["mode"] == m for r in runs) for m in MODES}
     table = {(m, k): medians(runs, m, k) for m in MODES for k in ("notice", "kill")}
     order = ["notice_to_signal_s", "signal_to_exit_s", "exit_to_requeue_s",
@@ -123,6 +124,14 @@ def section(runs: list[dict]) -> str:
     start = {m: [table[(m, "notice")][p] for p in ("agent_s", "worker_s")] for m in MODES}
     start_sums = {m: None if None in v else round(sum(v), 2)  # type: ignore[arg-type]
                   for m, v in start.items()}
+    per_run = "\n".join(
+        f"| {n + 1} | {r['mode']} | {r['load_before']:g} | "
+        + " | ".join(cell(((r["interruptions"][0].get("breakdown") or {}) if k is None else
+                           ((r["interruptions"][0].get("breakdown") or {}).get("startup")
+                            or {})).get(p))
+                     for k, p in ((None, "exit_to_first_step_s"), (1, "agent_s"),
+                                  (1, "worker_s"), (1, "setup_s"))) + " |"
+        for n, r in enumerate(runs))
     when = max(str(r.get("measured", "")) for r in runs) or \
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     return f"""{BEGIN}
@@ -147,6 +156,12 @@ identical to an uninterrupted run: {exact}.
 
 Target (issue 26): exit -> first step {verdict}.
 
+Each run, in the order run (the load moved more between runs than the mode did):
+
+| run | mode | load before | notice: exit -> first step | agent | worker start | data set, model, DDP |
+|---|---|---|---|---|---|---|
+{per_run}
+
 Agent + worker start (notice, medians): before {start_sums['before']} s, after
 {start_sums['after']} s. Warm, the worker itself starts in a fraction of a second, but the agent
 then waits for its fork server, a second interpreter that imports torch and the script's
@@ -155,6 +170,7 @@ imports torch twice, only no longer in series with the worker's own start. The r
 allocation -> first step is Slurm's launch (slurmd, Prolog, TaskProlog, srun: a few seconds
 under this load) and `data set, model, DDP`, which holds the wait for the other node's rank
 (DDP's first broadcast) on this machine where both nodes share the same 2 CPUs.
+{note}
 {END}"""
 
 
@@ -166,6 +182,8 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="write every run's result (JSON) here")
     parser.add_argument("--from-json", type=Path, help="render a --keep file instead")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--note", default="", help="a paragraph for the section: what else "
+                        "ran on the machine meanwhile")
     args = parser.parse_args()
     if args.from_json:
         runs = json.loads(args.from_json.read_text())
@@ -186,7 +204,7 @@ def main() -> int:
                       f"{result['load_before']}", file=sys.stderr, flush=True)
                 if args.keep:
                     args.keep.write_text(json.dumps(runs, indent=1) + "\n")
-    text = section(runs)
+    text = section(runs, args.note and f"\n{args.note}\n")
     print(text)
     if not args.no_write:
         write_section(BENCHMARKS, BEGIN, END, text)
