@@ -88,7 +88,9 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench("capacity_failover", ("--runs", "3", "--baseline-runs", "1"), cluster=True,
           limit_s=900, what="capacity error -> the job on the next node set, failover vs "
                             "Slurm's requeue hold"),
-    Bench("demo_recovery", cluster=True, limit_s=600, what="the demo job interrupted twice"),
+    Bench("demo_recovery", ("--runs", "1"), cluster=True, limit_s=1200,
+          what="the demo job interrupted twice, warm worker start vs --no-preload (one run "
+               "each; the table's medians: --runs 3)"),
     Bench("market_soak", ("--seeds", "2,28,32"), cluster=True, limit_s=1500,
           what="the demo job under the chaos market: interruptions, failovers, goodput "
                "measured vs simulated"),

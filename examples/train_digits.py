@@ -29,7 +29,9 @@ are the periodic saves (the preemption save is in the ``preempted`` line, whose 
 the number rank 0 received, or null when only another rank got it); ``done`` has the mean loss
 over the whole data set with dropout off and the sha256 of the final weights. With
 ``--timestamps`` every event also has ``time`` (seconds since the epoch) and ``start``/``resume``
-have ``started`` (when ``main()`` began): ``slurm-spot demo`` times recovery with them.
+have ``process_started`` (when this process started, from /proc), ``started`` (when ``main()``
+began: the imports are done), ``process_group`` (gloo is up) and ``restoring`` (before the
+checkpoint is read): ``slurm-spot demo`` times recovery with them (slurm_spot/recovery.py).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from slurm_spot.checkpoint import Checkpointer, SkipSampler, TrainState
 from slurm_spot.checkpoint.preemption import PreemptionHandler
 from slurm_spot.jobs.injob import jobenv
+from slurm_spot.recovery import process_started
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
         dist.init_process_group("gloo")
+    times = {"process_started": process_started(), "started": round(started, 3),
+             "process_group": round(time.time(), 3)}
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
 
@@ -131,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.timestamps:
             event["time"] = round(time.time(), 3)
             if event["event"] in ("start", "resume"):
-                event["started"] = round(started, 3)
+                event.update(times)
         emit(rank, **event)
 
     torch.use_deterministic_algorithms(True)
@@ -157,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ckpt = Checkpointer(directory, keep=args.keep) if directory else None
     restarts = jobenv.restart_count(os.environ)
+    times["restoring"] = round(time.time(), 3)
     found = ckpt.restore(state) if ckpt else None
     if found is not None:
         say(event="resume", step=state.step, checkpoint=str(found.path), restarts=restarts)

@@ -193,6 +193,7 @@ def test_verdict_fails_a_requeue_an_unfinished_job_and_a_loss_off_the_reference(
     (["--s3-addressing-style", "path"], "--s3-addressing-style"),
     (["--steps", "300"], "--steps 300"),
     (["--workdir", "/tmp/" + "w" * 80], "--workdir /tmp/www"),
+    (["--no-preload"], "--preload/--no-preload"),  # the elastic demo's workers start warm
 ])
 def test_elastic_refuses_options_that_do_not_go_with_it(args: list[str], named: str) -> None:
     """Exit 2 naming the option, before any cluster is started."""

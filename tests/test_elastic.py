@@ -249,7 +249,7 @@ def test_no_preload_reaches_every_agent_and_replacement(tmp_path: Path, hybrid: 
     (["--elastic", "2:3"], "--elastic needs --torchrun"),
     (["--torchrun", "--elastic", "3:2"], "MIN <= MAX"),
     (["--torchrun", "--rendezvous", "h:1"], "--rendezvous is for elastic jobs"),
-    (["--torchrun", "--no-preload"], "--no-preload is for elastic jobs"),
+    (["--no-preload"], "--no-preload is for --torchrun jobs"),
     (["--torchrun", "--elastic", "2:3", "--rendezvous", "h:0"], "1..65535"),
     (["--torchrun", "--elastic", "2:3", "--join-timeout", "0"], "--join-timeout"),
     (["--torchrun", "--elastic", "2:3", "--rendezvous", "h;touch${IFS}/tmp/x:5"],

@@ -47,6 +47,10 @@ def test_demo_survives_two_interruptions_bit_exact(tmp_path: Path) -> None:
     # notice, and every part of the recovery was timed.
     assert notice["prewarmed"] is True and notice["breakdown"]["landed_on_replacement"]
     assert all(notice["breakdown"][part] is not None for part in PARTS)
+    # ... and allocation -> first step part by part (slurmd's log, the batch script's and
+    # the agents' lines, the training's timestamps), warm workers by default.
+    assert all(value is not None for value in notice["breakdown"]["startup"].values()), notice
+    assert result["preload"] is True
     assert kill["prewarmed"] is False and kill["breakdown"]["exit_to_first_step_s"] is not None
     assert kill["recovery_s"] < 120  # the reconciler, not SlurmdTimeout (300 s), brought it back
     print(json.dumps({"wall_s": result["wall_s"], "interruptions": result["interruptions"]}))

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from datetime import datetime, timezone
 
-from slurm_spot.recovery import PARTS, breakdown, slurm_time
+import pytest
+
+from slurm_spot.recovery import (
+    PARTS,
+    STARTUP_PARTS,
+    breakdown,
+    process_started,
+    slurm_time,
+    startup_times,
+)
 
 
 def _iso(ts: float) -> str:
@@ -49,3 +62,63 @@ def test_kill_breakdown_starts_at_the_kill_and_has_no_signal() -> None:
 def test_slurm_time_unknown_values() -> None:
     assert slurm_time("Unknown") is None and slurm_time("") is None and slurm_time("x") is None
     assert slurm_time("2026-12-01T07:20:01") is not None
+
+
+def _slurmd(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]  # as slurmd logs
+
+
+def test_startup_split_from_slurmd_logs_the_batch_script_agents_and_training() -> None:
+    """Allocation -> first step, part by part: slurmd's lines (the latest node's), the batch
+    script's and the agents' lines of the job's output, the training's timestamps; what
+    came before the interruption (the previous run's lines, another job's) is not used."""
+    t0 = 1_800_000_000.0
+    logs = [
+        f"[{_slurmd(t0 - 50)}] Launching batch job 5 for UID 0\n"  # the run before
+        f"[{_slurmd(t0 + 10.4)}] Launching batch job 5 for UID 0\n"
+        f"[{_slurmd(t0 + 10.5)}] Launching batch job 6 for UID 0\n"
+        f"[{_slurmd(t0 + 10.9)}] launch task StepId=5.0 request from UID:0 GID:0 HOST:x\n",
+        f"[{_slurmd(t0 + 11.0)}] launch task StepId=5.0 request from UID:0 GID:0 HOST:x\n"
+        f"[{_slurmd(t0 + 11.2)}] [5.0] done with job\n",
+    ]
+    output = [f"slurm-spot: job 5 restart 0 on spot-[1-2] at {t0 - 49:.6f}",
+              f"slurm-spot: job 5 restart 1 on spot-[2-3] at {t0 + 10.6:.6f}",
+              f"slurm-spot: agent started at {t0 + 11.5:.3f} on spot-2",
+              f"slurm-spot: agent started at {t0 + 11.7:.3f} on spot-3",
+              "slurm-spot: torchrun --nnodes=2 ..."]
+    startup = startup_times(5, t0, output, logs)
+    assert startup == pytest.approx({"batch_launch": t0 + 10.4, "step_launch": t0 + 11.0,
+                                     "batch_start": t0 + 10.6, "agent_started": t0 + 11.7})
+    training = [{"event": "resume", "step": 40, "time": t0 + 15.0, "started": t0 + 13.0,
+                 "process_started": t0 + 12.9, "process_group": t0 + 13.5,
+                 "restoring": t0 + 14.5},
+                {"event": "step", "step": 41, "time": t0 + 15.25}]
+    job = {"EligibleTime": _local(t0 + 6.0), "StartTime": _local(t0 + 10.0), "NodeList": "x"}
+    parts = breakdown("kill", t0, 60, training, [], job, 5, startup)["startup"]
+    assert isinstance(parts, dict) and list(parts) == list(STARTUP_PARTS)
+    assert parts == {"allocation_to_launch_s": 0.4, "launch_to_batch_s": 0.2,
+                     "batch_to_step_s": 0.4, "step_to_agent_s": 0.7, "agent_s": 1.2,
+                     "worker_s": 0.1, "gloo_s": 0.5, "setup_s": 1.0, "restore_s": 0.5,
+                     "first_step_s": 0.25}
+    # Their sum is allocation -> first step.
+    assert round(sum(parts.values()), 2) == 5.25
+    # Without the start-up sources, those parts are unknown, not zero.
+    unknown = breakdown("kill", t0, 60, training[1:], [], job, 5)["startup"]
+    assert isinstance(unknown, dict) and set(unknown.values()) == {None}
+
+
+def test_process_started_is_when_the_process_was_forked() -> None:
+    """/proc's start time of a process started now, and of this test's process (earlier)."""
+    before = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        started = process_started(proc.pid)
+        assert started is not None and before - 0.1 <= started <= time.time() + 0.1
+        mine = process_started()
+        assert mine is not None and mine <= started
+        again = process_started(os.getpid())
+        assert again is not None and abs(again - mine) < 0.05
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_started(proc.pid) is None  # gone

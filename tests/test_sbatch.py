@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -305,3 +306,55 @@ def test_the_watcher_reads_the_signal_sbatch_will_use(cli: list[str], env: dict,
     assert chosen.signal == expected, plan.script
     assert plan.script.endswith("srun python train.py\n")  # the body is untouched
     assert plan.options == cli  # sbatch still gets the user's options as typed
+
+
+FAKE_SRUN = """#!/bin/bash
+# records how the batch script runs its job step, one word a line; exits as the agent would
+printf '%s\\n' "$@" > "$SRUN_ARGV"
+exit "${SRUN_EXIT:-0}"
+"""
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["warm", "no-preload"])
+@pytest.mark.parametrize("agent_exit", [0, 85])
+def test_torchrun_script_runs_one_agent_per_node_warm_unless_no_preload(
+        tmp_path: Path, preload: bool, agent_exit: int) -> None:
+    """The generated batch script of a plain --torchrun job, run by bash with a recording
+    srun: one task per node, the agent with --no-preload only when asked (warm worker start
+    by default), the training script's path and arguments word for word; the batch script
+    exits with the agent's status (the requeue code is said, for RequeueExit) and its first
+    line has the time it started (the demo's start-up breakdown reads it)."""
+    import subprocess
+
+    config = tmp_path / "spot.yaml"
+    config.write_text(yaml.safe_dump({
+        "cluster": "c", "node_sets": [{"name": "spot", "provider": "local", "count": 2}],
+        "partitions": [{"name": "spot", "node_sets": ["spot"]}],
+        "preemption": {"signal": "SIGUSR2", "lead_s": 120}}))
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    words = ["--config", str(config), "sbatch", "--torchrun", "--dry-run", "--json", "-N", "2",
+             *([] if preload else ["--no-preload"]), str(train), "--lr", "1 2"]
+    result = CliRunner().invoke(cli, words)
+    assert result.exit_code == 0, result.output
+    script = tmp_path / "batch.sh"
+    script.write_text(read_envelope(result.output)["script"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SRUN_ARGV": str(tmp_path / "argv"),
+           "SRUN_EXIT": str(agent_exit), "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "3",
+           "SLURM_JOB_NODELIST": "spot-[1-2]", "SLURM_JOB_NUM_NODES": "2"}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.returncode == agent_exit, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("slurm-spot: job 42 restart 3 on spot-[1-2] at ")
+    assert abs(float(first.rsplit(" ", 1)[1]) - time.time()) < 30
+    assert ("exiting 85 for requeue" in proc.stdout) == (agent_exit == 85)
+    argv = (tmp_path / "argv").read_text().splitlines()
+    agent = argv.index("slurm_spot.jobs.injob.torchrun_agent")
+    assert argv[:3] == ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    assert argv[agent + 1:] == ["--nproc-per-node=1", *([] if preload else ["--no-preload"]),
+                                "--", str(train), "--lr", "1 2"]

@@ -234,3 +234,91 @@ def test_no_warm_worker_or_fork_server_outlives_the_agent(tmp_path: Path, how: s
         assert _all_ended(tree, 30) == set(), "".join(lines)
     finally:
         agent.kill()
+
+
+#: The real agent's main() (as ``python -m slurm_spot.jobs.injob.torchrun_agent`` runs it in
+#: the batch script's job step), with this node's address given: no scontrol here.
+MAIN = """
+import sys
+from slurm_spot.jobs.injob import torchrun_agent as a
+a.node_addr = lambda client, node: "127.0.0.1"
+a.leave(a.main(sys.argv[1:]))
+"""
+
+#: A worker that reports what it was started with: environment, argv, signal dispositions,
+#: sys.path[0], __file__, stdin.
+REPORT = """
+import json, os, signal, sys
+def disposition(number):
+    handler = signal.getsignal(number)
+    return {signal.SIG_IGN: "ignored", signal.SIG_DFL: "default"}.get(handler, "handled")
+print("report " + json.dumps({
+    "env": dict(os.environ), "argv": sys.argv, "path0": sys.path[0], "file": __file__,
+    "signals": {s.name: disposition(s) for s in
+                (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)},
+}), flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _run_main(tmp_path: Path, preload: bool, port: int, code: int) -> tuple[int, str, list[dict]]:
+    """The real agent (not elastic, 2 workers) of job 7 on one node, ``--no-preload`` or not;
+    returns its exit status, its output and the workers' reports (by RANK)."""
+    import json
+
+    worker = tmp_path / "report.py"
+    worker.write_text(REPORT)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "SLURM_JOB_ID": "7",
+           "SLURM_RESTART_COUNT": "1", "SLURMD_NODENAME": "localhost",
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_SPOT_PREEMPT_SIGNAL": "USR2"}
+    words = ["--nproc-per-node=2", f"--port={port}", *([] if preload else ["--no-preload"]),
+             "--", str(worker), str(code), "--flag", "x y"]
+    proc = subprocess.run([sys.executable, "-c", MAIN, *words], env=env, cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=240, check=False)
+    reports = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
+               if line.startswith("report ")]
+    return proc.returncode, proc.stdout, sorted(reports, key=lambda r: int(r["env"]["RANK"]))
+
+
+#: Worker variables whose values differ between any two runs: the workers' store port (a free
+#: port torch picks) and torch's per-run error file.
+_PER_RUN = ("MASTER_PORT", "TORCHELASTIC_ERROR_FILE")
+
+
+@pytest.mark.parametrize("code", [0, 85, 3])
+def test_plain_agent_warm_workers_see_what_stock_workers_see(tmp_path: Path, code: int) -> None:
+    """The plain (not elastic) agent starts its workers warm by default: they are forks of
+    the fork server (the agent says so), and they see exactly what ``--no-preload`` workers
+    (``python -u SCRIPT``, torchrun's own start) see: every environment variable (RANK,
+    LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_*, ...) with the same values, the same
+    argv, sys.path[0] and __file__, the preemption signal still ignored (as the agent ignores
+    it), SIGTERM and SIGHUP at their default action. The agent's exit status is the same
+    too: 0, the requeue code (85) passed on, 1 for a crash."""
+    results = {}
+    for preload, port in ((False, 29611 + code), (True, 29711 + code)):
+        results[preload] = _run_main(tmp_path, preload, port, code)
+    expected = {0: 0, 85: 85, 3: 1}[code]
+    for preload, (status, out, reports) in results.items():
+        assert status == expected, out
+        assert len(reports) == 2, out
+        assert ("warm worker start: fork server" in out) == preload, out
+        assert "slurm-spot: agent started at " in out
+    stock, warm = results[False][2], results[True][2]
+    for cold, hot in zip(stock, warm, strict=True):
+        assert sorted(hot["env"]) == sorted(cold["env"]), (
+            set(hot["env"]) ^ set(cold["env"]))
+        assert {k: v for k, v in hot["env"].items() if k not in _PER_RUN} == {
+            k: v for k, v in cold["env"].items() if k not in _PER_RUN}
+        assert hot["argv"] == cold["argv"] and hot["argv"][1:] == [str(code), "--flag", "x y"]
+        assert hot["path0"] == cold["path0"] and hot["file"] == cold["file"]
+        assert hot["signals"] == cold["signals"] == {
+            "SIGUSR2": "ignored", "SIGTERM": "default", "SIGHUP": "default",
+            "SIGINT": "handled"}
+    assert [r["env"]["RANK"] for r in warm] == ["0", "1"]
+    assert {r["env"]["LOCAL_RANK"] for r in warm} == {"0", "1"}
+    assert {r["env"]["WORLD_SIZE"] for r in warm} == {"2"}
+    assert {r["env"]["TORCHELASTIC_RUN_ID"] for r in warm} == {"7"}
+    assert {r["env"]["MASTER_ADDR"] for r in warm} == {"127.0.0.1"}  # the node's --local-addr
+    assert len({r["env"]["MASTER_PORT"] for r in warm}) == 1

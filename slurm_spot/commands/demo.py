@@ -56,6 +56,10 @@ class _Seconds(click.FloatRange):
               help="preemption.prewarm: boot the replacement during the notice [default: on; "
                    "--elastic: off, so that the survivors train with the smaller world before "
                    "the replacement, which then needs a power-up, joins].")
+@click.option("--preload/--no-preload", default=True,
+              help="The job's workers start warm (forks of a server that imported torch and "
+                   "the script's imports), or, --no-preload, each as a new 'python -u "
+                   "SCRIPT' (slurm-spot sbatch --torchrun --no-preload) [default: warm].")
 @click.option("--checkpoint-root", default=None, metavar="s3://BUCKET/PREFIX",
               help="Keep the job's checkpoints in S3 (credentials: boto3's standard chain).")
 @click.option("--s3-endpoint-url", default=None, help="S3 endpoint (MinIO, moto, ...).")
@@ -67,7 +71,7 @@ class _Seconds(click.FloatRange):
 @click.pass_context
 def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdir: Path | None,
                  steps: int | None, keep_cluster: bool, boot_delay_s: float,
-                 notice_s: float | None, prewarm: bool,
+                 notice_s: float | None, prewarm: bool, preload: bool,
                  checkpoint_root: str | None, s3_endpoint_url: str | None,
                  s3_addressing_style: str, as_json: bool) -> None:
     """Run a 2-node torchrun job on local spot nodes, preempt it twice, watch it finish.
@@ -93,6 +97,11 @@ def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdi
         _ft_demo(ctx, workdir, steps, keep_cluster, boot_delay_s, notice_s, prewarm, as_json)
         return
     if elastic:
+        from click.core import ParameterSource
+
+        if ctx.get_parameter_source("preload") not in (ParameterSource.DEFAULT, None):
+            raise BadInputError("--preload/--no-preload does not go with --elastic (the "
+                                "elastic demo's workers always start warm)")
         _elastic_demo(ctx, workdir, steps, keep_cluster, boot_delay_s, notice_s, prewarm,
                       as_json)
         return
@@ -113,7 +122,7 @@ def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdi
                                 "s3://bucket/prefix")
     settings = DemoSettings(workdir=workdir, steps=steps, keep_cluster=keep_cluster,
                             boot_delay_s=boot_delay_s, notice_s=notice_s, prewarm=prewarm,
-                            checkpoint_root=checkpoint_root, s3_endpoint_url=s3_endpoint_url,
+                            preload=preload, checkpoint_root=checkpoint_root, s3_endpoint_url=s3_endpoint_url,
                             s3_addressing_style=s3_addressing_style)
 
     # The demo's lines go to stdout (stderr with --json); at a terminal a spinner with the

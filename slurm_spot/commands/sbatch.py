@@ -67,8 +67,10 @@ def _our_options(line: CommandLine) -> dict[str, object]:
         if "coordinator-partition" not in ours:
             raise BadInputError("--fault-tolerant needs --coordinator-partition P: the on-demand "
                                 "partition whose node runs the job's torchft lighthouse")
-    for name in ("rendezvous", "join-timeout", "coordinator-partition", "no-replacements",
-                 "no-preload"):
+    if "no-preload" in ours and not ours.get("torchrun"):
+        raise BadInputError("--no-preload is for --torchrun jobs (it changes how their "
+                            "workers start)")
+    for name in ("rendezvous", "join-timeout", "coordinator-partition", "no-replacements"):
         if name == "coordinator-partition" and groups is not None:
             continue
         if name in ours and elastic is None:
@@ -143,11 +145,11 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
     --no-replacements    with --elastic: do not replace lost nodes (by default one-node
                          companion jobs, <name>+replacement, join until the job is back
                          at the node count it started with, at most MAX).
-    --no-preload         with --elastic: start each worker as a new 'python -u SCRIPT'
-                         (slow: torch and the script's imports every restart) instead of
-                         forking it from a server that imported them before the worker's
-                         environment (RANK, CUDA_VISIBLE_DEVICES) was set; for scripts
-                         whose imports read that environment.
+    --no-preload         with --torchrun: start each worker as a new 'python -u SCRIPT'
+                         (slower: torch and the script's imports again at every start)
+                         instead of forking it from a server that imported them before the
+                         worker's environment (RANK, CUDA_VISIBLE_DEVICES) was set; for
+                         scripts whose imports read that environment.
     --dry-run            print the final batch script and sbatch command line only.
     --json               print the job id (or, with --dry-run, script and argv) as JSON.
     --checkpoint-root s3://BUCKET/PREFIX   this job's checkpoints in S3 (not the config's root).
@@ -197,7 +199,7 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
                                   bool(ours["replacements"]), bool(ours["preload"]))
         else:
             text = torchrun_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
-                                   str(ours["python"]), env)
+                                   str(ours["python"]), env, bool(ours["preload"]))
         script_args = []
     else:
         try:  # any bytes, as sbatch takes them (a Latin-1 comment): kept, and passed on as read

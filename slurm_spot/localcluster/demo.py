@@ -34,7 +34,7 @@ from slurm_spot.config import LOCAL_COST
 from slurm_spot.errors import SlurmSpotError
 from slurm_spot.events import read_events
 from slurm_spot.jsonenvelope import read_envelope
-from slurm_spot.recovery import PARTS, breakdown
+from slurm_spot.recovery import PARTS, STARTUP_PARTS, breakdown, startup_times
 from slurm_spot.resources import example
 from slurm_spot.slurm.client import SlurmClient, run_command
 
@@ -90,6 +90,8 @@ class DemoSettings:
     keep_cluster: bool = False
     boot_delay_s: float = 2.0
     prewarm: bool = True
+    #: the job's workers start warm (False: ``slurm-spot sbatch --torchrun --no-preload``)
+    preload: bool = True
     #: an ``s3://bucket/prefix`` checkpoint root (None: a directory in ``workdir``), and how
     #: to reach it; credentials come from the environment (boto3's chain)
     checkpoint_root: str | None = None
@@ -99,10 +101,12 @@ class DemoSettings:
 
 @dataclass
 class TrainingLog:
-    """Reads the job's output file incrementally; remembers when each event was first seen."""
+    """Reads the job's output file incrementally; remembers when each event was first seen,
+    and keeps slurm-spot's own lines (the batch script's and the agents', ``slurm-spot: ...``)."""
 
     path: Path
     events: list[tuple[float, dict]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
     _offset: int = 0
 
     def poll(self) -> None:
@@ -115,6 +119,8 @@ class TrainingLog:
         self._offset += len(complete)
         now = time.monotonic()
         for line in complete.decode(errors="replace").splitlines():
+            if line.startswith("slurm-spot: "):
+                self.lines.append(line)
             if line.startswith("{"):
                 try:
                     self.events.append((now, json.loads(line)))
@@ -370,13 +376,15 @@ class Demo:
             "reference_loss": reference.get("loss"),
             "exact_resume": done.get("weights_sha256") == reference.get("weights_sha256"),
             "wall_s": round(time.monotonic() - self.started, 1),
+            "preload": self.s.preload,
             "workdir": str(self.s.workdir),
         }
 
     def _submit(self, steps: int) -> tuple[int, TrainingLog]:
         out = self.s.workdir / "train-%j.out"
         submitted = read_envelope(self.spot(
-            "sbatch", "--torchrun", "--json", "-p", "spot", "-N", "2", "-o", str(out),
+            "sbatch", "--torchrun", *([] if self.s.preload else ["--no-preload"]),
+            "--json", "-p", "spot", "-N", "2", "-o", str(out),
             str(example_script()), "--steps", str(steps), "--step-sleep", str(self.s.step_sleep_s),
             "--checkpoint-every", str(self.s.checkpoint_every), "--log-every", "1",
             "--timestamps"), "sbatch")
@@ -425,8 +433,11 @@ class Demo:
         watch = [e for e in read_events(self.s.workdir / "log")
                  if e.get("source") == "watch" and job in list(e.get("job_ids") or [])  # type: ignore[call-overload]
                  and datetime.fromisoformat(str(e["time"])).timestamp() >= interrupted_at - 1]
+        logs = [path.read_text(errors="replace")
+                for path in sorted((self.s.workdir / "log").glob("slurmd-*.log"))]
+        startup = startup_times(job, interrupted_at, log.lines, logs)
         event.breakdown = breakdown(kind, interrupted_at, step_at_notice, since, watch,
-                                    self.job_fields(job), job)
+                                    self.job_fields(job), job, startup)
         self.say(f"resumed from step {event.resumed_from} after {event.recovery_s:.0f} s "
                  f"({event.lost_steps} step(s) lost); exit -> first resumed step "
                  f"{event.breakdown['exit_to_first_step_s']} s, prewarmed "
@@ -447,6 +458,11 @@ def summary_lines(result: dict[str, object]) -> list[str]:
                  for p in PARTS if parts.get(p) is not None]
         lines.append(f"    {', '.join(shown)} (s); exit->first step "
                      f"{parts.get('exit_to_first_step_s')} s")
+        startup = parts.get("startup") or {}
+        shown = [f"{p.removesuffix('_s').replace('_to_', '->')} {startup.get(p)}"
+                 for p in STARTUP_PARTS if startup.get(p) is not None]
+        if shown:
+            lines.append(f"    allocation->first step: {', '.join(shown)} (s)")
     lines.append(f"final loss {result['final_loss']} (reference {result['reference_loss']}); "
                  f"weights {'identical to' if result['exact_resume'] else 'DIFFERENT from'} "
                  "the uninterrupted run")

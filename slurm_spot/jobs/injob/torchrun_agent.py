@@ -14,6 +14,17 @@
   ``RequeueExit``) can tell a preemption from a crash;
 - a death signal to the agent (SIGTERM when Slurm ends the step: the job requeued itself,
   ``scancel``, a power-down): torchrun stops the workers, the agent exits 128 + the signal;
+- workers start warm by default (:func:`launch_warm`, as in elastic mode below): forks of a
+  fork server that imported torch and the script's top-level imports while this agent
+  imported torch and formed the rendezvous, so the node starts no interpreter and imports
+  nothing on the way from rendezvous to the workers' first line; the fork server and the
+  workers keep the preemption signal ignored (as a stock worker inherits it) until the
+  script installs its handler, and get SIGTERM/SIGHUP back at their default action;
+  ``--no-preload`` keeps torchrun's ``python -u SCRIPT`` per worker;
+- timing: the agent's first line on stderr, ``slurm-spot: agent started at T``
+  (:data:`STARTED`, seconds since the epoch once this module's own imports are done:
+  after the interpreter's start, before torch), is what ``slurm-spot demo`` reads for its breakdown
+  (slurm_spot/recovery.py);
 - exit: once torchrun has returned (workers ended, rendezvous closed) the agent runs its
   ``atexit`` handlers, flushes and leaves with ``os._exit``: tearing down an interpreter that
   imported torch took 2.7-3.5 s on the shared 2-CPU test machine, and the job step (so the
@@ -59,6 +70,7 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
@@ -68,6 +80,10 @@ from slurm_spot.errors import BadInputError
 from slurm_spot.hostlist import expand
 from slurm_spot.jobs.injob import jobenv
 from slurm_spot.slurm.client import SlurmClient
+
+#: When this module's imports were done (seconds since the epoch): the agent's start, before
+#: any import of torch, for the start-up breakdown (slurm_spot/recovery.py).
+STARTED = time.time()
 
 DEFAULT_PORT_BASE = 29400
 #: torchrun's rendezvous backend of elastic runs: the c10d backend on the store of
@@ -187,16 +203,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="the workers' SLURM_SPOT_CHECKPOINT_DIR (a replacement's workers "
                              "use the elastic job's checkpoints, not their own job's)")
     parser.add_argument("--no-preload", action="store_true",
-                        help="with --elastic: start each worker as a new 'python -u SCRIPT' "
-                             "(torchrun's own way) instead of as a fork of a server that "
-                             "preloaded torch and the script's imports (see the module "
-                             "docstring)")
+                        help="start each worker as a new 'python -u SCRIPT' (torchrun's own "
+                             "way) instead of as a fork of a server that preloaded torch and "
+                             "the script's imports (see the module docstring)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no training script given")
     env = os.environ
+    print(f"slurm-spot: agent started at {STARTED:.3f} on "
+          f"{env.get('SLURMD_NODENAME', 'localhost')}", file=sys.stderr, flush=True)
     spec = jobenv.preemption_signal(env)
     client = SlurmClient(os.environ.get(jobenv.ENV_SLURM_BIN_DIR, "/usr/bin"))
     head = expand(env.get("SLURM_JOB_NODELIST", env.get("SLURMD_NODENAME", "localhost")))[0]
@@ -227,7 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
     # The workers inherit SIG_IGN until they install their own handler: a signal that comes
     # before that is lost rather than fatal; the watcher's power-down still requeues the job.
-    return run_torchrun(targs, jobenv.requeue_exit_code(env))
+    # Warm, the fork server ignores SIGTERM and SIGHUP too (Slurm signals every process of
+    # the step, and it must outlive its workers); the workers get those two back at their
+    # default action and keep the preemption signal ignored, as a subprocess worker has them.
+    if args.no_preload:
+        return run_torchrun(targs, jobenv.requeue_exit_code(env))
+    deaths = sorted({int(signal.SIGTERM), int(signal.SIGHUP)} - {spec.number})
+    return run_torchrun(targs, jobenv.requeue_exit_code(env),
+                        warm_signals=sorted({spec.number, *deaths}), warm_reset=deaths)
 
 
 def _leave_on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -279,7 +303,8 @@ def _leave_rendezvous() -> None:
 
 
 def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
-                 joining: bool = False, warm_signals: list[int] | None = None) -> int:
+                 joining: bool = False, warm_signals: list[int] | None = None,
+                 warm_reset: list[int] | None = None) -> int:
     """Run torchrun (``torch.distributed.run``) with ``targs`` in this process; returns the
     agent's exit status: 0, ``requeue_code`` when a worker exited with it (or, ``elastic``,
     when the rendezvous could not be formed again), 128 + the signal when a death signal
@@ -291,8 +316,9 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
 
     ``warm_signals`` (not None): start the workers warm (:func:`launch_warm`, forks of a fork
     server that preloaded torch and the script's imports) instead of as ``python -u SCRIPT``;
-    the listed signals (signal numbers) are ignored in the fork server. Exit codes are the
-    same either way."""
+    the listed signals (signal numbers) are ignored in the fork server and get their default
+    action back in each worker, or, with ``warm_reset`` (not None), only those listed there
+    do (the others stay ignored in the workers). Exit codes are the same either way."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
@@ -305,7 +331,7 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
         _capture_rendezvous_handler()
     try:
         if warm_signals is not None:
-            launch_warm(targs, warm_signals)
+            launch_warm(targs, warm_signals, warm_reset)
         else:
             torchrun_main(targs)
     except RendezvousError as exc:
@@ -347,7 +373,8 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
     return 0
 
 
-def launch_warm(targs: list[str], ignore_signals: list[int]) -> None:
+def launch_warm(targs: list[str], ignore_signals: list[int],
+                reset_signals: list[int] | None = None) -> None:
     """torchrun with ``targs`` (the same arguments, parsed by ``torch.distributed.run``'s own
     ``parse_args``/``config_from_args``), but its workers started warm
     (:mod:`slurm_spot.jobs.injob.warm_worker`): the fork server is started now, preloading torch
@@ -356,7 +383,8 @@ def launch_warm(targs: list[str], ignore_signals: list[int]) -> None:
     with :func:`~slurm_spot.jobs.injob.warm_worker.run_script` (start method ``forkserver``,
     torch's ``MultiprocessContext``). ``ignore_signals`` (signal numbers): ignored in the
     fork server, which Slurm signals with the rest of the step; the workers get their
-    default action back.
+    default action back (only ``reset_signals`` do where it is given: the others stay
+    ignored in the workers, as a worker started by an agent that ignores them inherits them).
 
     Raises what ``torch.distributed.run.main`` raises (``ChildFailedError``,
     ``SignalException``, ``RendezvousError``).
@@ -378,8 +406,9 @@ def launch_warm(targs: list[str], ignore_signals: list[int]) -> None:
                                         warm_worker.script_folder(script))
     print(f"slurm-spot: warm worker start: fork server {pid} preloads {','.join(modules)}",
           file=sys.stderr, flush=True)
+    reset = ignore_signals if reset_signals is None else reset_signals
     elastic_launch(config, warm_worker.run_script)(
-        ",".join(str(n) for n in ignore_signals), script, *args.training_script_args)
+        ",".join(str(n) for n in reset), script, *args.training_script_args)
 
 
 def _use_warm_context() -> None:
@@ -387,7 +416,8 @@ def _use_warm_context() -> None:
     distributed/elastic/multiprocessing/__init__.py ``start_processes`` looks the class up in
     its module), and log a worker's failure without a traceback of torch's own, as for a
     subprocess worker. Uses torch's module layout; if it differs, workers still start warm,
-    only a worker that ends with ``os._exit(0)`` is then not seen to have finished."""
+    only a worker that ends with ``os._exit(0)`` is then not seen to have finished, and one
+    misses what the agent put in its environment after the fork server started."""
     import logging
 
     import torch.distributed.elastic.multiprocessing as tmp
@@ -403,6 +433,18 @@ def _use_warm_context() -> None:
         for a return value from every worker and would poll forever."""
 
         _slurm_spot_warm = True
+
+        def _start(self):  # type: ignore[no-untyped-def]
+            # A subprocess worker gets the agent's environment as it is at the launch plus
+            # torch's per-rank variables (SubprocessContext); a fork of the fork server has
+            # the environment the server started with, and torch's worker wrapper adds the
+            # per-rank ones (``_wrap``: os.environ.update). Give it the agent's, as now, too:
+            # torch sets some after the server started (TORCHELASTIC_SIGNALS_TO_HANDLE,
+            # torch/distributed/launcher/api.py ``launch_agent``).
+            agent = dict(os.environ)
+            envs: dict[int, dict[str, str]] = self.envs  # type: ignore[has-type]
+            self.envs = {rank: {**agent, **env} for rank, env in envs.items()}
+            return super()._start()
 
         def _poll(self):  # type: ignore[no-untyped-def]
             result = super()._poll()

@@ -30,10 +30,18 @@ from slurm_spot.slurm.client import SlurmClient
 
 
 def torchrun_script(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
-                    python: str, env: list[tuple[str, str]]) -> str:
-    """The batch script that starts one torchrun agent per node for ``script`` (pure)."""
+                    python: str, env: list[tuple[str, str]], preload: bool = True) -> str:
+    """The batch script that starts one torchrun agent per node for ``script`` (pure), one
+    job step on every node (``srun --ntasks-per-node=1``). ``preload`` (the default): the
+    agents start their workers warm, as forks of a server that imported torch and the
+    script's imports (:mod:`slurm_spot.jobs.injob.warm_worker`); False: the agents get
+    ``--no-preload`` and each worker starts as ``python -u SCRIPT`` (torchrun's own way).
+    The script's first line of output names the job, its restart count, its nodes and the
+    time it started (bash's ``$EPOCHREALTIME``, seconds since the epoch), which
+    ``slurm-spot demo`` reads for its start-up breakdown (slurm_spot/recovery.py)."""
     return render_template("torchrun-batch.sh.j2",
-                           **_torchrun_fields(config, script, args, nproc_per_node, python, env))
+                           **_torchrun_fields(config, script, args, nproc_per_node, python, env),
+                           preload=preload)
 
 
 def _torchrun_fields(config: SpotConfig, script: str, args: list[str], nproc_per_node: int,
