@@ -5,7 +5,8 @@
   runs ``slurm-spot lighthouse --job`` (a front door that lets in only the job's owner) at its
   NodeAddr, port :data:`LIGHTHOUSE_PORT_BASE` + job id % 1000 (never every interface),
   until none of its replica groups is pending or running (their ids are in its Comment,
-  ``slurm-spot-ft-groups:ID,...``, set right after they are submitted). How it is started is :func:`lighthouse_launch`, the one place to change that.
+  ``slurm-spot-ft-groups:ID,...``, set right after they are submitted). How it is started
+  is :func:`lighthouse_launch`, the one place to change that.
 - **One job per replica group** on ``-p``'s spot partition, ``--requeue`` like every
   ``slurm-spot sbatch`` job, one node, one process (``srun`` step: the watcher signals it
   there). Its nodes boot while the lighthouse's does (no ``--dependency`` on it: that made
