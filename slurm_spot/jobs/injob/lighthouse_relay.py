@@ -42,6 +42,7 @@ from slurm_spot.jobs.rendezvous_wire import (
     client_handshake,
     relay,
 )
+from slurm_spot.jobs.services.accept_loop import AcceptLoop
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def loopback_peer_uid(conn: socket.socket, table: Path = Path("/proc/net/tcp")) 
     return None
 
 
-class LighthouseRelay:
+class LighthouseRelay(AcceptLoop):
     """A relay on ``127.0.0.1`` to the lighthouse front door at ``host:port`` for ``job``.
 
     Args:
@@ -107,10 +108,9 @@ class LighthouseRelay:
         self.host, self.port, self.job = host, port, job
         self.where = format_endpoint(host, port)
         self.authenticator = authenticator or MungeAuthenticator()
-        self.sock = listen_socket(LOOPBACK, listen_port)
+        super().__init__(listen_socket(LOOPBACK, listen_port))
         self.uid = os.getuid()
         self.timeout_s = timeout_s
-        self._closed = threading.Event()
         #: Local connections refused because another uid opened them.
         self.refused_local = 0
 
@@ -168,28 +168,7 @@ class LighthouseRelay:
                          name=f"lighthouse-relay-{self.job}").start()
         return self
 
-    def serve_forever(self) -> None:
-        """Accept local connections until :meth:`close`, each relayed in a thread of its
-        own."""
-        while not self._closed.is_set():
-            try:
-                conn, _peer = self.sock.accept()
-            except OSError:
-                if self._closed.is_set():
-                    return
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def close(self) -> None:
-        """Stop accepting (relayed connections go on until they end)."""
-        self._closed.set()
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def serve_connection(self, conn: socket.socket, peer: object) -> None:
         with conn:
             uid = loopback_peer_uid(conn)
             if uid != self.uid:

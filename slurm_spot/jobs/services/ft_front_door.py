@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 
 from slurm_spot.jobs.rendezvous_wire import (
     LIGHTHOUSE_PROTOCOL,
@@ -39,6 +38,7 @@ from slurm_spot.jobs.rendezvous_wire import (
     relay,
     server_handshake,
 )
+from slurm_spot.jobs.services.accept_loop import AcceptLoop
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ MAX_CONNECTIONS = 1024
 UPSTREAM_CONNECT_TIMEOUT_S = 10.0
 
 
-class LighthouseFrontDoor:
+class LighthouseFrontDoor(AcceptLoop):
     """Admits the owner of ``job`` on a listening socket and relays to ``upstream``.
 
     Args:
@@ -64,10 +64,9 @@ class LighthouseFrontDoor:
 
     def __init__(self, sock: socket.socket, upstream: tuple[str, int], job: str,
                  owner_uid: int, authenticator: Authenticator) -> None:
-        self.sock, self.upstream, self.job = sock, upstream, job
+        super().__init__(sock, MAX_CONNECTIONS)
+        self.upstream, self.job = upstream, job
         self.owner_uid, self.authenticator = owner_uid, authenticator
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._closed = threading.Event()
         #: Connections admitted and refused so far (for logs and tests).
         self.admitted = 0
         self.refused = 0
@@ -77,30 +76,9 @@ class LighthouseFrontDoor:
         """The port the front door listens on."""
         return int(self.sock.getsockname()[1])
 
-    def serve_forever(self) -> None:
-        """Accept connections until :meth:`close`, each served in a thread of its own."""
-        while not self._closed.is_set():
-            try:
-                conn, peer = self.sock.accept()
-            except OSError:
-                if self._closed.is_set():
-                    return
-                continue
-            if not self._slots.acquire(blocking=False):
-                log.warning("slurm-spot lighthouse: refused %s: %d connections are open "
-                            "already", _peer_text(peer), MAX_CONNECTIONS)
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
-
-    def close(self) -> None:
-        """Stop accepting connections (those relayed already go on until they end)."""
-        self._closed.set()
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+    def refuse_busy(self, peer: object) -> None:
+        log.warning("slurm-spot lighthouse: refused %s: %d connections are open already",
+                    _peer_text(peer), MAX_CONNECTIONS)
 
     def _admit(self, job: str, uid: int) -> None:
         if job != self.job:
@@ -112,7 +90,7 @@ class LighthouseFrontDoor:
         log.warning("slurm-spot lighthouse: refused %s: %s", _peer_text(peer), why)
         self.refused += 1
 
-    def _serve(self, conn: socket.socket, peer: object) -> None:
+    def serve_connection(self, conn: socket.socket, peer: object) -> None:
         try:
             with conn:
                 conn.settimeout(HANDSHAKE_TIMEOUT_S)
@@ -143,8 +121,6 @@ class LighthouseFrontDoor:
                 relay(conn, upstream)
         except OSError:
             pass  # the client went away during the handshake
-        finally:
-            self._slots.release()
 
 
 def _peer_text(peer: object) -> str:

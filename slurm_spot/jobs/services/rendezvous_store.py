@@ -28,6 +28,7 @@ from slurm_spot.jobs.rendezvous_wire import (
     send_frame,
     server_handshake,
 )
+from slurm_spot.jobs.services.accept_loop import AcceptLoop
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def _key(request: dict[str, Any]) -> str:
 OwnerLookup = Callable[[str], "int | None"]
 
 
-class RendezvousServer:
+class RendezvousServer(AcceptLoop):
     """Serves :class:`KeySpaces` on a listening socket to authenticated job owners.
 
     Args:
@@ -170,40 +171,15 @@ class RendezvousServer:
 
     def __init__(self, sock: socket.socket, authenticator: Authenticator,
                  owner_of: OwnerLookup, limits: StoreLimits | None = None) -> None:
-        self.sock = sock
+        super().__init__(sock, MAX_CONNECTIONS)  # beyond: refused rather than queued
         self.authenticator = authenticator
         self.owner_of = owner_of
         self.keys = KeySpaces(limits or StoreLimits())
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._closed = threading.Event()
 
     @property
     def port(self) -> int:
         """The port the server listens on."""
         return int(self.sock.getsockname()[1])
-
-    def serve_forever(self) -> None:
-        """Accept connections until :meth:`close`; each is served in a thread of its own."""
-        while not self._closed.is_set():
-            try:
-                conn, _peer = self.sock.accept()
-            except OSError:
-                if self._closed.is_set():
-                    return
-                continue
-            if not self._slots.acquire(blocking=False):
-                conn.close()  # too many open connections: refuse rather than queue
-                continue
-            threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
-
-    def close(self) -> None:
-        """Stop accepting connections."""
-        self._closed.set()
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
 
     def drop_ended_jobs(self) -> list[str]:
         """Forget the keys of jobs Slurm no longer knows; returns them."""
@@ -212,7 +188,7 @@ class RendezvousServer:
             self.keys.drop(job)
         return ended
 
-    def _serve_connection(self, conn: socket.socket) -> None:
+    def serve_connection(self, conn: socket.socket, peer: object) -> None:
         try:
             with conn:
                 conn.settimeout(HANDSHAKE_TIMEOUT_S)
@@ -225,8 +201,6 @@ class RendezvousServer:
                     send_frame(conn, self._answer(job, request))
         except (OSError, WireError):
             pass
-        finally:
-            self._slots.release()
 
     def _handshake(self, conn: socket.socket) -> str | None:
         """The job the client proved it owns, or None (it was told why, and is dropped)."""
