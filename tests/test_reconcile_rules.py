@@ -256,6 +256,23 @@ def test_booting_node_whose_only_dead_instance_is_older_than_its_boot_waits(tmp_
     assert world.state("spot-1") == "ALLOCATED+CLOUD+POWERING_UP"
 
 
+def test_a_node_powering_up_again_is_not_lost_for_the_instance_slurm_spot_ended(
+        tmp_path: Path) -> None:
+    """Powered down (the suspend hook terminated its instance: event ``terminated``) and
+    powered up again, with no BootTime (slurmctld 22.05 clears it) and the resume hook's
+    launch not yet made: the old instance is not this boot's, the node is not lost, the job
+    stays (seen in the failover e2e, where it was requeued onto another node set)."""
+    world = World(tmp_path)
+    world.slurm.add_node("spot-1", "ALLOCATED+CLOUD+POWERING_UP")
+    world.slurm.add_job(3, ["spot-1"], state="CONFIGURING")
+    old = world.provider.add("spot-1", 60, NOW, InstanceState.TERMINATED,
+                             reason="Terminated by slurm-spot").instance_id
+    world.emit("terminated", "suspend", "spot-1", 51, instance=old)
+    assert world.run().actions == []
+    assert world.state("spot-1") == "ALLOCATED+CLOUD+POWERING_UP"
+    assert world.slurm.jobs[3].state == "CONFIGURING"
+
+
 def test_boot_lost_is_acted_on_once(tmp_path: Path) -> None:
     world = World(tmp_path)
     world.slurm.add_node("spot-1", "ALLOCATED+CLOUD+POWERING_UP")

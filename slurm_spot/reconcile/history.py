@@ -229,7 +229,12 @@ class _Facts:
                 self.quota[set_name] = (code, when)
         elif action == Action.LAUNCH_FAILED and event.get("source") == "resume":
             self.failures.setdefault(node, []).append(when)
-        if action in (Action.RECLAIMED, Action.BOOT_LOST) and event.get("instance"):
+        # TERMINATED: an instance slurm-spot itself ended (the suspend hook, orphans,
+        # duplicates) is never a lost boot of the node's next power-up (seen in the failover
+        # e2e: a node powered down between tests, its BootTime gone, powered up again; the
+        # pass before the resume hook launched read the old instance as this boot's, lost).
+        if action in (Action.RECLAIMED, Action.BOOT_LOST, Action.TERMINATED) and \
+                event.get("instance"):
             self.handled.add(str(event["instance"]))
         job_ids = event.get("job_ids")
         if action in INTERRUPTION_ACTIONS and when > self.jobs_start and isinstance(job_ids, list):
@@ -281,7 +286,8 @@ def build_history(
       ``cooldown_s`` and newer than the node set's last ``cooldown`` event (the reconciler's
       or the resume hook's failover);
     - capacity codes: :data:`KNOWN_CAPACITY_CODES` plus every code an event classed capacity;
-    - handled instances: instances named by ``reclaimed``/``boot_lost`` events;
+    - handled instances: instances named by ``reclaimed``/``boot_lost``/``terminated``
+      events;
     - interrupted jobs: job ids of interruption events within :data:`INTERRUPTION_MEMORY_S`.
     """
     facts = _Facts(node_set_of, now, settings)
