@@ -68,8 +68,10 @@ STARTUP_PARTS = ("allocation_to_launch_s", "launch_to_batch_s", "batch_to_step_s
                  "step_to_agent_s", "agent_s", "worker_s", "gloo_s", "setup_s", "restore_s",
                  "first_step_s")
 
-_SLURMD_LINE = re.compile(r"^\[(?P<time>[0-9T:.-]+)\] (?:Launching batch job (?P<batch>[0-9]+) "
-                          r"|launch task StepId=(?P<step>[0-9]+)\.0 )")
+#: slurmd's two lines: 22.05 and 24.11 say ``Launching batch job 12 for UID 0``, 26.05
+#: ``Launching batch JobId=12 SLUID=... for UID 0`` (seen in the matrix's 26.05 root).
+_SLURMD_LINE = re.compile(r"^\[(?P<time>[0-9T:.-]+)\] (?:Launching batch (?:job |JobId=)"
+                          r"(?P<batch>[0-9]+) |launch task StepId=(?P<step>[0-9]+)\.0 )")
 _BATCH_LINE = re.compile(r"^slurm-spot: (?:elastic )?job (?P<job>[0-9]+) restart [0-9]+ on \S+ "
                          r"at (?P<time>[0-9]+(?:\.[0-9]+)?)$")
 _AGENT_LINE = re.compile(r"^slurm-spot: agent started at (?P<time>[0-9]+(?:\.[0-9]+)?) ")

@@ -122,3 +122,14 @@ def test_process_started_is_when_the_process_was_forked() -> None:
         proc.kill()
         proc.wait()
     assert process_started(proc.pid) is None  # gone
+
+
+def test_startup_reads_slurmd_26_05s_batch_line() -> None:
+    """Slurm 26.05's slurmd says ``Launching batch JobId=5 SLUID=... for UID 0`` (22.05 and
+    24.11: ``Launching batch job 5 for UID 0``); the matrix's 26.05 demo lost the part."""
+    t0 = 1_800_000_000.0
+    logs = [f"[{_slurmd(t0 + 1.0)}] Launching batch JobId=5 SLUID=s0SXM8VVPDA400 for UID 0\n"
+            f"[{_slurmd(t0 + 1.1)}] Launching batch JobId=15 SLUID=s0SXM8VVPDA401 for UID 0\n"
+            f"[{_slurmd(t0 + 1.4)}] launch task StepId=5.0 request from UID:0 GID:0 HOST:x\n"]
+    assert startup_times(5, t0, [], logs) == pytest.approx(
+        {"batch_launch": t0 + 1.0, "step_launch": t0 + 1.4})
