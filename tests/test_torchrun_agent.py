@@ -274,9 +274,12 @@ def _run_main(tmp_path: Path, preload: bool, port: int, code: int) -> tuple[int,
            "SLURM_SPOT_PREEMPT_SIGNAL": "USR2"}
     words = ["--nproc-per-node=2", f"--port={port}", *([] if preload else ["--no-preload"]),
              "--", str(worker), str(code), "--flag", "x y"]
+    # The agent starts with SIGINT at its default action, as slurmstepd starts a task (a test
+    # run in the background of a non-interactive shell inherits it ignored).
     proc = subprocess.run([sys.executable, "-c", MAIN, *words], env=env, cwd=tmp_path,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=240, check=False)
+                          timeout=240, check=False,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     reports = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
                if line.startswith("report ")]
     return proc.returncode, proc.stdout, sorted(reports, key=lambda r: int(r["env"]["RANK"]))
