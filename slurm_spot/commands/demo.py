@@ -176,11 +176,7 @@ def _elastic_demo(ctx: click.Context, workdir: Path | None, steps: int | None,
     """
     from click.core import ParameterSource
 
-    from slurm_spot.localcluster.elastic_demo import (
-        ElasticDemo,
-        ElasticDemoSettings,
-        check_workdir,
-    )
+    from slurm_spot.localcluster.elastic_demo import ElasticDemo, ElasticDemoSettings
     from slurm_spot.localcluster.elastic_report import summary_lines as elastic_lines
     from slurm_spot.localcluster.elastic_report import verdict
 
@@ -195,19 +191,8 @@ def _elastic_demo(ctx: click.Context, workdir: Path | None, steps: int | None,
         prewarm = False
     settings = ElasticDemoSettings(keep_cluster=keep_cluster, boot_delay_s=boot_delay_s,
                                    prewarm=prewarm)
-    if workdir is not None:
-        settings.workdir = workdir
-    check_workdir(settings.workdir)
-    if steps is not None:
-        settings.steps = steps
-    if notice_s is not None:
-        settings.notice_s = notice_s
-    result = _run_with_progress(lambda progress: ElasticDemo(settings, progress).run(), as_json)
-    _show(result, elastic_lines, as_json)
-    problems = verdict(result)
-    if problems:
-        click.echo(f"demo --elastic failed: {'; '.join(problems)}", err=True)
-        raise SystemExit(1)
+    _run_demo("--elastic", settings, ElasticDemo, elastic_lines, verdict, workdir, steps,
+              notice_s, as_json)
 
 
 def _ft_demo(ctx: click.Context, workdir: Path | None, steps: int | None, keep_cluster: bool,
@@ -221,7 +206,6 @@ def _ft_demo(ctx: click.Context, workdir: Path | None, steps: int | None, keep_c
     from click.core import ParameterSource
 
     from slurm_spot.jobs.services.ft_lighthouse import import_torchft_lighthouse
-    from slurm_spot.localcluster.elastic_demo import check_workdir
     from slurm_spot.localcluster.ft_demo import FtDemo, FtDemoSettings, summary_lines, verdict
 
     for name in _NOT_ELASTIC:
@@ -231,6 +215,23 @@ def _ft_demo(ctx: click.Context, workdir: Path | None, steps: int | None, keep_c
     import_torchft_lighthouse()  # TorchftMissingError (exit 2) says how to install it
     settings = FtDemoSettings(keep_cluster=keep_cluster, boot_delay_s=boot_delay_s,
                               prewarm=prewarm)
+    _run_demo("--fault-tolerant", settings, FtDemo, summary_lines, verdict, workdir, steps,
+              notice_s, as_json)
+
+
+def _run_demo(mode: str, settings: Any, demo: Any, lines: Callable[[dict], list[str]],
+              verdict: Callable[[dict], list[str]], workdir: Path | None, steps: int | None,
+              notice_s: float | None, as_json: bool) -> None:
+    """Run the ``demo MODE`` on the local cluster: ``settings`` (a settings dataclass with
+    ``workdir``, ``steps``, ``notice_s``) updated from the options, ``demo(settings,
+    progress).run()``, its result shown with ``lines`` (or as JSON), exit 1 with ``verdict``'s
+    problems.
+
+    Raises:
+        BadInputError: a --workdir too long for the local nodes' sockets.
+    """
+    from slurm_spot.localcluster.elastic_demo import check_workdir
+
     if workdir is not None:
         settings.workdir = workdir
     check_workdir(settings.workdir)
@@ -238,11 +239,11 @@ def _ft_demo(ctx: click.Context, workdir: Path | None, steps: int | None, keep_c
         settings.steps = steps
     if notice_s is not None:
         settings.notice_s = notice_s
-    result = _run_with_progress(lambda progress: FtDemo(settings, progress).run(), as_json)
-    _show(result, summary_lines, as_json)
+    result = _run_with_progress(lambda progress: demo(settings, progress).run(), as_json)
+    _show(result, lines, as_json)
     problems = verdict(result)
     if problems:
-        click.echo(f"demo --fault-tolerant failed: {'; '.join(problems)}", err=True)
+        click.echo(f"demo {mode} failed: {'; '.join(problems)}", err=True)
         raise SystemExit(1)
 
 
