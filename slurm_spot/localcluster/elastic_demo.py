@@ -104,6 +104,23 @@ _LONGEST_SOCKET = "coord-1/coord-1_999.4294967291"
 _SUN_PATH_MAX = 107
 
 
+def start_elastic_cluster(demo: Demo) -> None:
+    """Start the local cluster of :func:`elastic_demo_config` for ``demo`` (its settings'
+    workdir, boot delay and prewarm; the spot.yaml written as ``demo-spot.yaml`` there): the
+    elastic and the fault-tolerant demos run on it.
+
+    Raises:
+        SlurmSpotError: ``slurm-spot local up`` failed.
+    """
+    workdir = demo.s.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    source = workdir / "demo-spot.yaml"
+    source.write_text(yaml.safe_dump(
+        elastic_demo_config(workdir, demo.s.boot_delay_s, demo.s.prewarm), sort_keys=False))
+    demo.say("starting the local cluster: 5 spot nodes, 1 on-demand node, the reconciler")
+    demo.spot_with_config(source, "local", "up", "--conf-dir", str(demo.conf_dir))
+
+
 def check_workdir(workdir: Path) -> None:
     """slurmstepd makes a Unix socket per job step in the node's spool directory
     (``<workdir>/state/slurmd/<node>/<node>_<job>.<step>``); a longer path than unix(7)
@@ -161,13 +178,7 @@ class ElasticDemo(Demo):
         return alive
 
     def _up(self) -> None:
-        workdir = self.s.workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        source = workdir / "demo-spot.yaml"
-        source.write_text(yaml.safe_dump(
-            elastic_demo_config(workdir, self.s.boot_delay_s, self.s.prewarm), sort_keys=False))
-        self.say("starting the local cluster: 5 spot nodes, 1 on-demand node, the reconciler")
-        self.spot_with_config(source, "local", "up", "--conf-dir", str(self.conf_dir))
+        start_elastic_cluster(self)
 
     def _reference_argv(self) -> list[str]:
         """One process, world 1, no step sleep: the same seed, global batch and steps."""

@@ -36,12 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from slurm_spot.errors import SlurmSpotError
 from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.localcluster.demo import Demo, DemoSettings, TrainingLog
-from slurm_spot.localcluster.elastic_demo import elastic_demo_config
+from slurm_spot.localcluster.elastic_demo import start_elastic_cluster
 from slurm_spot.resources import example
 
 #: How far the groups' final loss may be from the one-process reference: every step is the
@@ -136,13 +134,7 @@ class FtDemo(Demo):
         self.s = settings
 
     def _up(self) -> None:
-        workdir = self.s.workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        source = workdir / "demo-spot.yaml"
-        source.write_text(yaml.safe_dump(
-            elastic_demo_config(workdir, self.s.boot_delay_s, self.s.prewarm), sort_keys=False))
-        self.say("starting the local cluster: 5 spot nodes, 1 on-demand node, the reconciler")
-        self.spot_with_config(source, "local", "up", "--conf-dir", str(self.conf_dir))
+        start_elastic_cluster(self)
 
     def _reference_argv(self) -> list[str]:
         return [sys.executable, str(ft_script()), "--reference", "--steps", str(self.s.steps)]
