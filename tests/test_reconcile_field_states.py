@@ -30,6 +30,25 @@ def test_idle_not_responding_without_instance_back_to_plain_idle(tmp_path: Path)
     assert "NOT_RESPONDING" in world.slurm.nodes["spot-2"].flags
 
 
+def test_not_responding_clear_that_slurm_ignores_is_not_repeated_every_pass(
+        tmp_path: Path) -> None:
+    """22.05.8 keeps ``idle~*`` after ``state=IDLE`` (seen in the failover e2e): the clear
+    was written as an event on every pass until the node booted."""
+    case = CASES["not_responding_idle"]
+    world = World(tmp_path)
+    world.slurm.idle_keeps_not_responding = True
+    world.slurm.add_node("spot-1", case["node_state"])
+    for _ in range(3):
+        world.run()
+    assert "NOT_RESPONDING" in world.slurm.nodes["spot-1"].flags
+    assert len(world.events("not_responding_cleared")) == 1
+    # something else happens to the node (its next launch): the clear is tried once more
+    world.emit("terminated", "suspend", "spot-1", ago_s=0, instance="i-1")
+    world.run()
+    world.run()
+    assert len(world.events("not_responding_cleared")) == 2
+
+
 def test_idle_not_responding_with_admin_reason_left_alone(tmp_path: Path) -> None:
     world = World(tmp_path)
     world.slurm.add_node("spot-1", CASES["not_responding_idle"]["node_state"],

@@ -206,9 +206,14 @@ class _Facts:
         self.codes = set(KNOWN_CAPACITY_CODES)
         self.handled: set[str] = set()
         self.jobs: set[int] = set()
+        self.responding_tried: set[str] = set()
 
     def add(self, event: Mapping[str, object], when: datetime) -> None:
         action, node, extra = event.get("action"), str(event.get("node") or ""), _extra(event)
+        if action == Action.NOT_RESPONDING_CLEARED and event.get("source") == "reconcile":
+            self.responding_tried.add(node)
+        else:
+            self.responding_tried.discard(node)
         if event.get("source") == "reconcile":
             if action in FAILURE_ACTIONS and not extra.get("reclaimed"):
                 self.failures.setdefault(node, []).append(when)
@@ -267,6 +272,7 @@ class _Facts:
             capacity_codes=frozenset(self.codes),
             handled_instances=frozenset(self.handled),
             interrupted_jobs=frozenset(self.jobs),
+            responding_tried=frozenset(self.responding_tried),
         )
 
 
@@ -288,7 +294,10 @@ def build_history(
     - capacity codes: :data:`KNOWN_CAPACITY_CODES` plus every code an event classed capacity;
     - handled instances: instances named by ``reclaimed``/``boot_lost``/``terminated``
       events;
-    - interrupted jobs: job ids of interruption events within :data:`INTERRUPTION_MEMORY_S`.
+    - interrupted jobs: job ids of interruption events within :data:`INTERRUPTION_MEMORY_S`;
+    - responding tried: nodes whose newest event (of those kept, :func:`history_keep_s`) is
+      the reconciler's ``not_responding_cleared``: the clear is not repeated until something
+      else happens to the node (a launch, a termination, a reclaim) or the event ages out.
     """
     facts = _Facts(node_set_of, now, settings)
     for event in events:

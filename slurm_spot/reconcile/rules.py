@@ -95,6 +95,9 @@ class History:
             :func:`~slurm_spot.providers.base.normalize_code`).
         handled_instances: dead instances the reconciler already acted on.
         interrupted_jobs: jobs requeued recently because of an interruption we handled.
+        responding_tried: nodes whose NOT_RESPONDING flag the reconciler already tried to
+            clear, with no event about the node since (Slurm 22.05 accepts ``state=IDLE`` on
+            an ``idle~*`` node and keeps the flag: trying again every pass only repeats it).
     """
 
     failures: Mapping[str, int] = field(default_factory=dict)
@@ -103,6 +106,7 @@ class History:
     capacity_codes: frozenset[str] = frozenset()
     handled_instances: frozenset[str] = frozenset()
     interrupted_jobs: frozenset[int] = frozenset()
+    responding_tried: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -316,7 +320,8 @@ def _powered_down(
         failures = history.failures.get(node.name, 0)
         if failures >= settings.max_resume_failures and is_clearable(node.reason):
             return _breaker(node, failures, orphans, settings)
-        if not state.is_responding and not alive and is_clearable(node.reason):
+        if not state.is_responding and not alive and is_clearable(node.reason) \
+                and node.name not in history.responding_tried:
             return NodeDecision(node.name, Verdict.CLEAR_NOT_RESPONDING,
                                 why=node.reason or "idle~ and NOT_RESPONDING, no instance")
         return NodeDecision(node.name, Verdict.OK, terminate=orphans)

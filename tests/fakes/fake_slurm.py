@@ -108,6 +108,9 @@ class FakeSlurm:
         # of a running job leaves it REQUEUED (completing) on its nodes until
         # :meth:`finish_requeues`, which makes it PENDING with Restarts + 1. False: at once.
         self.requeue_leaves_later = False
+        # Like the 22.05.8 test clusters (test_failover_e2e's events): ``state=IDLE`` on a
+        # powered-down node flagged NOT_RESPONDING (``idle~*``) is accepted and changes nothing.
+        self.idle_keeps_not_responding = False
         self.on_command: Callable[[list[str]], None] | None = None
         self.fail: dict[tuple[str, ...], tuple[int, str]] = {}
         self.suspend_exc_nodes = ""  # the run-time SuspendExcNodes (scontrol update, 23.02+)
@@ -414,6 +417,9 @@ class FakeSlurm:
             node.flags = (node.flags - {"POWERED_DOWN"}) | {"POWERING_UP"}
 
     def _to_idle(self, node: FakeNode) -> None:
+        if (self.idle_keeps_not_responding and node.base == "IDLE"
+                and {"POWERED_DOWN", "NOT_RESPONDING"} <= node.flags):
+            return
         node.base, node.reason = "IDLE", ""
         node.flags.discard("NOT_RESPONDING")
 
