@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -58,6 +59,34 @@ def _proc_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+def check_private_dir(path: Path) -> None:
+    """Refuse a directory of the local provider's state that another account could write.
+
+    The instance records there hold the pids root SIGKILLs (with every process in their UTS
+    namespace) and the files root writes; an account that could write the directory could
+    plant a record or a link. ``path`` must be a real directory (not a symlink), owned by this
+    process's user or by root, and writable by neither its group nor other accounts.
+
+    Raises:
+        BadInputError: ``path`` is a symlink or not a directory, has another owner, or is
+            group/world-writable (the message names the path and what is wrong).
+        OSError: ``path`` cannot be examined (other than missing: then nothing to check).
+    """
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(found.st_mode):
+        raise BadInputError(f"{path}: the local provider's state must be a directory, not a "
+                            f"{'symlink' if stat.S_ISLNK(found.st_mode) else 'file'}")
+    if found.st_uid not in (os.geteuid(), 0):
+        raise BadInputError(f"{path}: owned by uid {found.st_uid}, not by this user "
+                            f"({os.geteuid()}) or root; the local provider will not use it")
+    if found.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise BadInputError(f"{path}: writable by other accounts (mode "
+                            f"{stat.S_IMODE(found.st_mode):04o}); chmod go-w it")
+
+
 def _uts_ns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/uts")
@@ -91,9 +120,26 @@ class LocalProvider:
         self.notices = self.root / "notices"
 
     # -- records ----------------------------------------------------------------------------
+    def _check_dirs(self) -> None:
+        """:func:`check_private_dir` on the state directory and its two subdirectories."""
+        for path in (self.root, self.records, self.notices):
+            check_private_dir(path)
+
+    def _make_dir(self, path: Path) -> None:
+        """Create ``path`` (and the state directory above it) 0755 whatever the umask (a
+        developer's 002 would make them group-writable, which :meth:`_check_dirs` refuses)."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        for folder in (self.root, path):
+            try:
+                folder.mkdir(mode=0o755)
+            except FileExistsError:
+                continue
+            os.chmod(folder, 0o755)
+
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.records.mkdir(parents=True, exist_ok=True)
+        self._make_dir(self.records)
+        self._check_dirs()
         with open(self.root / "lock", "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             yield
@@ -138,6 +184,7 @@ class LocalProvider:
         )
 
     def _records(self) -> list[dict]:
+        self._check_dirs()
         if not self.records.is_dir():
             return []
         found = [self._read(p) for p in sorted(self.records.glob("*.json"))]
@@ -309,7 +356,7 @@ class LocalProvider:
         if notice_s <= 0:
             self.reclaim(node, alive[0]["instance_id"])
             return deadline
-        self.notices.mkdir(parents=True, exist_ok=True)
+        self._make_dir(self.notices)
         tmp = self.notice_path(node).with_suffix(".tmp")
         tmp.write_text(json.dumps({"action": "terminate", "time": deadline.isoformat()}))
         os.replace(tmp, self.notice_path(node))

@@ -1,0 +1,87 @@
+"""The local provider's state directory (``<state_dir>/local``): its instance records name
+the pids root SIGKILLs, so a directory another account can write (or a link planted in its
+place) is refused with an error naming it, and nothing is killed or launched through it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from slurm_spot.config import SpotConfig, parse_config
+from slurm_spot.errors import BadInputError
+from slurm_spot.providers.local.provider import LocalProvider, _proc_start_ticks
+from tests.cluster import base_config
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> LocalProvider:
+    config: SpotConfig = parse_config(base_config(tmp_path))
+    return LocalProvider(config, "local", config.providers["local"])  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def victim(provider: LocalProvider) -> Iterator[subprocess.Popen[bytes]]:
+    """A record for spot-1 whose pid is a process nobody asked the provider to start."""
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    provider.records.mkdir(parents=True, exist_ok=True)
+    provider._write({"instance_id": "loc-0123456789ab", "node": "spot-1", "node_set": "spot",
+                     "market": "spot", "launch_time": datetime.now(timezone.utc).isoformat(),
+                     "pid": proc.pid, "start_ticks": _proc_start_ticks(proc.pid),
+                     "state": "running", "cluster": "test"})
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("which", ["root", "records"])
+def test_a_directory_other_accounts_can_write_is_refused_and_nothing_is_killed(
+        provider: LocalProvider, victim: subprocess.Popen[bytes], which: str) -> None:
+    path = provider.root if which == "root" else provider.records
+    os.chmod(path, 0o777)
+    with pytest.raises(BadInputError, match=f"{path}: writable by other accounts"):
+        provider.reclaim("spot-1")
+    with pytest.raises(BadInputError, match="chmod go-w"):
+        provider.list_instances()
+    assert victim.poll() is None  # still running
+    os.chmod(path, 0o755)
+    assert [i.node for i in provider.list_instances()] == ["spot-1"]
+
+
+def test_a_directory_owned_by_another_account_is_refused(
+        provider: LocalProvider, victim: subprocess.Popen[bytes]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    os.chown(provider.records, 65534, 65534)
+    with pytest.raises(BadInputError, match="owned by uid 65534"):
+        provider.reclaim("spot-1")
+    assert victim.poll() is None
+
+
+def test_a_symlink_in_place_of_the_directory_is_refused(
+        provider: LocalProvider, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "instances").mkdir(parents=True)
+    provider.root.parent.mkdir(parents=True, exist_ok=True)
+    provider.root.symlink_to(elsewhere)
+    with pytest.raises(BadInputError, match="must be a directory, not a symlink"):
+        provider.list_instances()
+    assert not (elsewhere / "lock").exists()
+
+
+def test_directories_it_creates_under_a_group_writable_umask_are_accepted(
+        provider: LocalProvider) -> None:
+    old = os.umask(0o002)  # a developer's login default on Debian/Ubuntu
+    try:
+        provider.set_capacity("spot", 1)
+        provider._make_dir(provider.notices)
+    finally:
+        os.umask(old)
+    assert provider.capacity() == {"spot": 1}
+    for path in (provider.root, provider.records, provider.notices):
+        assert oct(os.stat(path).st_mode & 0o777) == "0o755"
+    assert provider.list_instances() == []
