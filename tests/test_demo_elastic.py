@@ -4,6 +4,7 @@ and the options it refuses (the run itself: tests/test_demo_elastic_e2e.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -220,3 +221,33 @@ def test_demo_refuses_nan_seconds(monkeypatch: pytest.MonkeyPatch, elastic: list
     out = CliRunner().invoke(cli, ["demo", *elastic, *args])
     assert out.exit_code == 2, out.output
     assert f"Invalid value for '{named}'" in out.output and "not a number" in out.output
+
+
+@pytest.mark.parametrize("args", [["--elastic", "--spares", "1"],
+                                  ["--fault-tolerant", "--spares", "2"],
+                                  ["--spares", "3"], ["--spares", "-1"]])
+def test_demo_refuses_spares_it_cannot_keep(monkeypatch: pytest.MonkeyPatch,
+                                            args: list[str]) -> None:
+    """--spares is the plain demo's (0-2 of its 4 nodes): exit 2 naming it, no cluster."""
+    import slurm_spot.localcluster.demo as demo
+
+    def refuse(self: object) -> None:
+        raise AssertionError(f"the demo would start with {args}")
+
+    monkeypatch.setattr(demo.Demo, "run", refuse)
+    out = CliRunner().invoke(cli, ["demo", "--workdir", "/nonexistent/x", *args])
+    assert out.exit_code == 2, out.output
+    assert "--spares" in out.output
+
+
+def test_demo_spares_are_kept_by_slurm_and_the_reconciler(tmp_path: Path) -> None:
+    """The demo's cluster with --spares 1: a valid spot.yaml whose node set keeps one spare,
+    rendered as Slurm's SuspendExcNodes form (what keeps it up)."""
+    from slurm_spot.config import SpotConfig
+    from slurm_spot.localcluster.demo import demo_config
+    from slurm_spot.render import suspend_exc_nodes
+
+    config = SpotConfig.model_validate(demo_config(tmp_path, spares=1))
+    assert config.node_sets[0].spares == 1
+    assert suspend_exc_nodes(config) == "spot-[1-4]:1"
+    assert "spares" not in demo_config(tmp_path)["node_sets"][0]

@@ -56,6 +56,10 @@ class _Seconds(click.FloatRange):
               help="preemption.prewarm: boot the replacement during the notice [default: on; "
                    "--elastic: off, so that the survivors train with the smaller world before "
                    "the replacement, which then needs a power-up, joins].")
+@click.option("--spares", type=click.IntRange(0, 2), default=0, show_default=True,
+              help="Hot spares kept powered up in the demo's node set (node_sets[].spares): "
+                   "the job requeued after the kill without notice starts on one instead of "
+                   "waiting for a boot. Not with --elastic/--fault-tolerant.")
 @click.option("--preload/--no-preload", default=True,
               help="The job's workers start warm (forks of a server that imported torch and "
                    "the script's imports), or, --no-preload, each as a new 'python -u "
@@ -71,7 +75,7 @@ class _Seconds(click.FloatRange):
 @click.pass_context
 def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdir: Path | None,
                  steps: int | None, keep_cluster: bool, boot_delay_s: float,
-                 notice_s: float | None, prewarm: bool, preload: bool,
+                 notice_s: float | None, prewarm: bool, spares: int, preload: bool,
                  checkpoint_root: str | None, s3_endpoint_url: str | None,
                  s3_addressing_style: str, as_json: bool) -> None:
     """Run a 2-node torchrun job on local spot nodes, preempt it twice, watch it finish.
@@ -91,6 +95,9 @@ def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdi
     between two steps), each join's heal_s and bytes, replicas_identical and the final loss
     against a one-process reference (exit 1 unless every group COMPLETED, the replicas are
     identical, every replacement healed from a peer and the loss is within tolerance)."""
+    if spares and (elastic or fault_tolerant):
+        raise BadInputError("--spares goes with the plain demo only (not with --elastic or "
+                            "--fault-tolerant)")
     if fault_tolerant:
         if elastic:
             raise BadInputError("--fault-tolerant and --elastic: give one")
@@ -122,7 +129,8 @@ def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdi
                                 "s3://bucket/prefix")
     settings = DemoSettings(workdir=workdir, steps=steps, keep_cluster=keep_cluster,
                             boot_delay_s=boot_delay_s, notice_s=notice_s, prewarm=prewarm,
-                            preload=preload, checkpoint_root=checkpoint_root, s3_endpoint_url=s3_endpoint_url,
+                            spares=spares, preload=preload, checkpoint_root=checkpoint_root,
+                            s3_endpoint_url=s3_endpoint_url,
                             s3_addressing_style=s3_addressing_style)
 
     # The demo's lines go to stdout (stderr with --json); at a terminal a spinner with the

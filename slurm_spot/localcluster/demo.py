@@ -90,6 +90,9 @@ class DemoSettings:
     keep_cluster: bool = False
     boot_delay_s: float = 2.0
     prewarm: bool = True
+    #: hot spares kept up in the node set (``node_sets[].spares``): a job requeued after a
+    #: kill without notice starts on one instead of waiting for a boot
+    spares: int = 0
     #: the job's workers start warm (False: ``slurm-spot sbatch --torchrun --no-preload``)
     preload: bool = True
     #: an ``s3://bucket/prefix`` checkpoint root (None: a directory in ``workdir``), and how
@@ -136,18 +139,22 @@ class TrainingLog:
 
 
 def demo_config(workdir: Path, boot_delay_s: float = 2.0, prewarm: bool = True,
-                checkpoint: dict | None = None) -> dict:
+                checkpoint: dict | None = None, spares: int = 0) -> dict:
     """The demo's spot.yaml: 4 one-CPU local nodes, short timers, a fast reconciler.
 
     ``boot_delay_s`` is the local instances' simulated boot (seconds; slurmd adds ~2-3 s);
     ResumeTimeout and the orphan grace grow with it. ``prewarm`` is ``preemption.prewarm``.
     ``checkpoint`` replaces the default checkpoint section (a directory in ``workdir``).
+    ``spares`` (0-2) is the node set's ``spares`` (hot spares kept up; 0: none).
     """
+    node_set: dict[str, object] = {"name": "spot", "provider": "local", "count": 4, "cpus": 1}
+    if spares:
+        node_set["spares"] = spares
     return {
         "cluster": "demo",
         "providers": {"local": {"type": "local", "kill_wait_s": 10, "notice_poll_s": 0.5,
                                 "boot_delay_s": boot_delay_s}},
-        "node_sets": [{"name": "spot", "provider": "local", "count": 4, "cpus": 1}],
+        "node_sets": [node_set],
         "partitions": [{"name": "spot", "node_sets": ["spot"], "default": True}],
         "power": {"suspend_time_s": 20, "suspend_timeout_s": 10,
                   "resume_timeout_s": int(90 + boot_delay_s)},
@@ -315,7 +322,8 @@ class Demo:
     def config_data(self, checkpoint: dict | None) -> dict:
         """The cluster's spot.yaml as data (:func:`demo_config`); the soak's has two node
         sets. ``checkpoint``: the checkpoint section, None for the default."""
-        return demo_config(self.s.workdir, self.s.boot_delay_s, self.s.prewarm, checkpoint)
+        return demo_config(self.s.workdir, self.s.boot_delay_s, self.s.prewarm, checkpoint,
+                           self.s.spares)
 
     def _up(self) -> None:
         workdir = self.s.workdir
@@ -377,6 +385,7 @@ class Demo:
             "exact_resume": done.get("weights_sha256") == reference.get("weights_sha256"),
             "wall_s": round(time.monotonic() - self.started, 1),
             "preload": self.s.preload,
+            "spares": self.s.spares,
             "workdir": str(self.s.workdir),
         }
 
