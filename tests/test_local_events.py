@@ -27,9 +27,10 @@ from slurm_spot.providers.local.events import (
     parse_line,
     publish,
 )
-from slurm_spot.providers.local.provider import RECLAIM_REASON, LocalProvider, _proc_start_ticks
+from slurm_spot.providers.local.provider import RECLAIM_REASON, LocalProvider
 from slurm_spot.reconcile.loop import ConfigSource, Loop
 from tests.cluster import base_config
+from tests.fakes.local_instance import INSTANCE_ID, sleeping_instance
 
 
 @pytest.fixture
@@ -41,16 +42,8 @@ def config(tmp_path: Path) -> SpotConfig:
 def instance(config: SpotConfig) -> Iterator[tuple[LocalProvider, str, subprocess.Popen[bytes]]]:
     """A local instance record whose process is a real ``sleep`` in a session of its own."""
     provider = LocalProvider(config, "local", config.providers["local"])  # type: ignore[arg-type]
-    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    provider.records.mkdir(parents=True, exist_ok=True)
-    provider._write({"instance_id": "loc-0123456789ab", "node": "spot-1", "node_set": "spot",
-                     "market": "spot", "launch_time": datetime.now(timezone.utc).isoformat(),
-                     "pid": proc.pid, "start_ticks": _proc_start_ticks(proc.pid),
-                     "state": "running", "cluster": "test"})
-    yield provider, "loc-0123456789ab", proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
+    with sleeping_instance(provider) as proc:
+        yield provider, INSTANCE_ID, proc
 
 
 def test_a_reclaim_without_notice_is_read_while_the_source_waits(instance, config) -> None:

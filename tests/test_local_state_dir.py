@@ -7,15 +7,15 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.errors import BadInputError
-from slurm_spot.providers.local.provider import LocalProvider, _proc_start_ticks
+from slurm_spot.providers.local.provider import LocalProvider
 from tests.cluster import base_config
+from tests.fakes.local_instance import sleeping_instance
 
 
 @pytest.fixture
@@ -27,15 +27,8 @@ def provider(tmp_path: Path) -> LocalProvider:
 @pytest.fixture
 def victim(provider: LocalProvider) -> Iterator[subprocess.Popen[bytes]]:
     """A record for spot-1 whose pid is a process nobody asked the provider to start."""
-    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    provider.records.mkdir(parents=True, exist_ok=True)
-    provider._write({"instance_id": "loc-0123456789ab", "node": "spot-1", "node_set": "spot",
-                     "market": "spot", "launch_time": datetime.now(timezone.utc).isoformat(),
-                     "pid": proc.pid, "start_ticks": _proc_start_ticks(proc.pid),
-                     "state": "running", "cluster": "test"})
-    yield proc
-    proc.kill()
-    proc.wait()
+    with sleeping_instance(provider) as proc:
+        yield proc
 
 
 @pytest.mark.parametrize("which", ["root", "records"])
