@@ -145,10 +145,11 @@ def section(runs: list[dict], note: str = "") -> str:
 30 s notice, one kill without notice; {count['before']} runs with `--no-preload` (before: the
 agent and each worker start Python and import torch) and {count['after']} with the default
 warm start (after: workers forked from a fork server, a fork of the agent after its torch
-import, that preloaded the script's imports while the agent formed the rendezvous), alternating. Medians, seconds; the indented rows split
-the row above them (slurm_spot/recovery.py: slurmd's log lines, the batch script's and the
-agents' start lines, the training's `--timestamps`; Slurm's StartTime/EligibleTime have 1 s
-resolution, so the rows next to them carry up to 1 s each). Every run COMPLETED with weights
+import, that preloaded the script's imports while the agent formed the rendezvous),
+alternating. Medians, seconds; the indented rows split the row above them
+(slurm_spot/recovery.py: slurmd's log lines, the batch script's and the agents' start lines,
+the training's `--timestamps`; Slurm's StartTime/EligibleTime have 1 s resolution, so the
+rows next to them carry up to 1 s each). Every run COMPLETED with weights
 identical to an uninterrupted run: {exact}.
 
 | part | notice, before | notice, after | kill, before | kill, after |
