@@ -300,8 +300,8 @@ class ForkUnavailable(RuntimeError):
 
 
 #: Keyword parameters of ``multiprocessing.forkserver.main`` this module knows how to fill
-#: (CPython 3.11-3.12: ``main_path``, ``sys_path``; 3.13.x and later add ``authkey_r``, the
-#: read end of a pipe with the key the clients' connections are checked with).
+#: (CPython 3.11-3.13: ``main_path``, ``sys_path``; 3.14 adds ``authkey_r``, the read end of
+#: a pipe with the key the clients' connections are checked with, gh-97514).
 _KNOWN_MAIN_PARAMS = ("listener_fd", "alive_r", "preload", "main_path", "sys_path", "authkey_r")
 
 
