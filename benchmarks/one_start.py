@@ -14,11 +14,15 @@ HEAD's at the end. Each run has a cluster of its own (its own --workdir). The pa
 slurm_spot/recovery.py's: ``agent`` is the agent's start line to the workers' start (its
 torch import, the rendezvous, the fork server, the workers' start), ``worker start`` the
 worker's own start to its first line; ``exit -> first step`` the figure of issue 26's
-targets. Medians; the load average (1 min) is read before each run. Run it in a private
-network namespace when other clusters run on the machine (tests/netns.py). Usage:
+targets. Before the demo runs, ``--agent-runs`` runs of the agent alone, alternating the same
+way (:func:`agent_start`): one node, one worker, no Slurm, from the agent's start to the
+training script's first line (the script imports torch and scikit-learn's datasets, as the
+demo's does), the node's start-up without Slurm's and the rendezvous partner's share. Medians;
+the load average (1 min) is read before each run. Run it in a private network namespace when
+other clusters run on the machine (tests/netns.py). Usage:
 
-    python benchmarks/one_start.py [--runs N] [--base REF] [--keep FILE] [--from-json FILE]
-                                   [--no-write] [--note TEXT]
+    python benchmarks/one_start.py [--runs N] [--agent-runs N] [--base REF] [--keep FILE]
+                                   [--from-json FILE] [--no-write] [--note TEXT]
 
 The working tree's copies of :data:`FILES` must be committed (the script overwrites them).
 """
@@ -33,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -63,6 +68,54 @@ def use(ref: str) -> None:
         (ROOT / name).write_bytes(text)
 
 
+#: The agent as the batch script's job step runs it, with this node's address given (no
+#: scontrol): ``python -c AGENT ARGS``.
+AGENT = """
+import sys
+from slurm_spot.jobs.injob import torchrun_agent as a
+a.node_addr = lambda client, node: "127.0.0.1"
+a.leave(a.main(sys.argv[1:]))
+"""
+
+#: The training script of :func:`agent_start`: the demo's heavy imports, then its first line.
+TRAIN = """
+import time
+first = time.time()
+import numpy
+import torch
+from sklearn.datasets import load_digits
+print("first-line", first, flush=True)
+"""
+
+
+def agent_start(label: str, port: int, folder: Path) -> dict:
+    """One agent (not elastic, one worker, job 1 on ``localhost``) of the working tree's
+    code, started now: ``{"label", "load", "start_to_first_line_s", "forked"}`` (seconds from
+    the agent's process start, as this process launches it, to the script's first line;
+    ``forked``: the agent said its fork server is a fork of itself).
+
+    Raises:
+        RuntimeError: the agent failed or the script never printed its first line.
+    """
+    (folder / "train.py").write_text(TRAIN)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "SLURM_JOB_ID": "1",
+           "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "localhost",
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
+           "PYTHONPATH": str(ROOT)}
+    load = os.getloadavg()[0]
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-c", AGENT, "--nproc-per-node=1",  # noqa: S603
+                           f"--port={port}", "--", str(folder / "train.py")], env=env,
+                          cwd=folder, capture_output=True, text=True, timeout=600, check=False)
+    first = [float(line.split()[1]) for line in proc.stdout.splitlines()
+             if line.startswith("first-line ")]
+    if proc.returncode != 0 or not first:
+        raise RuntimeError(f"agent ({label}) exit {proc.returncode}: {proc.stderr[-3000:]}")
+    return {"label": label, "load": round(load, 2),
+            "start_to_first_line_s": round(first[0] - started, 2),
+            "forked": "(forked from the agent)" in proc.stderr}
+
+
 def part(interruption: dict, row: tuple[str, ...] | None) -> float | None:
     """One figure of one interruption's breakdown (``row``: keys into it; None: agent +
     worker start)."""
@@ -77,8 +130,9 @@ def part(interruption: dict, row: tuple[str, ...] | None) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
-def section(runs: list[dict], base: str, note: str = "") -> str:
-    """The BENCHMARKS.md section of ``runs`` (both labels)."""
+def section(runs: list[dict], agents: list[dict], base: str, note: str = "") -> str:
+    """The BENCHMARKS.md section of the demo ``runs`` and the :func:`agent_start` results
+    ``agents`` (both labels)."""
     def median(label: str, kind: str, row: tuple[str, ...] | None) -> str:
         values = [v for r in runs if r["label"] == label for i in r["interruptions"]
                   if i["kind"] == kind and (v := part(i, row)) is not None]
@@ -99,10 +153,21 @@ def section(runs: list[dict], base: str, note: str = "") -> str:
     exact = all(r["exact_resume"] and r["state"] == "COMPLETED" for r in runs)
     count = {label: sum(r["label"] == label for r in runs) for label in LABELS}
     when = max(str(r.get("measured", "")) for r in runs)
+
+    def alone(label: str) -> str:
+        values = [a["start_to_first_line_s"] for a in agents if a["label"] == label]
+        if not values:
+            return "-"
+        return (f"{statistics.median(values):.2f} ({min(values):g}-{max(values):g}), "
+                f"{len(values)} runs")
+
+    agent_loads = [a["load"] for a in agents] or [0.0]
+    forked = {a["label"]: a["forked"] for a in agents}
     return f"""{BEGIN}
 ## One Python start per node: the fork server forked from the agent (issue 26)
 
-`python benchmarks/one_start.py --runs {max(count.values())}` ({when}, {platform.machine()},
+`python benchmarks/one_start.py --runs {max(count.values())} --base {base}` ({when},
+{platform.machine()},
 {os.cpu_count()} CPUs shared with other work: load average (1 min) before the runs
 {min(loads):g}-{max(loads):g}, median {statistics.median(loads):g}): the demo (`slurm-spot demo
 --json --steps {runs[0]['steps']}`, 2 local spot nodes, 2 s boot, prewarm on, one interruption
@@ -113,6 +178,15 @@ server a fork of the agent, taken after the agent's torch import: one interprete
 one torch import per node), alternating. Medians, seconds (slurm_spot/recovery.py's parts: the
 agent's start line to the workers' start; the worker's start to its first line). Every run
 COMPLETED with weights identical to an uninterrupted run: {exact}.
+
+The agent alone (one node, one worker, no Slurm, no rendezvous partner: agent start -> the
+script's first line; the script imports torch and scikit-learn's datasets; load average
+{min(agent_loads):g}-{max(agent_loads):g}), median (range): base {alone('base')}; this
+{alone('this')}. Fork server forked from the agent: base {forked.get('base')}, this
+{forked.get('this')}.
+
+The demo (2 nodes sharing the machine's CPUs; the agent's part holds the rendezvous, which
+waits for the slower node):
 
 | part | notice, base | notice, this | kill, base | kill, this |
 |---|---|---|---|---|
@@ -130,6 +204,8 @@ Each run, in the order run (notice interruption, then kill):
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3, help="runs of each revision (default 3)")
+    parser.add_argument("--agent-runs", type=int, default=5,
+                        help="runs of the agent alone, each revision (default 5)")
     parser.add_argument("--base", default="main", help="the revision to compare with")
     parser.add_argument("--steps", type=int, default=170)
     parser.add_argument("--keep", type=Path, help="write every run's result (JSON) here")
@@ -138,12 +214,20 @@ def main() -> int:
     parser.add_argument("--note", default="", help="a paragraph after the tables")
     args = parser.parse_args()
     if args.from_json:
-        runs = json.loads(args.from_json.read_text())
+        kept = json.loads(args.from_json.read_text())
+        runs, agents = kept["demo"], kept["agent"]
     else:
-        runs = []
+        runs, agents = [], []
         root = Path(tempfile.mkdtemp(prefix="one-start-"))
         print(f"demo workdirs in {root}", file=sys.stderr, flush=True)
         try:
+            for i in range(args.agent_runs):
+                for label in (LABELS if i % 2 == 0 else LABELS[::-1]):
+                    use(args.base if label == "base" else "HEAD")
+                    folder = root / f"agent-{label}-{i}"
+                    folder.mkdir()
+                    agents.append(agent_start(label, 29400 + 2 * i + (label == "this"), folder))
+                    print(f"agent alone: {agents[-1]}", file=sys.stderr, flush=True)
             for i in range(args.runs):
                 for label in (LABELS if i % 2 == 0 else LABELS[::-1]):
                     use(args.base if label == "base" else "HEAD")
@@ -156,10 +240,11 @@ def main() -> int:
                         f"{part(it, ('exit_to_first_step_s',))} s" for it in result["interruptions"]),
                         file=sys.stderr, flush=True)
                     if args.keep:
-                        args.keep.write_text(json.dumps(runs, indent=1) + "\n")
+                        args.keep.write_text(json.dumps({"demo": runs, "agent": agents},
+                                                        indent=1) + "\n")
         finally:
             use("HEAD")
-    text = section(runs, args.base, args.note and f"\n{args.note}\n")
+    text = section(runs, agents, args.base, args.note and f"\n{args.note}\n")
     print(text)
     if not args.no_write:
         write_section(BENCHMARKS, BEGIN, END, text)
