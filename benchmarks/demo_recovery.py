@@ -5,7 +5,8 @@ Method: runs of the README's main job on this machine: a 2-node torchrun DDP job
 on the local spot cluster (local boot 2 s, prewarm on), interrupted once with a 30 s notice
 and once by a kill without notice. "Before" is ``--no-preload`` (each worker starts as
 ``python -u SCRIPT``: the agent and every worker start Python and import torch), "after" the
-default (workers forked from a server that preloaded torch and the script's imports). The two
+default (workers forked from a fork server, itself a fork of the agent after its torch import,
+that preloaded the script's imports). The two
 alternate (before, after, after, before, ...) so that both see the same load on the shared
 machine; each run has a cluster of its own (its own --workdir). Every part is the median over
 the runs (slurm_spot/recovery.py says which source times it); ``exit -> first step`` is the
@@ -143,11 +144,12 @@ def section(runs: list[dict], note: str = "") -> str:
 --steps {runs[0]['steps']}` on 2 local spot nodes (2 s boot, prewarm on), one interruption with a
 30 s notice, one kill without notice; {count['before']} runs with `--no-preload` (before: the
 agent and each worker start Python and import torch) and {count['after']} with the default
-warm start (after: workers forked from a server that preloaded torch and the script's imports
-while the agent formed the rendezvous), alternating. Medians, seconds; the indented rows split
-the row above them (slurm_spot/recovery.py: slurmd's log lines, the batch script's and the
-agents' start lines, the training's `--timestamps`; Slurm's StartTime/EligibleTime have 1 s
-resolution, so the rows next to them carry up to 1 s each). Every run COMPLETED with weights
+warm start (after: workers forked from a fork server, a fork of the agent after its torch
+import, that preloaded the script's imports while the agent formed the rendezvous),
+alternating. Medians, seconds; the indented rows split the row above them
+(slurm_spot/recovery.py: slurmd's log lines, the batch script's and the agents' start lines,
+the training's `--timestamps`; Slurm's StartTime/EligibleTime have 1 s resolution, so the
+rows next to them carry up to 1 s each). Every run COMPLETED with weights
 identical to an uninterrupted run: {exact}.
 
 | part | notice, before | notice, after | kill, before | kill, after |
@@ -163,10 +165,10 @@ Each run, in the order run (the load moved more between runs than the mode did):
 {per_run}
 
 Agent + worker start (notice, medians): before {start_sums['before']} s, after
-{start_sums['after']} s. Warm, the worker itself starts in a fraction of a second, but the agent
-then waits for its fork server, a second interpreter that imports torch and the script's
-imports (scikit-learn here) after the agent imported torch: on a fresh start the node still
-imports torch twice, only no longer in series with the worker's own start. The rest of
+{start_sums['after']} s. Warm, the worker itself starts in a fraction of a second, and its fork
+server is a fork of the agent taken after the agent's torch import, which imports only the
+script's own imports (scikit-learn here) while the agent forms the rendezvous: one torch
+import per node (benchmarks/one_start.py compares it with a second-interpreter server). The rest of
 allocation -> first step is Slurm's launch (slurmd, Prolog, TaskProlog, srun: a few seconds
 under this load) and `data set, model, DDP`, which holds the wait for the other node's rank
 (DDP's first broadcast) on this machine where both nodes share the same 2 CPUs.

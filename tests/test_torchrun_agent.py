@@ -252,11 +252,21 @@ import json, os, signal, sys
 def disposition(number):
     handler = signal.getsignal(number)
     return {signal.SIG_IGN: "ignored", signal.SIG_DFL: "default"}.get(handler, "handled")
-print("report " + json.dumps({
+# One write per line (print writes the newline apart): the two workers share the pipe.
+sys.stdout.write("report " + json.dumps({
     "env": dict(os.environ), "argv": sys.argv, "path0": sys.path[0], "file": __file__,
     "signals": {s.name: disposition(s) for s in
                 (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)},
-}), flush=True)
+}) + "\\n")
+sys.stdout.flush()
+# A failing rank waits for every rank's report: torch stops the others once one fails.
+import time
+mark = os.path.join(os.path.dirname(__file__), "reported-" + os.environ["MASTER_PORT"] + "-")
+open(mark + os.environ["RANK"], "w").close()
+deadline = time.time() + 60
+while sys.argv[1] != "0" and time.time() < deadline and not all(
+        os.path.exists(mark + str(r)) for r in range(int(os.environ["WORLD_SIZE"]))):
+    time.sleep(0.05)
 sys.exit(int(sys.argv[1]))
 """
 
@@ -325,3 +335,138 @@ def test_plain_agent_warm_workers_see_what_stock_workers_see(tmp_path: Path, cod
     assert {r["env"]["TORCHELASTIC_RUN_ID"] for r in warm} == {"7"}
     assert {r["env"]["MASTER_ADDR"] for r in warm} == {"127.0.0.1"}  # the node's --local-addr
     assert len({r["env"]["MASTER_PORT"] for r in warm}) == 1
+
+
+#: A worker that reports its process chain (itself, its parent, its grandparent: pid, parent,
+#: start time in clock ticks, executable, command line); ``probe`` (on PYTHONPATH) records the
+#: process that imported it; torch, as a training script imports it.
+CHAIN = """
+import json, os, sys
+import probe
+import torch
+def proc(pid):
+    stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return {"pid": pid, "ppid": int(stat[1]), "start": int(stat[19]),
+            "exe": os.readlink(f"/proc/{pid}/exe"),
+            "cmdline": open(f"/proc/{pid}/cmdline").read()}
+me = proc(os.getpid())
+server = proc(me["ppid"])
+os.write(1, ("chain " + json.dumps([me, server, proc(server["ppid"])]) + "\\n").encode())
+"""
+
+PROBE = """
+import os
+import re
+with open(os.environ["PROBE_LOG"], "a") as log:
+    log.write(f"{os.getpid()}\\n")
+"""
+
+#: Found first on the path by every interpreter the agent starts (PYTHONPATH): records the
+#: process id of each process that imports torch itself (a fork of one that has it imported
+#: finds it in ``sys.modules`` and asks no finder).
+SITECUSTOMIZE = """
+import os, sys
+class _TorchImports:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            with open(os.environ["TORCH_IMPORT_LOG"], "a") as log:
+                log.write(f"{os.getpid()}\\n")
+        return None
+sys.meta_path.insert(0, _TorchImports())
+"""
+
+
+def _run_chain(tmp_path: Path, program: str, *options: str
+               ) -> tuple[int, str, list[list[dict]], list[int], list[int]]:
+    """The real agent (``program``: :data:`MAIN` or a variant) with 2 workers running
+    :data:`CHAIN`; returns the agent's exit status, its output, the workers' chains, the
+    processes that imported the script's module ``probe`` and those that imported torch
+    (:data:`SITECUSTOMIZE`), in order."""
+    import json
+
+    (tmp_path / "lib").mkdir(exist_ok=True)
+    (tmp_path / "lib" / "probe.py").write_text(PROBE)
+    (tmp_path / "lib" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    worker = tmp_path / "chain.py"
+    worker.write_text(CHAIN)
+    log, torch_log = tmp_path / "probe.log", tmp_path / "torch.log"
+    log.unlink(missing_ok=True)
+    torch_log.unlink(missing_ok=True)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "SLURM_JOB_ID": "8",
+           "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "localhost",
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_SPOT_PREEMPT_SIGNAL": "USR2", "PROBE_LOG": str(log),
+           "TORCH_IMPORT_LOG": str(torch_log),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "lib"), *sys.path])}
+    proc = subprocess.Popen([sys.executable, "-c", program, "--nproc-per-node=2", *options,
+                             "--", str(worker)], env=env, cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    chains = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
+              if line.startswith("chain ")]
+    assert len(chains) == 2, out
+    assert all(proc.pid in (chain[1]["pid"], chain[2]["pid"]) for chain in chains), (
+        proc.pid, chains)
+
+    def pids(path: Path) -> list[int]:
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+    return proc.returncode, out, chains, pids(log), pids(torch_log)
+
+
+def test_warm_workers_fork_from_a_fork_of_the_agent_and_torch_is_imported_once(
+        tmp_path: Path) -> None:
+    """One Python start per node: the fork server is a fork of the agent itself (its parent
+    is the agent, it started after the agent, and it runs the agent's executable and command
+    line: no new interpreter was exec'd), each worker is a fork of that server, and torch is
+    imported once on the node, by the agent. The script's own import (``probe``) happens once,
+    in the server only: not in the agent, not in the workers. ``--no-preload``, for
+    comparison: the agent and each of the 2 workers import torch (3 imports)."""
+    code, out, chains, probes, torches = _run_chain(tmp_path, MAIN, "--port=29811")
+    assert code == 0, out
+    assert "fork server" in out and "(forked from the agent)" in out, out
+    servers = {chain[1]["pid"] for chain in chains}
+    assert len(servers) == 1, chains
+    for worker, server, agent in chains:
+        assert worker["ppid"] == server["pid"] and server["ppid"] == agent["pid"]
+        assert server["exe"] == agent["exe"] and server["cmdline"] == agent["cmdline"]
+        assert "multiprocessing.forkserver" not in server["cmdline"]
+        assert agent["start"] <= server["start"] <= worker["start"]
+    assert torches == [chains[0][2]["pid"]], (torches, chains)
+    assert probes == list(servers), (probes, chains)
+
+    code, out, chains, probes, torches = _run_chain(tmp_path, MAIN, "--port=29812",
+                                                    "--no-preload")
+    assert code == 0, out
+    agent = chains[0][1]["pid"]
+    assert all(c[1]["pid"] == agent for c in chains), chains  # workers: the agent's children
+    assert sorted(torches) == sorted([agent, *(c[0]["pid"] for c in chains)]), torches
+    assert sorted(probes) == sorted(c[0]["pid"] for c in chains)
+
+
+#: :data:`MAIN` with a Python thread running in the agent before torchrun starts (a plugin
+#: or sitecustomize might start one): forking it would be unsafe.
+MAIN_WITH_THREAD = MAIN.replace("a.leave(", """import threading, time
+threading.Thread(target=time.sleep, args=(300,), daemon=True, name="busy").start()
+a.leave(""")
+
+
+def test_agent_with_a_python_thread_starts_the_fork_server_as_a_new_interpreter(
+        tmp_path: Path) -> None:
+    """Where forking the agent is unsafe (another Python thread runs in it), the fork server
+    is started as before, a new interpreter (``python -c 'from multiprocessing.forkserver
+    import main...'``) that imports torch and the script's imports itself, the agent says why,
+    and the workers still start warm from it: torch imported twice on the node."""
+    code, out, chains, probes, torches = _run_chain(tmp_path, MAIN_WITH_THREAD, "--port=29813")
+    assert code == 0, out
+    assert "cannot fork it from the agent, other Python threads run: busy" in out, out
+    for _worker, server, agent in chains:
+        assert server["ppid"] == agent["pid"]
+        assert "multiprocessing.forkserver" in server["cmdline"]
+    server, agent = chains[0][1]["pid"], chains[0][2]["pid"]
+    assert sorted(torches) == sorted([agent, server]), (torches, chains)
+    assert probes == [server], (probes, chains)

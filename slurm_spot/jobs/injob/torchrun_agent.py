@@ -15,9 +15,12 @@
 - a death signal to the agent (SIGTERM when Slurm ends the step: the job requeued itself,
   ``scancel``, a power-down): torchrun stops the workers, the agent exits 128 + the signal;
 - workers start warm by default (:func:`launch_warm`, as in elastic mode below): forks of a
-  fork server that imported torch and the script's top-level imports while this agent
-  imported torch and formed the rendezvous, so the node starts no interpreter and imports
-  nothing on the way from rendezvous to the workers' first line; the fork server and the
+  fork server that is itself a fork of this agent, taken once the agent has imported torch
+  and before it starts any thread; the server imports the script's top-level imports while
+  the agent forms the rendezvous, so the node starts one interpreter, imports torch once,
+  and starts no interpreter and imports nothing on the way from rendezvous to the workers'
+  first line (where the agent cannot be forked, the server is a new interpreter that imports
+  torch again, and the agent's log line says why); the fork server and the
   workers keep the preemption signal ignored (as a stock worker inherits it) until the
   script installs its handler, and get SIGTERM/SIGHUP back at their default action;
   ``--no-preload`` keeps torchrun's ``python -u SCRIPT`` per worker;
@@ -50,10 +53,11 @@ Elastic mode (``--elastic MIN:MAX --rendezvous HOST:PORT``, as ``slurm-spot sbat
   they save at the step boundary) and form the next round with it (torch/distributed/elastic/
   agent/server/api.py, ``_invoke_run``: ``num_nodes_waiting() > 0``);
 - workers start warm (:func:`launch_warm`, :mod:`slurm_spot.jobs.injob.warm_worker`): forks of a
-  fork server that imported torch and the script's top-level imports while the first
-  rendezvous formed, so a restart after a re-rendezvous starts no interpreter and imports
-  nothing; ``--no-preload`` keeps torchrun's ``python -u SCRIPT`` per worker (slower restarts,
-  for scripts whose imports must see the worker's environment: RANK, CUDA_VISIBLE_DEVICES).
+  fork server forked from this agent after its torch import, which imported the script's
+  top-level imports while the first rendezvous formed, so a restart after a re-rendezvous
+  starts no interpreter and imports nothing; ``--no-preload`` keeps torchrun's
+  ``python -u SCRIPT`` per worker (slower restarts, for scripts whose imports must see the
+  worker's environment: RANK, CUDA_VISIBLE_DEVICES).
   The fork server ignores the preemption signal, SIGTERM and SIGHUP (Slurm signals every
   process of the step, and it must outlive its workers); it is killed with the agent;
 - exit code: 0 when training finished; the requeue code when the rendezvous could not be
@@ -377,10 +381,13 @@ def launch_warm(targs: list[str], ignore_signals: list[int],
                 reset_signals: list[int] | None = None) -> None:
     """torchrun with ``targs`` (the same arguments, parsed by ``torch.distributed.run``'s own
     ``parse_args``/``config_from_args``), but its workers started warm
-    (:mod:`slurm_spot.jobs.injob.warm_worker`): the fork server is started now, preloading torch
-    and the training script's top-level imports while the agent joins the first rendezvous,
-    and each worker, in that round and every later one, is a fork of it that runs the script
-    with :func:`~slurm_spot.jobs.injob.warm_worker.run_script` (start method ``forkserver``,
+    (:mod:`slurm_spot.jobs.injob.warm_worker`): the fork server is forked from this process now
+    (:func:`~slurm_spot.jobs.injob.warm_worker.fork_fork_server`: it has torch already, and
+    imports the training script's top-level imports while the agent joins the first
+    rendezvous; a new interpreter, :func:`~slurm_spot.jobs.injob.warm_worker.start_fork_server`,
+    where this process cannot be forked: the log line says which), and each worker, in that
+    round and every later one, is a fork of it that runs the script with
+    :func:`~slurm_spot.jobs.injob.warm_worker.run_script` (start method ``forkserver``,
     torch's ``MultiprocessContext``). ``ignore_signals`` (signal numbers): ignored in the
     fork server, which Slurm signals with the rest of the step; the workers get their
     default action back (only ``reset_signals`` do where it is given: the others stay
@@ -402,10 +409,15 @@ def launch_warm(targs: list[str], ignore_signals: list[int],
     _use_warm_context()
     script = args.training_script
     modules = warm_worker.preload_modules(script)
-    pid = warm_worker.start_fork_server(modules, ignore_signals,
-                                        warm_worker.script_folder(script))
-    print(f"slurm-spot: warm worker start: fork server {pid} preloads {','.join(modules)}",
-          file=sys.stderr, flush=True)
+    folder = warm_worker.script_folder(script)
+    try:
+        pid = warm_worker.fork_fork_server(modules, ignore_signals, folder)
+        how = "forked from the agent"
+    except warm_worker.ForkUnavailable as exc:
+        pid = warm_worker.start_fork_server(modules, ignore_signals, folder)
+        how = f"a new interpreter: cannot fork it from the agent, {exc}"
+    print(f"slurm-spot: warm worker start: fork server {pid} ({how}) preloads "
+          f"{','.join(modules)}", file=sys.stderr, flush=True)
     reset = ignore_signals if reset_signals is None else reset_signals
     elastic_launch(config, warm_worker.run_script)(
         ",".join(str(n) for n in reset), script, *args.training_script_args)

@@ -1,5 +1,7 @@
-"""Imported by the fork server of an elastic torchrun agent, and only there
-(:func:`slurm_spot.jobs.injob.warm_worker.start_fork_server` makes it the server's preload):
+"""Imported by the fork server of a torchrun agent where it is started as a new interpreter,
+and only there (:func:`slurm_spot.jobs.injob.warm_worker.start_fork_server` makes it the
+server's preload; the fallback of :func:`~slurm_spot.jobs.injob.warm_worker.fork_fork_server`,
+whose fork of the agent does the same without this module):
 
 - ties the server's life to the agent's: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (prctl(2),
   Linux), so that an agent killed outright (SIGKILL, the OOM killer) takes the server with it,

@@ -10,11 +10,17 @@ machine, 6-9 s under load, was most of the training time an elastic job lost per
 How (:func:`slurm_spot.jobs.injob.torchrun_agent.run_torchrun` with ``preload``): torchrun's launcher
 is given a function entrypoint, :func:`run_script`, so torch starts the workers with
 ``multiprocessing`` (``MultiprocessContext``, torch/distributed/elastic/multiprocessing/api.py)
-and start method ``forkserver``; the fork server (Python's ``multiprocessing.forkserver``) is
-started before the first rendezvous with :mod:`slurm_spot.jobs.injob.warm_preload` as its preload,
-which imports torch, torch.distributed and the script's own top-level imports
-(:func:`preload_modules`). Each worker is then a fork of that server: no interpreter start, no
-imports, for the first round and every restart.
+and start method ``forkserver``. The fork server (Python's ``multiprocessing.forkserver``) is a
+fork of the agent itself (:func:`fork_fork_server`), taken before the first rendezvous, once
+the agent has imported torch and torch.distributed.run and before it starts any thread: it
+inherits those modules, imports the script's own top-level imports (:func:`preload_modules`)
+while the agent forms the rendezvous, and serves the workers. Each worker is then a fork of
+that server: the node starts one interpreter and imports torch once (issue 26, "One Python
+start per node"), for the first round and every restart. Where the agent cannot be forked
+safely (another Python thread runs in it) or this Python's ``multiprocessing.forkserver``
+differs from the one :func:`fork_fork_server` knows, the server is started as Python starts
+it, a new interpreter with :mod:`slurm_spot.jobs.injob.warm_preload` as its preload
+(:func:`start_fork_server`), which imports torch again; the agent's log line says which.
 
 The worker's side, :func:`run_script`, makes the fork look like ``python -u SCRIPT ARGS``:
 ``sys.argv``, ``sys.path[0]`` (the folder of the script's real path), an absolute
@@ -26,8 +32,8 @@ with ``os._exit``, which would skip them).
 
 What differs from ``python -u SCRIPT`` (why ``--no-preload`` exists):
 
-- the preloaded modules are imported once, in the fork server, *before* any worker's
-  environment is set: a module that reads ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+- the preloaded modules are imported once, in the fork server (never in the agent), *before*
+  any worker's environment is set: a module that reads ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``,
   ``CUDA_VISIBLE_DEVICES`` etc. at import time sees the agent's environment, not the worker's,
   and one that initialises CUDA or starts threads at import makes forking unsafe;
 - module-level state of those modules is shared by every restart (it is copied from the
@@ -50,6 +56,7 @@ import threading
 import traceback
 import zipfile
 from pathlib import Path
+from typing import Any
 
 #: Imported in the fork server whatever the script imports: what every training worker under
 #: torchrun needs, and the worker's entrypoint module.
@@ -287,8 +294,175 @@ def _flush() -> None:
             pass
 
 
+class ForkUnavailable(RuntimeError):
+    """The fork server cannot be forked from this process (why, in the message): the caller
+    starts it as a new interpreter instead (:func:`start_fork_server`)."""
+
+
+#: Keyword parameters of ``multiprocessing.forkserver.main`` this module knows how to fill
+#: (CPython 3.11-3.13: ``main_path``, ``sys_path``; 3.14 adds ``authkey_r``, the read end of
+#: a pipe with the key the clients' connections are checked with, gh-97514).
+_KNOWN_MAIN_PARAMS = ("listener_fd", "alive_r", "preload", "main_path", "sys_path", "authkey_r")
+
+
+def _fork_unsupported() -> str | None:
+    """Why this Python's ``multiprocessing.forkserver`` cannot be forked into (None: it
+    can): its ``main`` takes parameters this module does not know, or its ``ForkServer``
+    lacks the attributes the clients read (CPython's Lib/multiprocessing/forkserver.py)."""
+    import inspect
+    import multiprocessing.forkserver as forkserver
+
+    try:
+        params = inspect.signature(forkserver.main).parameters
+    except (AttributeError, TypeError, ValueError) as exc:
+        return f"multiprocessing.forkserver.main: {exc}"
+    names = list(params)
+    if names[:3] != ["listener_fd", "alive_r", "preload"]:
+        return f"multiprocessing.forkserver.main takes {names}"
+    unknown = [n for n, p in params.items() if n not in _KNOWN_MAIN_PARAMS
+               and p.default is inspect.Parameter.empty
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if unknown:
+        return f"multiprocessing.forkserver.main needs {unknown}"
+    server = getattr(forkserver, "_forkserver", None)
+    wanted = ["_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"]
+    if "authkey_r" in params:
+        wanted.append("_forkserver_authkey")
+    missing = [a for a in wanted if not hasattr(server, a)]
+    if missing:
+        return f"multiprocessing.forkserver._forkserver has no {', '.join(missing)}"
+    if server._forkserver_pid is not None:  # type: ignore[union-attr]
+        return "a fork server is already running"
+    return None
+
+
+def fork_fork_server(modules: list[str], ignore: list[int], folder: str) -> int:
+    """Make a fork of this process (the agent) Python's multiprocessing fork server, so that
+    the node starts one interpreter and imports torch once: the fork has every module this
+    process imported (torch, torch.distributed.run), imports ``modules`` not imported yet
+    (the script's top-level imports, with ``folder``, the script's, first on ``sys.path``, as
+    the workers will have it: :func:`preload`, failures skipped), and runs
+    ``multiprocessing.forkserver.main``; this process then connects to it as to a server of
+    its own (``multiprocessing.forkserver._forkserver``'s address, alive pipe, process id
+    and, on Pythons that have it, authentication key: CPython's Lib/multiprocessing/
+    forkserver.py ``ensure_running``, which is what it replaces). The script's modules are
+    imported in the fork only, never in this process: one that reads ``RANK`` or starts
+    threads or CUDA at import (see the module docstring) affects the server and its workers,
+    as before, but not the agent.
+
+    The fork is what a new fork-server interpreter would be: the signals ``ignore`` ignored,
+    every other signal with a Python handler of this process back at its default action
+    (``SIGINT``: Python's ``default_int_handler``, or ignored if this process inherited it
+    ignored), multiprocessing's finalizers of this process dropped, stdin closed (by
+    ``main``), killed when this process ends (:func:`exit_with_parent`), ending with
+    ``os._exit`` (this process's ``atexit`` handlers are not its own). Its command line and
+    ``/proc/PID/exe`` are this process's: it never runs ``exec``.
+
+    Must be called from the main thread (the parent-death signal follows the thread that
+    forks) before any other Python thread is started (forking a process whose other threads
+    hold locks can deadlock the child); native threads of libraries (OpenBLAS's pool, which
+    numpy starts at import) are fork-safe by their own ``pthread_atfork`` handlers, as in any
+    fork server that imported them. Returns the server's process id.
+
+    Raises:
+        ForkUnavailable: another Python thread runs, a fork server is already running, or
+            this Python's ``multiprocessing.forkserver`` differs from the one described
+            (:func:`_fork_unsupported`); nothing was started.
+        OSError: the socket, pipes or fork failed.
+    """
+    import multiprocessing.forkserver as forkserver
+    import socket
+    from multiprocessing import connection, resource_tracker, util
+
+    if threading.current_thread() is not threading.main_thread():
+        raise ForkUnavailable("not called from the main thread")
+    if threading.active_count() != 1:
+        names = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+        raise ForkUnavailable(f"other Python threads run: {', '.join(names)}")
+    reason = _fork_unsupported()
+    if reason:
+        raise ForkUnavailable(reason)
+    import inspect
+
+    # Private attributes (the clients read them; typeshed does not list them).
+    server: Any = forkserver._forkserver  # type: ignore[attr-defined]
+    with_key = "authkey_r" in inspect.signature(forkserver.main).parameters
+    resource_tracker.ensure_running()  # as ensure_running: its fd goes to every worker
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):  # type: ignore[attr-defined]
+            os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        authkey = os.urandom(32) if with_key else b""
+        key_r = -1
+        if with_key:
+            key_r, key_w = os.pipe()
+            os.write(key_w, authkey)  # 32 bytes: fits an empty pipe's buffer
+            os.close(key_w)
+        agent = os.getpid()
+        _flush()
+        pid = os.fork()
+    except BaseException:
+        listener.close()
+        raise
+    if pid == 0:
+        _serve_forked(listener, alive_r, alive_w, key_r, agent, modules, ignore, folder)
+    os.close(alive_r)
+    if with_key:
+        os.close(key_r)
+    listener.close()
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
+    if with_key:
+        server._forkserver_authkey = authkey
+    return pid
+
+
+def _serve_forked(listener: object, alive_r: int, alive_w: int, key_r: int, agent: int,
+                  modules: list[str], ignore: list[int], folder: str) -> None:
+    """The forked fork server's life (:func:`fork_fork_server`); never returns."""
+    code = 1
+    try:
+        import multiprocessing.forkserver as forkserver
+        from multiprocessing import util
+
+        os.close(alive_w)  # the agent's: EOF on alive_r once the agent and workers are gone
+        exit_with_parent(agent)
+        util._finalizer_registry.clear()  # type: ignore[attr-defined]
+        util._run_after_forkers()  # type: ignore[attr-defined]
+        default_int = signal.default_int_handler
+        for number in signal.valid_signals():
+            handler = signal.getsignal(number)
+            if callable(handler) and handler is not default_int:
+                signal.signal(number, signal.SIG_DFL)
+        for ignored in ignore:
+            signal.signal(ignored, signal.SIG_IGN)
+        if sys.path:
+            sys.path[0] = folder
+        else:
+            sys.path.append(folder)
+        preload([m for m in modules if m not in sys.modules])
+        fd = listener.detach()  # type: ignore[attr-defined]
+        keys = {"authkey_r": key_r} if key_r >= 0 else {}
+        serve: Any = forkserver.main  # authkey_r: not in every Python's (nor typeshed's)
+        serve(fd, alive_r, [], **keys)
+        code = 0
+    except SystemExit as exc:  # main's way out: every client (agent, workers) is gone
+        code = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        _flush()
+        os._exit(code)
+
+
 def start_fork_server(modules: list[str], ignore: list[int], folder: str | None = None) -> int:
-    """Start Python's multiprocessing fork server now (``multiprocessing.forkserver.
+    """The fallback of :func:`fork_fork_server` (a second interpreter, which imports torch
+    again): start Python's multiprocessing fork server now (``multiprocessing.forkserver.
     ensure_running``), preloading ``modules`` through :mod:`slurm_spot.jobs.injob.warm_preload`, with
     the signals ``ignore`` ignored in it (``SIG_IGN`` is kept across ``exec``; the handlers of
     this process are restored at once), and ``folder`` (the script's, where given) first on
