@@ -72,6 +72,9 @@ TRAIN_ARGS = ("--steps", "400", "--step-sleep", "0.15", "--checkpoint-every", "2
 NOTICE_S = 20
 AFTER_STEPS = 5  # steps past *next* before the job is cancelled
 MODES = ("elastic", "elastic-no-preload", "requeue")
+#: The events of a restarted training: ``resume`` from a checkpoint, or ``start`` at step 0
+#: when there was none yet (a node killed without notice before the first checkpoint).
+RESTARTS = ("resume", "start")
 
 
 class EventLog:
@@ -113,7 +116,7 @@ def _steps(events: list[dict]) -> list[dict]:
 def lost_time(events: list[dict], interrupted_at: float) -> dict[str, object]:
     """Step 4 of the method, from rank 0's events (each with ``time``, epoch seconds)."""
     before = [e for e in _steps(events) if e["time"] <= interrupted_at]
-    restart = next(e for e in events if e["event"] == "resume" and e["time"] > interrupted_at)
+    restart = next(e for e in events if e["event"] in RESTARTS and e["time"] > interrupted_at)
     before += [e for e in _steps(events) if interrupted_at < e["time"] < restart["time"]]
     last = max(before, key=lambda e: e["step"])
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(before)
@@ -174,7 +177,7 @@ def measure(cluster: Cluster, mode: str, rendezvous: str, notice_s: float = NOTI
                      str(cluster.conf_dir))
 
         def progressed(ev: list[dict]) -> bool:
-            resumed = [e for e in ev if e["event"] == "resume" and e["time"] > interrupted_at]
+            resumed = [e for e in ev if e["event"] in RESTARTS and e["time"] > interrupted_at]
             if not resumed:
                 return False
             top = max((e["step"] for e in _steps(ev) if e["time"] <= resumed[0]["time"]),

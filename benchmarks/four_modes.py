@@ -306,7 +306,10 @@ restart; *pause* is from that last step to the first step after the restart (red
 For fault-tolerant the surviving groups keep training: *pause* is their longest gap between
 two consecutive steps after the interruption (the group's `leave` with notice, the kill
 without) until the replacement starts, *lost* that gap less one step; a step whose all-reduce
-lost a peer is not committed and is done again inside that gap (so *redone* is 0).
+lost a peer is not committed and is done again inside that gap (so *redone* is 0). Without
+notice, requeue and elastic redo the steps since the last checkpoint (every 20 steps here, so
+0-19 depending on where the kill lands; at step ~15-19 before the first one, all of them): a
+property of the checkpoint interval, which fault-tolerant training does not have.
 Fault-tolerant targets (issue 27, the survivors' longest gap): {'; '.join(verdicts)}.
 Earlier measurements with notice: elastic ~9 s, requeue ~37 s (section elastic-vs-requeue).
 The replacement group's join:
