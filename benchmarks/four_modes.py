@@ -259,6 +259,12 @@ def section(results: list[dict[str, object]]) -> str:
                          f"| {runs}")
         rows.append(f"| {mode} | {' | '.join(cells)} |")
     ft = [r for r in results if r["mode"] == "fault-tolerant" and "error" not in r]
+    worlds = "\n".join(
+        f"- {mode}, {kind}: " + "; ".join(
+            f"{r.get('world_after')} nodes, {r.get('job_restarts', '?')} job restart(s)"
+            for r in results if (r["mode"], r["kind"]) == (mode, kind) and "error" not in r)
+        for mode in MODES if MODES[mode] is not None for kind in KINDS
+        if any((r["mode"], r["kind"]) == (mode, kind) and "error" not in r for r in results))
     verdicts = []
     for kind, target in TARGETS.items():
         gaps = [float(r["gap_s"]) for r in ft if r["kind"] == kind]  # type: ignore[arg-type]
@@ -281,6 +287,7 @@ def section(results: list[dict[str, object]]) -> str:
     load = (f"1-minute load average at each run's start {statistics.median(loads):.1f} "
             f"(median; {min(loads):.1f}-{max(loads):.1f})" if loads else "load not recorded")
     errors = "".join(f"\n- {r['mode']}, {r['kind']}: {r['error']}" for r in results if "error" in r)
+    errors += "".join(f"\n- {r['mode']}, {r['kind']}: {r['note']}" for r in results if "note" in r)
     return f"""{BEGIN}
 ## Training time lost per interruption, four modes, with notice and without (issue 27)
 
@@ -311,8 +318,17 @@ notice, requeue and elastic redo the steps since the last checkpoint (every 20 s
 0-19 depending on where the kill lands; at step ~15-19 before the first one, all of them): a
 property of the checkpoint interval, which fault-tolerant training does not have.
 Fault-tolerant targets (issue 27, the survivors' longest gap): {'; '.join(verdicts)}.
-Earlier measurements with notice: elastic ~9 s, requeue ~37 s (section elastic-vs-requeue).
-The replacement group's join:
+Per run, the world the training went on with and the job's restarts (Slurm's count; an
+elastic job with a restart was requeued instead of going on, why was not examined here; 3
+nodes after a notice: the prewarmed replacement joined the new round):
+
+{worlds}
+
+Earlier measurements with notice: elastic (warm) ~9 s, requeue ~37 s (section
+elastic-vs-requeue). Where the fault-tolerant pause goes: the survivors' next quorum waits until
+the lost group's last heartbeat is older than the lighthouse's heartbeat timeout (below), then
+they take their step; nobody restarts, loads a checkpoint or redoes a step (docs/ml-engineer.md,
+"How long the survivors wait"). The replacement group's join, later:
 
 {heals or '- not measured'}
 
