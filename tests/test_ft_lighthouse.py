@@ -123,9 +123,12 @@ def test_the_command_serves_on_its_address_until_sigterm() -> None:
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()
-        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        assert found, line
+        lines = []  # torchft's own log lines may come first, on the same stderr
+        found = None
+        while found is None and len(lines) < 20:
+            lines.append(proc.stderr.readline())
+            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", lines[-1])
+        assert found, lines
         port = int(found.group(1))
         assert _listening(port) == ["0100007F"]
         proc.send_signal(signal.SIGTERM)
