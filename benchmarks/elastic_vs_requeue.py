@@ -72,6 +72,9 @@ TRAIN_ARGS = ("--steps", "400", "--step-sleep", "0.15", "--checkpoint-every", "2
 NOTICE_S = 20
 AFTER_STEPS = 5  # steps past *next* before the job is cancelled
 MODES = ("elastic", "elastic-no-preload", "requeue")
+#: The events of a restarted training: ``resume`` from a checkpoint, or ``start`` at step 0
+#: when there was none yet (a node killed without notice before the first checkpoint).
+RESTARTS = ("resume", "start")
 
 
 class EventLog:
@@ -113,7 +116,7 @@ def _steps(events: list[dict]) -> list[dict]:
 def lost_time(events: list[dict], interrupted_at: float) -> dict[str, object]:
     """Step 4 of the method, from rank 0's events (each with ``time``, epoch seconds)."""
     before = [e for e in _steps(events) if e["time"] <= interrupted_at]
-    restart = next(e for e in events if e["event"] == "resume" and e["time"] > interrupted_at)
+    restart = next(e for e in events if e["event"] in RESTARTS and e["time"] > interrupted_at)
     before += [e for e in _steps(events) if interrupted_at < e["time"] < restart["time"]]
     last = max(before, key=lambda e: e["step"])
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(before)
@@ -135,17 +138,21 @@ def lost_time(events: list[dict], interrupted_at: float) -> dict[str, object]:
     }
 
 
-def _settle(cluster: Cluster, timeout_s: float = 180.0) -> None:
-    """Wait until every node is idle or powered down (no job, no drain, no down)."""
+def _settle(cluster: Cluster, timeout_s: float = 180.0, nodes: int = 4) -> None:
+    """Wait until every one of the ``nodes`` nodes is idle or powered down (no job, no
+    drain, no down)."""
     def quiet() -> bool:
         out = cluster.slurm("sinfo", "-h", "-N", "-o", "%N %T", check=False)
         states = [line.split()[1] for line in out.splitlines() if len(line.split()) == 2]
-        return len(states) == 4 and all(s.rstrip("~*") == "idle" for s in states)
+        return len(states) == nodes and all(s.rstrip("~*") == "idle" for s in states)
     wait_for(quiet, timeout_s, what="every node idle or powered down")
 
 
-def measure(cluster: Cluster, mode: str, rendezvous: str) -> dict[str, object]:
-    """One run of ``mode`` (one of :data:`MODES`), steps 2-5 of the method."""
+def measure(cluster: Cluster, mode: str, rendezvous: str, notice_s: float = NOTICE_S,
+            nodes: int = 4) -> dict[str, object]:
+    """One run of ``mode`` (one of :data:`MODES`), steps 2-5 of the method; ``notice_s`` 0:
+    the node is killed without notice (``local preempt NODE --notice 0``) instead of step 3's
+    notice. ``nodes``: how many nodes the cluster has (what step 5 waits to be idle)."""
     out = cluster.root / f"{mode}-%j.out"
     elastic = ["--elastic", "2:3", "--rendezvous", rendezvous, "--join-timeout", "30"] \
         if mode.startswith("elastic") else []
@@ -166,11 +173,11 @@ def measure(cluster: Cluster, mode: str, rendezvous: str) -> dict[str, object]:
         fields = cluster.job(job)
         node = next(n for n in reversed(expand(fields["NodeList"])) if n != fields["BatchHost"])
         interrupted_at = time.time()
-        cluster.spot("local", "preempt", node, "--notice", str(NOTICE_S), "--conf-dir",
+        cluster.spot("local", "preempt", node, "--notice", str(notice_s), "--conf-dir",
                      str(cluster.conf_dir))
 
         def progressed(ev: list[dict]) -> bool:
-            resumed = [e for e in ev if e["event"] == "resume" and e["time"] > interrupted_at]
+            resumed = [e for e in ev if e["event"] in RESTARTS and e["time"] > interrupted_at]
             if not resumed:
                 return False
             top = max((e["step"] for e in _steps(ev) if e["time"] <= resumed[0]["time"]),
@@ -186,7 +193,7 @@ def measure(cluster: Cluster, mode: str, rendezvous: str) -> dict[str, object]:
         wait_for(lambda: cluster.job(job).get("JobState") not in
                  ("RUNNING", "COMPLETING", "PENDING", "CONFIGURING", "REQUEUED"), 120,
                  what=f"job {job} to end")
-        _settle(cluster)
+        _settle(cluster, nodes=nodes)
 
 
 def _free_port() -> int:

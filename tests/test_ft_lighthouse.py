@@ -123,9 +123,12 @@ def test_the_command_serves_on_its_address_until_sigterm() -> None:
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()
-        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        assert found, line
+        lines = []  # torchft's own log lines may come first, on the same stderr
+        found = None
+        while found is None and len(lines) < 20:
+            lines.append(proc.stderr.readline())
+            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", lines[-1])
+        assert found, lines
         port = int(found.group(1))
         assert _listening(port) == ["0100007F"]
         proc.send_signal(signal.SIGTERM)
@@ -134,3 +137,51 @@ def test_the_command_serves_on_its_address_until_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_group_gone_silent_holds_the_next_quorum_up_only_until_its_heartbeat_lapses() -> None:
+    """Why the survivors' pause after a group leaves or dies is ``heartbeat_timeout_ms``
+    (docs/ml-engineer.md, "How long the survivors wait"): a group that has stopped
+    heartbeating is left out of the next quorum once its last heartbeat is older than that,
+    even when ``join_timeout_ms`` (how long a quorum waits for a group that heartbeats but
+    has not joined) is a minute; the real torchft lighthouse and client, over gRPC."""
+    import threading
+    from datetime import timedelta
+
+    torchft = pytest.importorskip("torchft._torchft")
+    defaults = LighthouseTimeouts()
+    assert defaults.heartbeat_timeout_ms < defaults.join_timeout_ms  # the default is that case
+    lighthouse = Lighthouse("127.0.0.1", 0, timeouts=LighthouseTimeouts(
+        join_timeout_ms=60_000, heartbeat_timeout_ms=defaults.heartbeat_timeout_ms))
+    try:
+        client = torchft.LighthouseClient(lighthouse.address, timedelta(seconds=10))
+        for replica in ("a", "b"):  # both heartbeat: the first quorum waits for both
+            client.heartbeat(replica)
+        quorums: dict[str, list[str]] = {}
+
+        def join(replica: str) -> None:
+            quorum = client.quorum(replica_id=replica, timeout=timedelta(seconds=30), step=1)
+            quorums[replica] = sorted(p.replica_id for p in quorum.participants)
+        both = [threading.Thread(target=join, args=(r,)) for r in ("a", "b")]
+        for thread in both:
+            thread.start()
+        for thread in both:
+            thread.join(60)
+        assert quorums == {"a": ["a", "b"], "b": ["a", "b"]}
+        # "b" goes (no more heartbeats, no quorum request); "a" asks for the next quorum and
+        # heartbeats meanwhile every 100 ms, as torchft's Manager does from its own thread.
+        stop = threading.Event()
+
+        def heartbeat() -> None:
+            while not stop.wait(0.1):
+                client.heartbeat("a")
+        beating = threading.Thread(target=heartbeat)
+        beating.start()
+        try:
+            quorum = client.quorum(replica_id="a", timeout=timedelta(seconds=30), step=2)
+        finally:
+            stop.set()
+            beating.join(10)
+        assert [p.replica_id for p in quorum.participants] == ["a"]  # no 60 s wait: no timeout
+    finally:
+        lighthouse.shutdown()

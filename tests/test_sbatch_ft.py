@@ -199,3 +199,26 @@ def test_groups_share_the_lighthouse_jobs_checkpoint_directory() -> None:
         == Path("/ck/alice/1240")
     with pytest.raises(jobenv.JobEnvError, match="SLURM_SPOT_FT_CHECKPOINT_KEY='x'"):
         jobenv.ft_checkpoint_dir({**env, "SLURM_SPOT_FT_CHECKPOINT_KEY": "x"})
+
+
+def test_the_lighthouse_job_runs_with_the_timing_slurm_spot_lighthouse_defaults_to(
+        tmp_path: Path) -> None:
+    """The survivors' pause after a group leaves (notice) or dies (no notice) is the
+    lighthouse's heartbeat timeout only while that is below its join timeout
+    (slurm_spot/jobs/services/ft_lighthouse.py): the lighthouse job passes such a timing, the
+    same as ``slurm-spot lighthouse``'s defaults and ``LighthouseTimeouts``'s, so a lighthouse
+    started by hand (docs/ml-engineer.md) behaves like the job's."""
+    import re
+
+    from slurm_spot.commands.lighthouse import lighthouse_command
+    from slurm_spot.jobs.services.ft_lighthouse import LighthouseTimeouts
+
+    text = _plan(tmp_path, "-p", "spot")["jobs"][0]["script"]
+    found = re.search(r"--join-timeout-ms (\d+) --heartbeat-timeout-ms (\d+)", text)
+    assert found, text
+    join, heartbeat = int(found[1]), int(found[2])
+    assert heartbeat < join
+    defaults = LighthouseTimeouts()
+    assert (defaults.join_timeout_ms, defaults.heartbeat_timeout_ms) == (join, heartbeat)
+    options = {p.name: p.default for p in lighthouse_command.params}
+    assert (options["join_timeout_ms"], options["heartbeat_timeout_ms"]) == (join, heartbeat)

@@ -14,13 +14,16 @@ import click
               help="TCP port (0: one the kernel picks).")
 @click.option("--min-replicas", type=click.IntRange(1, None), default=1, show_default=True,
               help="Fewest replica groups a quorum needs.")
-@click.option("--join-timeout-ms", type=click.IntRange(1, None), default=1000,
-              show_default=True,
-              help="How long a quorum waits for groups that heartbeat but have not joined.")
-@click.option("--heartbeat-timeout-ms", type=click.IntRange(1, None), default=1000,
-              show_default=True,
-              help="A group silent this long is counted lost: the survivors' longest pause "
-                   "after a loss without notice; too low drops groups that stall.")
+@click.option("--join-timeout-ms", type=click.IntRange(1, None),
+              default=1000, show_default=True,
+              help="How long a quorum waits for groups that heartbeat but have not joined "
+                   "(a replacement still starting).")
+@click.option("--heartbeat-timeout-ms", type=click.IntRange(1, None),
+              default=500, show_default=True,
+              help="A group silent this long is counted gone: the survivors' pause after a "
+                   "group leaves (notice) or dies (no notice), when below --join-timeout-ms. "
+                   "Groups heartbeat every 100 ms; too low, and a group whose heartbeats "
+                   "stall that long is left out of one quorum and heals from a peer.")
 @click.option("--job", "job", default=None, metavar="JOBID",
               help="The Slurm job this lighthouse serves: only its owner gets in (a MUNGE "
                    "handshake at the front door on --listen/--port; the lighthouse itself "

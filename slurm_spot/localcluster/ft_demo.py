@@ -50,7 +50,7 @@ TOLERANCE_REASON = ("every step is the mean-loss gradient over the same global b
                     "number of groups, summed in another order: float rounding only")
 #: An interruption's ``survivor_max_gap_s`` counts the survivors' steps from the interruption
 #: (the group left, or was killed) for this long, or until the next interruption: the pause a
-#: loss causes comes within seconds (the lighthouse's 1 s heartbeat timeout); the pause when
+#: loss causes comes within a second (the lighthouse's 0.5 s heartbeat timeout); the pause when
 #: the replacement joins is its join's own ``survivor_max_gap_s`` (2 s either side of its heal).
 LOSS_WINDOW_S = 15.0
 #: Job states after which a job runs no more.

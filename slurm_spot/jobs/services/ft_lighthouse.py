@@ -17,9 +17,16 @@ lighthouse of ``--unauthenticated``.
 torchft is imported here only, when a lighthouse is started (the rest of slurm-spot runs
 without it installed).
 
-How long a lost replica holds the others up is :class:`LighthouseTimeouts`: the quorum of the
-next step waits for every replica whose heartbeat is younger than ``heartbeat_timeout_ms``, so
-that is the longest pause of the survivors after a replica vanished without a word.
+How long a lost replica holds the others up is :class:`LighthouseTimeouts`. torchft's lighthouse
+(``quorum_compute`` in its src/lighthouse.rs) forms the next quorum at once when every
+*healthy* replica (last heartbeat younger than ``heartbeat_timeout_ms``; a quorum request
+counts as one) has asked to join; otherwise it waits up to ``join_timeout_ms`` from the first
+joiner for the rest. A group that left at a notice or died stops heartbeating at once but
+counts as healthy until its last heartbeat is ``heartbeat_timeout_ms`` old, so the survivors
+wait min(``heartbeat_timeout_ms``, ``join_timeout_ms``) after a loss, with notice or without:
+the heartbeat timeout (500 ms) is below the join timeout (1000 ms) here, so a loss costs the
+survivors ~0.5 s plus their step, while a replacement that heartbeats but is still starting
+is still waited for up to 1 s.
 """
 
 from __future__ import annotations
@@ -60,16 +67,23 @@ class LighthouseTimeouts:
 
     Attributes:
         join_timeout_ms: how long a quorum waits for replicas that heartbeat but have not
-            asked to join (a replacement still starting) before it forms without them.
-        heartbeat_timeout_ms: a replica whose last heartbeat (every 100 ms by default) is older
-            is counted dead, and the next quorum forms without it. Lower: survivors resume
-            sooner after a loss without notice; too low: a replica stalled that long (a loaded
-            CPU, a long garbage collection) is dropped and has to heal.
+            asked to join (a replacement still starting, a group slow to finish its step)
+            before it forms without them.
+        heartbeat_timeout_ms: a replica whose last heartbeat is older is counted gone, and the
+            next quorum forms without it: the survivors' pause after a group leaves (notice)
+            or dies (no notice), when below ``join_timeout_ms``. torchft's Manager heartbeats
+            every 100 ms (its ``heartbeat_interval``) from a Rust thread that needs no GIL,
+            so 500 ms is 5 missed heartbeats. The trade-off: a group whose heartbeats stall
+            longer than this (its process frozen, a CPU starved that long, a network hiccup
+            to the lighthouse) is left out of the quorum that forms meanwhile, and it heals
+            from a peer in the next (that group's step lost, ~0.1-0.4 s of healing for the
+            example's model; the others do not wait). Measured: BENCHMARKS.md (four-modes)
+            and docs/ml-engineer.md.
         quorum_tick_ms: how often the lighthouse checks whether a quorum can form.
     """
 
     join_timeout_ms: int = 1000
-    heartbeat_timeout_ms: int = 1000
+    heartbeat_timeout_ms: int = 500
     quorum_tick_ms: int = 50
 
     def __post_init__(self) -> None:

@@ -54,11 +54,14 @@ LIGHTHOUSE_WAIT_S = 600
 FRONT_DOOR_WAIT_TRIES = 60
 #: Most replica groups one ``--fault-tolerant`` submission makes.
 MAX_GROUPS = 64
-#: The lighthouse's timing (``slurm-spot lighthouse``'s options, milliseconds): a group silent
-#: this long is left out of the next quorum (docs/ml-engineer.md: the survivors' pause after a
-#: loss without notice, against dropping a group that stalls).
+#: The lighthouse's timing (``slurm-spot lighthouse``'s options, milliseconds; the defaults of
+#: slurm_spot.jobs.services.ft_lighthouse.LighthouseTimeouts): a group silent for
+#: HEARTBEAT_TIMEOUT_MS is left out of the next quorum, which waits up to JOIN_TIMEOUT_MS for
+#: a group that heartbeats but has not joined. The heartbeat timeout, below the join timeout,
+#: is the survivors' pause after a group leaves (notice) or dies (no notice), against leaving
+#: out for one quorum a group whose heartbeats stall that long (docs/ml-engineer.md).
 JOIN_TIMEOUT_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 500
 #: The Comment of the lighthouse job that names its groups.
 GROUPS_COMMENT = "slurm-spot-ft-groups:"
 #: The placeholder for the lighthouse job's id in the groups' options before it is known
