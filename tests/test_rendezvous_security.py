@@ -156,7 +156,7 @@ def test_a_huge_frame_before_the_handshake_is_not_read(server: RendezvousServer)
 
 
 def test_every_interface_is_refused_with_exit_2() -> None:
-    for listen in ("0.0.0.0", "::", "0"):
+    for listen in ("0.0.0.0", "::", "0", "0x0", "::ffff:0.0.0.0"):
         proc = subprocess.run([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
                                listen, "--port", "29390"], capture_output=True, text=True,
                               timeout=60)

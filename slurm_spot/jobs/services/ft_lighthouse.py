@@ -24,7 +24,6 @@ that is the longest pause of the survivors after a replica vanished without a wo
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,12 @@ from typing import Any
 
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.rendezvous_wire import Authenticator
-from slurm_spot.jobs.services.rendezvous import ALL_INTERFACES, format_endpoint, parse_host
+from slurm_spot.jobs.services.rendezvous import (
+    ALL_INTERFACES,
+    format_endpoint,
+    parse_host,
+    resolves_to_every_interface,
+)
 
 
 class TorchftMissingError(BadInputError):
@@ -82,18 +86,22 @@ class LighthouseTimeouts:
 
 def refuse_every_interface(host: str, where: str) -> str:
     """``host`` checked (:func:`~.rendezvous.parse_host`) unless it means every interface;
-    returns it.
+    returns it. What it resolves to for binding is checked too
+    (:func:`~.rendezvous.resolves_to_every_interface`): ``0x0`` and ``::ffff:0.0.0.0`` pass
+    as a hostname and an IPv6 address but bind every IPv4 interface.
 
     Raises:
-        BadInputError: ``0.0.0.0``, ``::``, empty, or a malformed host (names ``where``).
+        BadInputError: ``0.0.0.0``, ``::``, empty, another form or a name that binds every
+            interface, or a malformed host (names ``where``).
     """
     every = host.strip() in ALL_INTERFACES
     if not every:
         host = parse_host(host, where)
-        try:
-            every = ipaddress.ip_address(host).is_unspecified
-        except ValueError:
-            pass  # a hostname
+        resolved = resolves_to_every_interface(host)
+        if resolved is not None:
+            raise BadInputError(f"{where} {host!r} binds {resolved}, every interface: the "
+                                "lighthouse must answer the cluster network only; give this "
+                                "machine's address on the cluster network (its NodeAddr)")
     if every:
         raise BadInputError(f"{where} {host!r} is every interface: the lighthouse must "
                             "answer the cluster network only; give this machine's address "
