@@ -98,12 +98,29 @@ def test_a_users_dependency_goes_to_every_job(tmp_path: Path) -> None:
      "--coordinator-partition=spot is also the groups' partition (-p)"),
     (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "on demand"],
      "--coordinator-partition='on demand': not a partition name"),
+    # The lighthouse on a partition spot.yaml says is spot: a reclaim would take it.
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "spot"],
+     "--coordinator-partition=spot: its node sets (spot) are spot in"),
+    # An array would start a lighthouse per task (on ports its groups do not look at) and
+    # groups of the same name.
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand", "-p", "spot",
+      "--array=0-3"], "--array=0-3 with --fault-tolerant"),
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand", "-a", "1"],
+     "--array=1 with --fault-tolerant"),
 ])
 def test_bad_input_exits_2_naming_the_option(tmp_path: Path, words: list[str],
                                             message: str) -> None:
     code, output = _sbatch(tmp_path, "--dry-run", *words)
     assert code == 2, output
     assert message in output
+
+
+def test_an_empty_job_name_is_the_default_name(tmp_path: Path) -> None:
+    """``-J ''`` would have named the jobs ``-lighthouse`` and ``-g0`` in squeue."""
+    plan = _plan(tmp_path, "-p", "spot", "-J", "")
+    names = [w for job in plan["jobs"] for w in job["argv"] if w.startswith("--job-name=")]
+    assert names == ["--job-name=train_ft.py-lighthouse", "--job-name=train_ft.py-g0",
+                     "--job-name=train_ft.py-g1", "--job-name=train_ft.py-g2"]
 
 
 def _stand_ins(folder: Path, commands: dict[str, str]) -> dict[str, str]:

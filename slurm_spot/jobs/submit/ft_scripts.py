@@ -146,7 +146,8 @@ def plan_fault_tolerant(config: SpotConfig, script: str, args: Sequence[str], py
     Raises:
         BadInputError: ``--nproc-per-node`` above 1 or ``-N`` above 1 (a group is one process on
             one node in this version), ``--export`` without ALL (the groups get their names
-            through their environment), ``-p`` equal to ``coordinator``, a value not one line.
+            through their environment), ``-p`` equal to ``coordinator``, ``--array``, a value
+            not one line. An empty ``-J`` is the default name.
     """
     if nproc_per_node != 1:
         raise BadInputError(f"--nproc-per-node={nproc_per_node} with --fault-tolerant: a "
@@ -162,8 +163,16 @@ def plan_fault_tolerant(config: SpotConfig, script: str, args: Sequence[str], py
     if any("ALL" not in e.split(",") for e in exports):
         raise BadInputError("--export without ALL with --fault-tolerant: each group gets its "
                             "name and lighthouse through its environment; add ALL")
+    arrays, rest = take_option(rest, "--array", "-a")
+    if arrays:
+        raise BadInputError(f"--array={arrays[-1]} with --fault-tolerant: each replica group "
+                            "is one job and the lighthouse one job (an array would start a "
+                            "lighthouse per task, on ports its groups do not look at, and "
+                            "groups of the same name); submit one fault-tolerant job per "
+                            "task instead")
     names, rest = take_option(rest, "--job-name", "-J")
-    base = names[-1] if names else re.sub(r"[^A-Za-z0-9._+-]", "_", script_name) or "job"
+    base = (names[-1] if names and names[-1].strip()
+            else re.sub(r"[^A-Za-z0-9._+-]", "_", script_name) or "job")
     one_line("--job-name", base)
     dependencies, rest = take_option(rest, "--dependency", "-d")
     extra = ",".join(e for e in exports if e != "ALL")
