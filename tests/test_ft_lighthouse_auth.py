@@ -439,3 +439,27 @@ def test_the_relay_command_runs_the_training_with_the_url_and_passes_it_the_noti
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_slow_drip_at_the_front_door_is_closed_at_the_handshake_timeout(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """One byte every 0.2 s kept each read within the socket timeout, so a client held one of
+    the front door's connection slots for ever; the handshake now has a deadline as a whole,
+    and a client that follows is still served (here: refused for its garbage, promptly)."""
+    from slurm_spot.jobs.services import ft_front_door
+    from tests.slow_clients import drip_until_closed
+
+    monkeypatch.setattr(ft_front_door, "HANDSHAKE_TIMEOUT_S", 1.0)
+    door = LighthouseFrontDoor(listen_socket("127.0.0.1", 0), ("127.0.0.1", 9), JOB, OWNER,
+                               MungeAuthenticator())
+    threading.Thread(target=door.serve_forever, daemon=True).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOG):
+            assert drip_until_closed(door.port) < 25
+            with socket.create_connection(("127.0.0.1", door.port), timeout=10) as sock:
+                recv_frame(sock)
+                sock.sendall(b"\x00\x00\x00\x05hello")
+                assert sock.recv(1024) == b""
+        assert "no handshake within 1 s" in caplog.text
+    finally:
+        door.close()

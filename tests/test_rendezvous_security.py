@@ -219,3 +219,14 @@ def test_two_agents_of_a_job_rendezvous_through_the_service(tmp_path: Path) -> N
     for agent, (out, err) in zip(agents, outputs, strict=True):
         assert agent.returncode == 0, err[-3000:]
         assert "world 2 sum 2" in out
+
+
+def test_a_slow_drip_does_not_hold_a_connection_past_the_handshake_timeout(
+        monkeypatch: pytest.MonkeyPatch, server: RendezvousServer) -> None:
+    """A socket timeout bounds each read only: a client sending a byte every 0.2 s held its
+    connection (one of MAX_CONNECTIONS) for ever. The handshake has a deadline as a whole."""
+    from slurm_spot.jobs.services import rendezvous_store
+    from tests.slow_clients import drip_until_closed
+
+    monkeypatch.setattr(rendezvous_store, "HANDSHAKE_TIMEOUT_S", 1.0)
+    assert drip_until_closed(server.port) < 25

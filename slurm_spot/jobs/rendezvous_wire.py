@@ -29,6 +29,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,9 +65,17 @@ def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(struct.pack(">I", len(body)) + body)
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+def _recv_exactly(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
+    """``size`` bytes from ``sock``; with ``deadline`` (``time.monotonic()``), all of them by
+    then (TimeoutError otherwise: a socket timeout bounds each ``recv`` only, so a client
+    sending a byte now and then would hold the connection for ever)."""
     chunks, left = [], size
     while left:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("timed out")
+            sock.settimeout(remaining)
         chunk = sock.recv(min(left, 1 << 20))
         if not chunk:
             raise WireError("connection closed")
@@ -75,18 +84,21 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
-    """Read one frame (a JSON object of at most ``max_bytes`` bytes).
+def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES,
+               deadline: float | None = None) -> dict[str, Any]:
+    """Read one frame (a JSON object of at most ``max_bytes`` bytes), whole by ``deadline``
+    (``time.monotonic()``) when one is given.
 
     Raises:
         WireError: closed connection, a frame over ``max_bytes``, not a JSON object.
-        OSError: the connection failed (``socket.timeout`` included).
+        OSError: the connection failed (``socket.timeout`` included; TimeoutError at
+            ``deadline``).
     """
-    (size,) = struct.unpack(">I", _recv_exactly(sock, 4))
+    (size,) = struct.unpack(">I", _recv_exactly(sock, 4, deadline))
     if size > max_bytes:
         raise WireError(f"a frame of {size} bytes, over the limit of {max_bytes}")
     try:
-        message = json.loads(_recv_exactly(sock, size))
+        message = json.loads(_recv_exactly(sock, size, deadline))
     except (UnicodeDecodeError, ValueError):
         raise WireError("a frame that is not JSON") from None
     if not isinstance(message, dict):
@@ -190,9 +202,12 @@ Admit = Callable[[str, int], None]
 
 
 def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: Admit,
-                     protocol: str = PROTOCOL) -> tuple[str, int]:
+                     protocol: str = PROTOCOL, timeout_s: float | None = None
+                     ) -> tuple[str, int]:
     """The server's side of the handshake (module docstring): sends a fresh nonce, checks the
     client's credential (valid, made for this nonce and the job it names) and ``admit``.
+    With ``timeout_s`` the client's frame must have come whole within that many seconds of
+    the start (a slow drip of bytes does not hold a connection slot past it).
 
     Returns:
         (job, uid): the job the client named and the uid its credential proved.
@@ -203,9 +218,10 @@ def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: A
         WireError: the client sent no frame of this protocol (garbage, closed connection).
         OSError: the connection failed (``socket.timeout`` included).
     """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     nonce = secrets.token_hex(16)
     send_frame(conn, {"hello": protocol, "nonce": nonce})
-    reply = recv_frame(conn, MAX_HANDSHAKE_FRAME_BYTES)
+    reply = recv_frame(conn, MAX_HANDSHAKE_FRAME_BYTES, deadline)
     job, credential = reply.get("job"), reply.get("credential")
     try:
         if not isinstance(job, str) or not job or not isinstance(credential, str):

@@ -96,7 +96,7 @@ class LighthouseFrontDoor(AcceptLoop):
                 conn.settimeout(HANDSHAKE_TIMEOUT_S)
                 try:
                     _job, uid = server_handshake(conn, self.authenticator, self._admit,
-                                                 LIGHTHOUSE_PROTOCOL)
+                                                 LIGHTHOUSE_PROTOCOL, HANDSHAKE_TIMEOUT_S)
                 except RendezvousAuthError as exc:
                     self._refuse(peer, str(exc))
                     return
