@@ -463,3 +463,16 @@ def test_a_slow_drip_at_the_front_door_is_closed_at_the_handshake_timeout(
         assert "no handshake within 1 s" in caplog.text
     finally:
         door.close()
+
+
+@needs_munge
+def test_a_training_killed_by_a_signal_makes_the_relay_exit_128_plus_it(
+        door: LighthouseFrontDoor) -> None:
+    """A training that does not handle SIGTERM dies of it: the relay (the job step's process)
+    exits 143 as a shell would, not 241 (Python's sys.exit of -15, an exit code nobody
+    reads as a signal)."""
+    done = subprocess.run([sys.executable, "-m", "slurm_spot", "lighthouse-relay",
+                           "--lighthouse", f"127.0.0.1:{door.port}", "--job", JOB, "--",
+                           "sh", "-c", "kill -TERM $$"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 143, done.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import threading
 
-
 #: How long the loop waits after a failed ``accept`` (no file descriptor left) before trying
 #: again (seconds).
 ACCEPT_RETRY_S = 0.1
