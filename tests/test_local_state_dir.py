@@ -108,3 +108,18 @@ def test_a_damaged_record_is_named_and_skipped_and_the_others_still_listed(
     assert f"{damaged}: not an instance record" in caplog.text and why in caplog.text
     provider.terminate(["spot-2"])  # nothing of the damaged record is killed
     assert victim.poll() is None
+
+
+def test_a_damaged_capacity_file_limits_nothing_it_cannot_read_and_can_be_rewritten(
+        provider: LocalProvider, caplog: pytest.LogCaptureFixture) -> None:
+    """capacity.json is read at every launch: a list or a limit that is no count raised an
+    AttributeError/ValueError there, and no node of any set could be launched."""
+    provider.root.mkdir(parents=True, exist_ok=True)
+    path = provider.root / "capacity.json"
+    path.write_text('{"spot": "x", "cheap": 2, "other": -1}')
+    assert provider.capacity() == {"cheap": 2}
+    assert f"{path}: node set spot: limit 'x' is no count" in caplog.text
+    path.write_text("[1]")
+    assert provider.capacity() == {}
+    provider.set_capacity("spot", 1)
+    assert provider.capacity() == {"spot": 1}

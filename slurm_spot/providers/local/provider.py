@@ -270,11 +270,26 @@ class LocalProvider:
     # -- simulated capacity -----------------------------------------------------------------
     def capacity(self) -> dict[str, int]:
         """Capacity limits of the simulated market: ``{node set: max alive instances}``."""
+        path = self.root / "capacity.json"
         try:
-            data = json.loads((self.root / "capacity.json").read_text())
-        except (OSError, ValueError):
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
             return {}
-        return {str(k): int(v) for k, v in data.items()}
+        except (OSError, ValueError) as exc:
+            log.warning("%s: unreadable (%s); no capacity limits", path, exc)
+            return {}
+        if not isinstance(data, dict):
+            log.warning("%s: a JSON %s, not {node set: limit}; no capacity limits", path,
+                        type(data).__name__)
+            return {}
+        limits = {}
+        for key, value in data.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                log.warning("%s: node set %s: limit %r is no count; not limited", path, key,
+                            value)
+                continue
+            limits[str(key)] = value
+        return limits
 
     def set_capacity(self, node_set: str, limit: int | None) -> None:
         """Limit node set ``node_set`` to ``limit`` alive instances (None: unlimited).
