@@ -16,7 +16,13 @@ Every later request concerns that job's keys only.
 The same handshake opens every connection to the front door of an authenticated torchft
 lighthouse (:mod:`slurm_spot.jobs.services.ft_front_door`), with :data:`LIGHTHOUSE_PROTOCOL`
 in place of :data:`PROTOCOL` (so neither service takes the other's client for its own), after
-which the front door relays the connection's bytes to the lighthouse (:func:`relay`).
+which the front door relays the connection's bytes to the lighthouse (:func:`relay`). There
+the server proves itself too (``prove``/``server_uids``): a process of another account that
+took the lighthouse's port (it is known from the job id) would otherwise be told the
+replicas' quorum requests and could name itself the peer they heal from. So in step 2 the
+client adds ``"client_nonce"`` (fresh), and in step 3 the server adds ``"credential"``, a
+MUNGE credential of its own uid whose payload is :func:`server_payload` (protocol, that nonce,
+the job); the client accepts only the uids it was told (its own, and root's).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,7 +44,7 @@ from slurm_spot.errors import SlurmSpotError
 
 PROTOCOL = "slurm-spot-rendezvous/1"
 #: The protocol of the torchft lighthouse's front door (same handshake, then a byte relay).
-LIGHTHOUSE_PROTOCOL = "slurm-spot-lighthouse/1"
+LIGHTHOUSE_PROTOCOL = "slurm-spot-lighthouse/2"
 #: The largest frame either side reads (a value of at most MAX_VALUE_BYTES in base64 fits).
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 #: The largest frame read before the handshake is done (a MUNGE credential is ~200 bytes).
@@ -130,6 +136,13 @@ def credential_payload(nonce: str, job: str, protocol: str = PROTOCOL) -> bytes:
     return f"{protocol} {nonce} {job}".encode()
 
 
+def server_payload(client_nonce: str, job: str, protocol: str) -> bytes:
+    """What a server's credential says when it proves itself (module docstring): the protocol,
+    the client's nonce, the job; worded unlike :func:`credential_payload`, so that neither
+    side's credential passes for the other's."""
+    return f"{protocol} server {client_nonce} {job}".encode()
+
+
 @dataclass(frozen=True)
 class Credential:
     """A decoded credential: who made it (``uid``) and what it says (``payload``)."""
@@ -202,12 +215,14 @@ Admit = Callable[[str, int], None]
 
 
 def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: Admit,
-                     protocol: str = PROTOCOL, timeout_s: float | None = None
-                     ) -> tuple[str, int]:
+                     protocol: str = PROTOCOL, timeout_s: float | None = None,
+                     prove: bool = False) -> tuple[str, int]:
     """The server's side of the handshake (module docstring): sends a fresh nonce, checks the
     client's credential (valid, made for this nonce and the job it names) and ``admit``.
     With ``timeout_s`` the client's frame must have come whole within that many seconds of
-    the start (a slow drip of bytes does not hold a connection slot past it).
+    the start (a slow drip of bytes does not hold a connection slot past it). With ``prove``
+    the client must send a ``client_nonce`` and the acceptance carries this process's own
+    credential for it (:func:`server_payload`).
 
     Returns:
         (job, uid): the job the client named and the uid its credential proved.
@@ -223,6 +238,8 @@ def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: A
     send_frame(conn, {"hello": protocol, "nonce": nonce})
     reply = recv_frame(conn, MAX_HANDSHAKE_FRAME_BYTES, deadline)
     job, credential = reply.get("job"), reply.get("credential")
+    client_nonce = reply.get("client_nonce")
+    accepted: dict[str, Any] = {"ok": True}
     try:
         if not isinstance(job, str) or not job or not isinstance(credential, str):
             raise RendezvousAuthError("expected a job and a credential")
@@ -231,21 +248,30 @@ def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: A
             raise RendezvousAuthError("the credential was not made for this connection "
                                       "and job")
         admit(job, decoded.uid)
+        if prove:
+            if not (isinstance(client_nonce, str) and 16 <= len(client_nonce) <= 64):
+                raise RendezvousAuthError("expected a client_nonce (this server proves who "
+                                          f"runs it; {protocol})")
+            accepted["credential"] = authenticator.make(
+                server_payload(str(client_nonce), job, protocol))
     except SlurmSpotError as exc:  # RendezvousAuthError, or squeue failed in admit
         send_frame(conn, {"ok": False, "error": f"refused: {exc}"})
         raise RendezvousAuthError(str(exc)) from None
-    send_frame(conn, {"ok": True})
+    send_frame(conn, accepted)
     return job, decoded.uid
 
 
 def client_handshake(sock: socket.socket, job: str, authenticator: Authenticator, where: str,
-                     protocol: str = PROTOCOL, what: str = "rendezvous service") -> None:
+                     protocol: str = PROTOCOL, what: str = "rendezvous service",
+                     server_uids: Collection[int] | None = None) -> None:
     """The client's side of the handshake: proves, with a fresh credential bound to the
     server's nonce and ``job``, that this process's uid may use ``job``.
 
     Args:
         where: ``HOST:PORT`` of the server, for messages.
         what: what the server is, for messages ("rendezvous service").
+        server_uids: when given, the server must prove it runs as one of these uids (its
+            credential for a fresh nonce of this client: :func:`server_payload`).
 
     Raises:
         WireError: the server does not speak ``protocol`` (it is some other service).
@@ -257,11 +283,32 @@ def client_handshake(sock: socket.socket, job: str, authenticator: Authenticator
     nonce = hello.get("nonce")
     if hello.get("hello") != protocol or not isinstance(nonce, str):
         raise WireError(f"{where} is no slurm-spot {what}")
-    send_frame(sock, {"job": job, "credential": authenticator.make(
-        credential_payload(nonce, job, protocol))})
+    request = {"job": job, "credential": authenticator.make(
+        credential_payload(nonce, job, protocol))}
+    client_nonce = secrets.token_hex(16)
+    if server_uids is not None:
+        request["client_nonce"] = client_nonce
+    send_frame(sock, request)
     answer = recv_frame(sock, MAX_HANDSHAKE_FRAME_BYTES)
     if answer.get("ok") is not True:
         raise RendezvousAuthError(f"{what} {where}: {answer.get('error', 'refused')}")
+    if server_uids is None:
+        return
+    proof = answer.get("credential")
+    if not isinstance(proof, str):
+        raise RendezvousAuthError(f"{what} {where} did not prove who runs it (no credential)")
+    try:
+        decoded = authenticator.check(proof)
+    except RendezvousAuthError as exc:
+        raise RendezvousAuthError(f"{what} {where} did not prove who runs it ({exc})") from None
+    if decoded.payload != server_payload(client_nonce, job, protocol):
+        raise RendezvousAuthError(f"{what} {where} did not prove who runs it (its credential "
+                                  "was not made for this connection and job)")
+    if decoded.uid not in server_uids:
+        raise RendezvousAuthError(
+            f"{what} {where} runs as uid {decoded.uid}, not as "
+            f"{' or '.join(str(u) for u in sorted(set(server_uids)))}: another account's "
+            "process holds that port")
 
 
 #: Bytes read at once by :func:`relay`.

@@ -10,8 +10,11 @@ a fresh nonce, a credential bound to it and to the job, decoded by ``unmunge`` (
 cluster's key, not expired, not replayed). The front door admits the connection only if the
 job the client names is the one it serves and the credential's uid owns that job in Slurm;
 then it relays the connection's bytes (torchft's HTTP/2) to the lighthouse, both ways,
-untouched. On the replicas' side :mod:`slurm_spot.jobs.injob.lighthouse_relay` makes the
-handshake for torchft's client, which is not changed.
+untouched. Its acceptance carries a MUNGE credential of its own uid for the client's
+nonce, so that the relay knows the front door is its user's (or root's), not another
+account's process on the lighthouse's port. On the replicas' side
+:mod:`slurm_spot.jobs.injob.lighthouse_relay` makes the handshake for torchft's client, which
+is not changed.
 
 Who is "the owner" for a fault-tolerant job made of several Slurm jobs (one per replica
 group, plus the lighthouse's): every connection names the lighthouse's job (``--job``), and
@@ -96,7 +99,8 @@ class LighthouseFrontDoor(AcceptLoop):
                 conn.settimeout(HANDSHAKE_TIMEOUT_S)
                 try:
                     _job, uid = server_handshake(conn, self.authenticator, self._admit,
-                                                 LIGHTHOUSE_PROTOCOL, HANDSHAKE_TIMEOUT_S)
+                                                 LIGHTHOUSE_PROTOCOL, HANDSHAKE_TIMEOUT_S,
+                                                 prove=True)
                 except RendezvousAuthError as exc:
                     self._refuse(peer, str(exc))
                     return

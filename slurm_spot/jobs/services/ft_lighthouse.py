@@ -24,6 +24,7 @@ that is the longest pause of the survivors after a replica vanished without a wo
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -209,7 +210,8 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
 
     Raises:
         BadInputError: ``host`` is every interface or malformed, the port is taken, ``job``
-            is not a job Slurm knows, or see :class:`Lighthouse`.
+            is not a job Slurm knows or not this user's (root may serve any), or see
+            :class:`Lighthouse`.
         SlurmCommandError: squeue failed.
         TorchftMissingError: torchft is not installed.
     """
@@ -228,6 +230,11 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
         raise BadInputError(f"--job {job}: Slurm does not know this job (squeue -j {job}); "
                             "the lighthouse admits its owner only, so the job must be "
                             "pending or running")
+    me = os.getuid()
+    if me not in (owner, 0):
+        raise BadInputError(f"--job {job}: the job is uid {owner}'s, not yours (uid {me}): only "
+                            "its owner (or root) hosts its lighthouse, and its replicas accept "
+                            "no other")
     signals = SignalWait(STOP_SIGNALS) if threading.current_thread() is threading.main_thread() \
         else None
     stop = stop or threading.Event()
