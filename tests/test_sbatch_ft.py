@@ -216,3 +216,41 @@ def test_groups_share_the_lighthouse_jobs_checkpoint_directory() -> None:
         == Path("/ck/alice/1240")
     with pytest.raises(jobenv.JobEnvError, match="SLURM_SPOT_FT_CHECKPOINT_KEY='x'"):
         jobenv.ft_checkpoint_dir({**env, "SLURM_SPOT_FT_CHECKPOINT_KEY": "x"})
+
+
+def test_ctrl_c_between_two_submissions_cancels_what_was_submitted(tmp_path: Path) -> None:
+    """Interrupted (SIGINT) while submitting its third job, slurm-spot sbatch cancels the
+    lighthouse job and the group already submitted: the lighthouse job had no groups named
+    in its Comment yet, so it would have held its on-demand node until its time limit."""
+    import sys
+
+    bin_dir = tmp_path / "no-slurm"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    scripts = {
+        "sbatch": f"""#!/bin/bash
+[ "$1" = --version ] && {{ echo "slurm 24.11.5"; exit 0; }}
+n=$(( $(cat {tmp_path}/count 2>/dev/null || echo 100) + 1 )); echo $n > {tmp_path}/count
+echo "sbatch $n" >> {calls}
+if [ "$n" -eq 103 ]; then kill -INT $PPID; sleep 5; fi
+echo "Submitted batch job $n"
+""",
+        "scontrol": f"""#!/bin/bash
+echo "scontrol $*" >> {calls}
+case "$*" in *"show partition"*) echo "PartitionName=ondemand State=UP" ;; esac
+""",
+        "scancel": f"#!/bin/bash\necho \"scancel $*\" >> {calls}\n",
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    train = tmp_path / "train_ft.py"
+    train.write_text("print('hi')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "slurm_spot", "--config", str(_config(tmp_path)), "sbatch",
+         "--torchrun", "--fault-tolerant", "3", "--coordinator-partition", "ondemand", "-p",
+         "spot", str(train)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    lines = calls.read_text().splitlines()
+    assert "sbatch 103" in lines and "scancel 101 102" in lines, lines
+    assert not [line for line in lines if "Comment=" in line]

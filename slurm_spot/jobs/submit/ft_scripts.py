@@ -214,7 +214,8 @@ def _job_id(stdout: str) -> str:
 def submit_fault_tolerant(slurm: SlurmClient, plan: FaultTolerantPlan) -> FaultTolerantJobs:
     """Submit the lighthouse job, then each group's, then name the groups in the lighthouse
     job's Comment (it stops once they are all gone).
-    A group that sbatch refuses cancels what was submitted before it.
+    A group that sbatch refuses, or an interruption (Ctrl-C) before the end, cancels what
+    was submitted before it.
 
     Raises:
         SlurmCommandError: sbatch or scontrol refused (its message).
@@ -229,8 +230,8 @@ def submit_fault_tolerant(slurm: SlurmClient, plan: FaultTolerantPlan) -> FaultT
             groups.append(_job_id(result.stdout))
         slurm.run("scontrol", "update", f"JobId={lighthouse}",
                   f"Comment={GROUPS_COMMENT}{','.join(groups)}")
-    except Exception:
-        slurm.run("scancel", lighthouse, *groups, check=False)
+    except BaseException:  # Ctrl-C too: a lighthouse job with no groups named would hold
+        slurm.run("scancel", lighthouse, *groups, check=False)  # its node to the time limit
         raise
     return FaultTolerantJobs(lighthouse, groups)
 
