@@ -540,10 +540,10 @@ def test_the_lighthouse_of_another_users_job_is_refused() -> None:
     2 naming the owner, nothing listens."""
     if os.getuid() != 0:
         pytest.skip("running as another account needs root")
-    from tests.elastic_runs import fake_squeue
-
     import shutil
     import tempfile
+
+    from tests.elastic_runs import fake_squeue
 
     shared = Path(tempfile.mkdtemp(prefix="slurm-spot-test-"))  # pytest's tmp is root's only
     try:
