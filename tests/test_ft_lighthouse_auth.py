@@ -558,3 +558,25 @@ def test_the_lighthouse_of_another_users_job_is_refused() -> None:
         shutil.rmtree(shared, ignore_errors=True)
     assert done.returncode == 2, done.stderr
     assert f"--job {JOB}: the job is uid 4242's, not yours (uid 65534)" in done.stderr
+
+
+def test_a_port_check_is_no_refusal(caplog: pytest.LogCaptureFixture) -> None:
+    """Each replica group checks that the door is open (bash's /dev/tcp: connect, close)
+    before starting its relay; that was logged as a WARNING refusal that told the admin to use
+    'slurm-spot lighthouse-relay'. A close without a byte is an INFO line; a client that
+    sends something else is still refused."""
+    door = LighthouseFrontDoor(listen_socket("127.0.0.1", 0), ("127.0.0.1", 9), JOB, OWNER,
+                               MungeAuthenticator())
+    threading.Thread(target=door.serve_forever, daemon=True).start()
+    try:
+        with caplog.at_level(logging.INFO, logger=LOG):
+            probe = subprocess.run(
+                ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{door.port}"], timeout=30)
+            assert probe.returncode == 0
+            deadline = time.monotonic() + 10
+            while "closed without a word" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert "closed without a word (a check that the port is open)" in caplog.text
+        assert door.refused == 0 and "refused" not in caplog.text
+    finally:
+        door.close()

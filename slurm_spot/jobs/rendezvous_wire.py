@@ -61,6 +61,11 @@ class WireError(SlurmSpotError):
     connection."""
 
 
+class ClosedBeforeFrame(WireError):
+    """The peer closed the connection without sending a byte of the frame awaited (a check
+    that the port is open, such as a replica group's wait for the lighthouse's door)."""
+
+
 def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     """Send ``message`` as one frame.
 
@@ -71,10 +76,12 @@ def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(struct.pack(">I", len(body)) + body)
 
 
-def _recv_exactly(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
+def _recv_exactly(sock: socket.socket, size: int, deadline: float | None = None,
+                  frame_start: bool = False) -> bytes:
     """``size`` bytes from ``sock``; with ``deadline`` (``time.monotonic()``), all of them by
     then (TimeoutError otherwise: a socket timeout bounds each ``recv`` only, so a client
-    sending a byte now and then would hold the connection for ever)."""
+    sending a byte now and then would hold the connection for ever). A close before the
+    first byte where a frame starts (``frame_start``) is :class:`ClosedBeforeFrame`."""
     chunks, left = [], size
     while left:
         if deadline is not None:
@@ -84,7 +91,8 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float | None = None)
             sock.settimeout(remaining)
         chunk = sock.recv(min(left, 1 << 20))
         if not chunk:
-            raise WireError("connection closed")
+            raise (ClosedBeforeFrame if frame_start and left == size else WireError)(
+                "connection closed")
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
@@ -96,11 +104,12 @@ def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES,
     (``time.monotonic()``) when one is given.
 
     Raises:
-        WireError: closed connection, a frame over ``max_bytes``, not a JSON object.
+        WireError: closed connection (:class:`ClosedBeforeFrame` before its first byte), a
+            frame over ``max_bytes``, not a JSON object.
         OSError: the connection failed (``socket.timeout`` included; TimeoutError at
             ``deadline``).
     """
-    (size,) = struct.unpack(">I", _recv_exactly(sock, 4, deadline))
+    (size,) = struct.unpack(">I", _recv_exactly(sock, 4, deadline, frame_start=True))
     if size > max_bytes:
         raise WireError(f"a frame of {size} bytes, over the limit of {max_bytes}")
     try:

@@ -25,7 +25,8 @@ prove that uid; another user's job, even on the same nodes, is refused.
 Every refusal is logged (``slurm-spot lighthouse: refused PEER: <why>``) and closes the
 connection: a wrong uid, another job, no or a forged credential, a replayed one, garbage
 (anything that is not the handshake: torchft pointed at the front door without the relay),
-nothing within :data:`HANDSHAKE_TIMEOUT_S`.
+nothing within :data:`HANDSHAKE_TIMEOUT_S`. A client that closes without sending a byte (the
+replica groups' check that the door is open) is logged at INFO, not as a refusal.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import socket
 from slurm_spot.jobs.rendezvous_wire import (
     LIGHTHOUSE_PROTOCOL,
     Authenticator,
+    ClosedBeforeFrame,
     RendezvousAuthError,
     WireError,
     relay,
@@ -103,6 +105,10 @@ class LighthouseFrontDoor(AcceptLoop):
                                                  prove=True)
                 except RendezvousAuthError as exc:
                     self._refuse(peer, str(exc))
+                    return
+                except ClosedBeforeFrame:  # a port check (the replica groups' wait for it)
+                    log.info("slurm-spot lighthouse: %s closed without a word (a check that "
+                             "the port is open)", _peer_text(peer))
                     return
                 except WireError as exc:
                     self._refuse(peer, f"no slurm-spot lighthouse handshake ({exc}); a torchft "
