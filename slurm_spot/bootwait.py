@@ -180,7 +180,7 @@ def run(env: Mapping[str, str]) -> tuple[WaitResult | None, str]:
 
     job_id = env.get("SLURM_JOB_ID", "")
     nodelist = env.get("SLURM_JOB_NODELIST", "")
-    if not job_id.isdigit() or not nodelist:
+    if not (job_id.isascii() and job_id.isdigit()) or not nodelist:
         return None, (f"slurm-spot prolog-slurmctld: SLURM_JOB_ID={job_id!r}, "
                       f"SLURM_JOB_NODELIST={nodelist!r}: not a job's PrologSlurmctld; not waiting")
     if "SLURM_CONF" not in os.environ:
@@ -228,10 +228,31 @@ def _scontrol(bin_dir: Path, *args: str) -> str | None:
 
 def main(env: Mapping[str, str] | None = None) -> int:
     """Run :func:`run` and print its message on stderr (slurmctld logs a PrologSlurmctld's
-    output). Always returns 0."""
+    output). Always returns 0, and the process exits 0 even where the message cannot be
+    written (stderr a pipe nobody reads any more: Python would exit 120 at its last flush)."""
     try:
         _, message = run(os.environ if env is None else env)
     except Exception as exc:  # a PrologSlurmctld failing would requeue the job
         message = f"slurm-spot prolog-slurmctld: unexpected {type(exc).__name__}: {exc}; not waiting"
-    print(message, file=sys.stderr)
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # closed or broken: the message is lost, the job is not
+        _quiet_exit_streams()
     return 0
+
+
+def _quiet_exit_streams() -> None:
+    """Point stdout and stderr at /dev/null, so that the interpreter's flush at exit cannot
+    fail (it turns the exit code into 120)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+        try:
+            os.dup2(null, fd)
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os.close(null)

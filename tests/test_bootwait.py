@@ -112,6 +112,31 @@ def test_hook_always_exits_0_and_says_why_it_did_not_wait(tmp_path: Path) -> Non
     assert proc.returncode == 0 and "SLURM_JOB_ID=''" in proc.stderr
 
 
+def test_hook_exits_0_when_its_output_cannot_be_written_and_for_odd_job_ids(
+        tmp_path: Path) -> None:
+    """Its stderr a pipe whose reader is gone: Python's flush at exit made it exit 120 (the
+    job requeued). A job id of other digits (Arabic-Indic) or bytes is no job id."""
+    hook = Path(sys.executable).parent / "slurm-spot-prolog-slurmctld"
+    argv = [str(hook)] if hook.exists() else [sys.executable, "-c",
+                                              "import sys; from slurm_spot.hooks import "
+                                              "prolog_slurmctld; sys.exit(prolog_slurmctld())"]
+    env = {"PATH": os.environ.get("PATH", ""), "SLURM_SPOT_CONFIG": str(tmp_path / "missing.yaml"),
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "spot-[1-2]"}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(argv, env=env, stdout=write_end, stderr=write_end, timeout=60)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0
+    for job in ("\u0667", "7\udcff"):
+        env_bytes = {k.encode(): v.encode() for k, v in env.items() if k != "SLURM_JOB_ID"}
+        env_bytes[b"SLURM_JOB_ID"] = job.encode("utf-8", "surrogateescape")
+        done = subprocess.run(argv, env=env_bytes, capture_output=True, timeout=60)
+        assert done.returncode == 0
+        assert b"not a job's PrologSlurmctld" in done.stderr, done.stderr
+
+
 def test_slurm_conf_comes_from_the_parent_process() -> None:
     # slurmctld gives a PrologSlurmctld no SLURM_CONF; its parent (slurmscriptd) has
     # slurmctld's environment.

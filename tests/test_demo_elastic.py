@@ -251,3 +251,26 @@ def test_demo_spares_are_kept_by_slurm_and_the_reconciler(tmp_path: Path) -> Non
     assert config.node_sets[0].spares == 1
     assert suspend_exc_nodes(config) == "spot-[1-4]:1"
     assert "spares" not in demo_config(tmp_path)["node_sets"][0]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--workdir", "/tmp/" + "w" * 80], "--workdir /tmp/www"),
+    (["--fault-tolerant", "--no-preload"], "--preload/--no-preload does not go with"),
+    (["--fault-tolerant", "--preload"], "--preload/--no-preload does not go with"),
+])
+def test_the_plain_and_ft_demos_refuse_what_they_cannot_do(
+        monkeypatch: pytest.MonkeyPatch, args: list[str], named: str) -> None:
+    """The plain demo with a --workdir too long for its nodes' step sockets started a cluster
+    whose jobs were requeued for ever (the elastic demo refused it); --no-preload was ignored
+    by the fault-tolerant demo, whose groups always start a new python. Exit 2, no cluster."""
+    import slurm_spot.localcluster.demo as demo
+    import slurm_spot.localcluster.ft_demo as ft_demo
+
+    def refuse(self: object) -> None:
+        raise AssertionError(f"the demo would start with {args}")
+
+    monkeypatch.setattr(demo.Demo, "run", refuse)
+    monkeypatch.setattr(ft_demo.FtDemo, "run", refuse)
+    out = CliRunner().invoke(cli, ["demo", *args])
+    assert out.exit_code == 2, out.output
+    assert named in out.output

@@ -150,6 +150,8 @@ def test_hetjob_without_n_takes_min_to_max_workers_on_the_default_partition(
     (["--elastic", "2:3", "--coordinator-partition", "spot", "-p", "spot"],
      "is also the workers' partition"),
     (["--elastic", "2:3", "--coordinator-partition", "co;rd"], "not a partition name"),
+    (["--elastic", "2:3", "--coordinator-partition", "spot"],
+     "--coordinator-partition=spot: its node sets (spot) are spot in"),
     (["--coordinator-partition", "coord"], "--coordinator-partition is for elastic jobs"),
     (["--elastic", "2:3", "--coordinator-partition", "coord", "-p", "spot", "-p", "gpu"],
      "-p/--partition given twice"),

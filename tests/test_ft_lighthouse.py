@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.services.ft_lighthouse import Lighthouse, LighthouseTimeouts
+from slurm_spot.jobs.services.ft_lighthouse import Lighthouse, LighthouseTimeouts, serve_authenticated
 
 
 def _listening(port: int) -> list[str]:
@@ -40,6 +40,16 @@ def test_it_listens_on_the_given_address_only() -> None:
 def test_every_interface_is_refused(host: str) -> None:
     with pytest.raises(BadInputError, match="every interface"):
         Lighthouse(host, 0)
+
+
+@pytest.mark.parametrize("host", ["0x0", "::ffff:0.0.0.0"])
+def test_other_spellings_of_every_interface_are_refused(host: str) -> None:
+    """``0x0`` passes as a hostname and ``::ffff:0.0.0.0`` as an IPv6 address, but either
+    binds every IPv4 interface (a connection to this machine's cluster address got in)."""
+    with pytest.raises(BadInputError, match="every interface"):
+        Lighthouse(host, 0)
+    with pytest.raises(BadInputError, match="every interface"):
+        serve_authenticated(host, 0, "42", 1, LighthouseTimeouts(), owner_of=lambda job: 1000)
 
 
 @pytest.mark.parametrize(("kwargs", "named"), [
@@ -75,10 +85,11 @@ def _cli(*args: str) -> list[str]:
 def test_the_command_refuses_every_interface_with_exit_2() -> None:
     import subprocess
 
-    proc = subprocess.run(_cli("--listen", "0.0.0.0", "--unauthenticated"), capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "every interface" in proc.stderr
+    for listen in ("0.0.0.0", "0x0"):
+        proc = subprocess.run(_cli("--listen", listen, "--unauthenticated"),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert "every interface" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_the_command_starts_only_authenticated_or_when_told_it_is_not() -> None:

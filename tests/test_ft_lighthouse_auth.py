@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from slurm_spot.jobs.rendezvous_wire import (
     credential_payload,
     recv_frame,
     send_frame,
+    server_payload,
 )
 from slurm_spot.jobs.services.ft_front_door import LighthouseFrontDoor
 from slurm_spot.jobs.services.ft_lighthouse import (
@@ -144,7 +146,7 @@ def _raw_handshake(port: int, credential: str | None = None) -> tuple[dict, sock
     if credential is None:
         credential = MungeAuthenticator().make(credential_payload(nonce, JOB,
                                                                   LIGHTHOUSE_PROTOCOL))
-    send_frame(sock, {"job": JOB, "credential": credential})
+    send_frame(sock, {"job": JOB, "credential": credential, "client_nonce": "c" * 32})
     return recv_frame(sock), sock
 
 
@@ -184,8 +186,8 @@ def test_a_replayed_credential_is_refused(door: LighthouseFrontDoor,
     sock = socket.create_connection(("127.0.0.1", door.port), timeout=10)
     nonce = recv_frame(sock)["nonce"]
     credential = MungeAuthenticator().make(credential_payload(nonce, JOB, LIGHTHOUSE_PROTOCOL))
-    send_frame(sock, {"job": JOB, "credential": credential})
-    assert recv_frame(sock) == {"ok": True}  # the owner's own connection
+    send_frame(sock, {"job": JOB, "credential": credential, "client_nonce": "c" * 32})
+    assert recv_frame(sock)["ok"] is True  # the owner's own connection
     sock.close()
     with caplog.at_level(logging.WARNING, logger=LOG):
         answer, replay = _raw_handshake(door.port, credential)  # seen on the wire, sent again
@@ -439,3 +441,142 @@ def test_the_relay_command_runs_the_training_with_the_url_and_passes_it_the_noti
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_slow_drip_at_the_front_door_is_closed_at_the_handshake_timeout(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """One byte every 0.2 s kept each read within the socket timeout, so a client held one of
+    the front door's connection slots for ever; the handshake now has a deadline as a whole,
+    and a client that follows is still served (here: refused for its garbage, promptly)."""
+    from slurm_spot.jobs.services import ft_front_door
+    from tests.slow_clients import drip_until_closed
+
+    monkeypatch.setattr(ft_front_door, "HANDSHAKE_TIMEOUT_S", 1.0)
+    door = LighthouseFrontDoor(listen_socket("127.0.0.1", 0), ("127.0.0.1", 9), JOB, OWNER,
+                               MungeAuthenticator())
+    threading.Thread(target=door.serve_forever, daemon=True).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOG):
+            assert drip_until_closed(door.port) < 25
+            with socket.create_connection(("127.0.0.1", door.port), timeout=10) as sock:
+                recv_frame(sock)
+                sock.sendall(b"\x00\x00\x00\x05hello")
+                assert sock.recv(1024) == b""
+        assert "no handshake within 1 s" in caplog.text
+    finally:
+        door.close()
+
+
+@needs_munge
+def test_a_training_killed_by_a_signal_makes_the_relay_exit_128_plus_it(
+        door: LighthouseFrontDoor) -> None:
+    """A training that does not handle SIGTERM dies of it: the relay (the job step's process)
+    exits 143 as a shell would, not 241 (Python's sys.exit of -15, an exit code nobody
+    reads as a signal)."""
+    done = subprocess.run([sys.executable, "-m", "slurm_spot", "lighthouse-relay",
+                           "--lighthouse", f"127.0.0.1:{door.port}", "--job", JOB, "--",
+                           "sh", "-c", "kill -TERM $$"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 143, done.stderr
+
+
+def _impostor(answer: Callable[[dict, str], dict]) -> tuple[socket.socket, threading.Thread]:
+    """A process of some account on the lighthouse's port: it speaks the handshake, takes
+    whatever the client sends and answers ``answer(request, nonce)``."""
+    sock = listen_socket("127.0.0.1", 0)
+
+    def serve() -> None:
+        conn, _peer = sock.accept()
+        with conn:
+            send_frame(conn, {"hello": LIGHTHOUSE_PROTOCOL, "nonce": "n" * 32})
+            request = recv_frame(conn)
+            send_frame(conn, answer(request, "n" * 32))
+            conn.recv(1)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return sock, thread
+
+
+def _as_uid(uid: int) -> Callable[[], None]:
+    return lambda: os.setuid(uid)
+
+
+@needs_munge
+@pytest.mark.parametrize("kind", ["no proof", "the client's own credential", "another uid"])
+def test_the_relay_refuses_a_front_door_that_is_not_its_users(kind: str) -> None:
+    """The lighthouse's port is known from the job id: another account's process that took
+    it (the lighthouse job restarted, a job of its own on that node) answered "ok" and was
+    sent every quorum request, and could name itself the peer the replicas heal from. The
+    front door now proves its uid (a MUNGE credential for the relay's nonce): the relay talks
+    only to its own user's or root's."""
+    if kind == "another uid" and os.getuid() != 0:
+        pytest.skip("making another uid's credential needs root")
+
+    def answer(request: dict, _nonce: str) -> dict:
+        if kind == "no proof":
+            return {"ok": True}
+        if kind == "the client's own credential":
+            return {"ok": True, "credential": request["credential"]}
+        payload = server_payload(request["client_nonce"], JOB, LIGHTHOUSE_PROTOCOL)
+        made = subprocess.run(["munge"], input=payload, capture_output=True, timeout=30,
+                              preexec_fn=_as_uid(65534), check=True)
+        return {"ok": True, "credential": made.stdout.decode().strip()}
+
+    sock, thread = _impostor(answer)
+    try:
+        why = {"no proof": "did not prove who runs it (no credential)",
+               "the client's own credential": "did not prove who runs it",
+               "another uid": "runs as uid 65534"}[kind]
+        with pytest.raises(LighthouseRelayError, match=re.escape(why)):
+            relay_lighthouse(f"127.0.0.1:{sock.getsockname()[1]}", JOB)
+        thread.join(30)
+    finally:
+        sock.close()
+
+
+def test_the_lighthouse_of_another_users_job_is_refused() -> None:
+    """``slurm-spot lighthouse --job J`` by an account that does not own J (root may): exit
+    2 naming the owner, nothing listens."""
+    if os.getuid() != 0:
+        pytest.skip("running as another account needs root")
+    import shutil
+    import tempfile
+
+    from tests.elastic_runs import fake_squeue
+
+    shared = Path(tempfile.mkdtemp(prefix="slurm-spot-test-"))  # pytest's tmp is root's only
+    try:
+        shared.chmod(0o755)
+        squeue = fake_squeue(shared / "bin", 4242)
+        done = subprocess.run(
+            [sys.executable, "-m", "slurm_spot", "lighthouse", "--job", JOB, "--listen",
+             "127.0.0.1", "--port", "0", "--slurm-bin-dir", str(squeue)],
+            capture_output=True, text=True, timeout=120, preexec_fn=_as_uid(65534),
+            env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(shared)})
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    assert done.returncode == 2, done.stderr
+    assert f"--job {JOB}: the job is uid 4242's, not yours (uid 65534)" in done.stderr
+
+
+def test_a_port_check_is_no_refusal(caplog: pytest.LogCaptureFixture) -> None:
+    """Each replica group checks that the door is open (bash's /dev/tcp: connect, close)
+    before starting its relay; that was logged as a WARNING refusal that told the admin to use
+    'slurm-spot lighthouse-relay'. A close without a byte is an INFO line; a client that
+    sends something else is still refused."""
+    door = LighthouseFrontDoor(listen_socket("127.0.0.1", 0), ("127.0.0.1", 9), JOB, OWNER,
+                               MungeAuthenticator())
+    threading.Thread(target=door.serve_forever, daemon=True).start()
+    try:
+        with caplog.at_level(logging.INFO, logger=LOG):
+            probe = subprocess.run(
+                ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{door.port}"], timeout=30)
+            assert probe.returncode == 0
+            deadline = time.monotonic() + 10
+            while "closed without a word" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert "closed without a word (a check that the port is open)" in caplog.text
+        assert door.refused == 0 and "refused" not in caplog.text
+    finally:
+        door.close()

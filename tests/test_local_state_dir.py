@@ -78,3 +78,41 @@ def test_directories_it_creates_under_a_group_writable_umask_are_accepted(
     for path in (provider.root, provider.records, provider.notices):
         assert oct(os.stat(path).st_mode & 0o777) == "0o755"
     assert provider.list_instances() == []
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    (b"[1]", "a JSON list, not an object"),
+    (b"{}", "instance_id missing or not text"),
+    (b'{"instance_id": "loc-x", "node": "spot-2", "pid": 0, "start_ticks": null,'
+     b' "launch_time": "2026-01-01T00:00:00+00:00"}', "pid 0 is not a process id above 1"),
+    (b'{"instance_id": "loc-x", "node": "spot-2", "pid": 5, "launch_time": "yesterday"}',
+     "launch_time 'yesterday' is not ISO 8601"),
+    (b"\xff\xfe{", "codec can't decode"),
+])
+def test_a_damaged_record_is_named_and_skipped_and_the_others_still_listed(
+        provider: LocalProvider, victim: subprocess.Popen[bytes], body: bytes, why: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One damaged record (an admin's edit, a disk that filled) stopped every listing with a
+    TypeError/KeyError/ValueError; pid 0 with no start time read as alive, and killing it
+    would have been killpg(0): this process's own group."""
+    damaged = provider.records / "loc-damaged.json"
+    damaged.write_bytes(body)
+    assert [i.node for i in provider.list_instances()] == ["spot-1"]
+    assert f"{damaged}: not an instance record" in caplog.text and why in caplog.text
+    provider.terminate(["spot-2"])  # nothing of the damaged record is killed
+    assert victim.poll() is None
+
+
+def test_a_damaged_capacity_file_limits_nothing_it_cannot_read_and_can_be_rewritten(
+        provider: LocalProvider, caplog: pytest.LogCaptureFixture) -> None:
+    """capacity.json is read at every launch: a list or a limit that is no count raised an
+    AttributeError/ValueError there, and no node of any set could be launched."""
+    provider.root.mkdir(parents=True, exist_ok=True)
+    path = provider.root / "capacity.json"
+    path.write_text('{"spot": "x", "cheap": 2, "other": -1}')
+    assert provider.capacity() == {"cheap": 2}
+    assert f"{path}: node set spot: limit 'x' is no count" in caplog.text
+    path.write_text("[1]")
+    assert provider.capacity() == {}
+    provider.set_capacity("spot", 1)
+    assert provider.capacity() == {"spot": 1}

@@ -156,7 +156,7 @@ def test_a_huge_frame_before_the_handshake_is_not_read(server: RendezvousServer)
 
 
 def test_every_interface_is_refused_with_exit_2() -> None:
-    for listen in ("0.0.0.0", "::", "0"):
+    for listen in ("0.0.0.0", "::", "0", "0x0", "::ffff:0.0.0.0"):
         proc = subprocess.run([sys.executable, "-m", "slurm_spot", "rendezvous", "--listen",
                                listen, "--port", "29390"], capture_output=True, text=True,
                               timeout=60)
@@ -219,3 +219,14 @@ def test_two_agents_of_a_job_rendezvous_through_the_service(tmp_path: Path) -> N
     for agent, (out, err) in zip(agents, outputs, strict=True):
         assert agent.returncode == 0, err[-3000:]
         assert "world 2 sum 2" in out
+
+
+def test_a_slow_drip_does_not_hold_a_connection_past_the_handshake_timeout(
+        monkeypatch: pytest.MonkeyPatch, server: RendezvousServer) -> None:
+    """A socket timeout bounds each read only: a client sending a byte every 0.2 s held its
+    connection (one of MAX_CONNECTIONS) for ever. The handshake has a deadline as a whole."""
+    from slurm_spot.jobs.services import rendezvous_store
+    from tests.slow_clients import drip_until_closed
+
+    monkeypatch.setattr(rendezvous_store, "HANDSHAKE_TIMEOUT_S", 1.0)
+    assert drip_until_closed(server.port) < 25

@@ -98,12 +98,29 @@ def test_a_users_dependency_goes_to_every_job(tmp_path: Path) -> None:
      "--coordinator-partition=spot is also the groups' partition (-p)"),
     (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "on demand"],
      "--coordinator-partition='on demand': not a partition name"),
+    # The lighthouse on a partition spot.yaml says is spot: a reclaim would take it.
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "spot"],
+     "--coordinator-partition=spot: its node sets (spot) are spot in"),
+    # An array would start a lighthouse per task (on ports its groups do not look at) and
+    # groups of the same name.
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand", "-p", "spot",
+      "--array=0-3"], "--array=0-3 with --fault-tolerant"),
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand", "-a", "1"],
+     "--array=1 with --fault-tolerant"),
 ])
 def test_bad_input_exits_2_naming_the_option(tmp_path: Path, words: list[str],
                                             message: str) -> None:
     code, output = _sbatch(tmp_path, "--dry-run", *words)
     assert code == 2, output
     assert message in output
+
+
+def test_an_empty_job_name_is_the_default_name(tmp_path: Path) -> None:
+    """``-J ''`` would have named the jobs ``-lighthouse`` and ``-g0`` in squeue."""
+    plan = _plan(tmp_path, "-p", "spot", "-J", "")
+    names = [w for job in plan["jobs"] for w in job["argv"] if w.startswith("--job-name=")]
+    assert names == ["--job-name=train_ft.py-lighthouse", "--job-name=train_ft.py-g0",
+                     "--job-name=train_ft.py-g1", "--job-name=train_ft.py-g2"]
 
 
 def _stand_ins(folder: Path, commands: dict[str, str]) -> dict[str, str]:
@@ -222,3 +239,41 @@ def test_the_lighthouse_job_runs_with_the_timing_slurm_spot_lighthouse_defaults_
     assert (defaults.join_timeout_ms, defaults.heartbeat_timeout_ms) == (join, heartbeat)
     options = {p.name: p.default for p in lighthouse_command.params}
     assert (options["join_timeout_ms"], options["heartbeat_timeout_ms"]) == (join, heartbeat)
+
+
+def test_ctrl_c_between_two_submissions_cancels_what_was_submitted(tmp_path: Path) -> None:
+    """Interrupted (SIGINT) while submitting its third job, slurm-spot sbatch cancels the
+    lighthouse job and the group already submitted: the lighthouse job had no groups named
+    in its Comment yet, so it would have held its on-demand node until its time limit."""
+    import sys
+
+    bin_dir = tmp_path / "no-slurm"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    scripts = {
+        "sbatch": f"""#!/bin/bash
+[ "$1" = --version ] && {{ echo "slurm 24.11.5"; exit 0; }}
+n=$(( $(cat {tmp_path}/count 2>/dev/null || echo 100) + 1 )); echo $n > {tmp_path}/count
+echo "sbatch $n" >> {calls}
+if [ "$n" -eq 103 ]; then kill -INT $PPID; sleep 5; fi
+echo "Submitted batch job $n"
+""",
+        "scontrol": f"""#!/bin/bash
+echo "scontrol $*" >> {calls}
+case "$*" in *"show partition"*) echo "PartitionName=ondemand State=UP" ;; esac
+""",
+        "scancel": f"#!/bin/bash\necho \"scancel $*\" >> {calls}\n",
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    train = tmp_path / "train_ft.py"
+    train.write_text("print('hi')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "slurm_spot", "--config", str(_config(tmp_path)), "sbatch",
+         "--torchrun", "--fault-tolerant", "3", "--coordinator-partition", "ondemand", "-p",
+         "spot", str(train)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    lines = calls.read_text().splitlines()
+    assert "sbatch 103" in lines and "scancel 101 102" in lines, lines
+    assert not [line for line in lines if "Comment=" in line]

@@ -101,6 +101,11 @@ def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdi
     if fault_tolerant:
         if elastic:
             raise BadInputError("--fault-tolerant and --elastic: give one")
+        from click.core import ParameterSource
+
+        if ctx.get_parameter_source("preload") not in (ParameterSource.DEFAULT, None):
+            raise BadInputError("--preload/--no-preload does not go with --fault-tolerant (each "
+                                "replica group starts its training as a new 'python -u')")
         _ft_demo(ctx, workdir, steps, keep_cluster, boot_delay_s, notice_s, prewarm, as_json)
         return
     if elastic:
@@ -113,6 +118,9 @@ def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdi
                       as_json)
         return
     workdir = workdir or Path("/tmp/slurm-spot-demo")
+    from slurm_spot.localcluster.elastic_demo import check_workdir
+
+    check_workdir(workdir)  # the plain demo's nodes keep their step sockets there too
     steps = 240 if steps is None else steps
     notice_s = 30.0 if notice_s is None else notice_s
     script = example_script()

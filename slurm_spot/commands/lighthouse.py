@@ -116,7 +116,8 @@ def lighthouse_relay_command(endpoint: str, job: str, command: tuple[str, ...]) 
     (exit 1, naming what failed).
 
     With a COMMAND (after --) it runs it with TORCHFT_LIGHTHOUSE set to the relay's URL,
-    passes it SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2, and exits with its exit code:
+    passes it SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2, and exits with its exit code
+    (128 + N when a signal N killed it, as a shell does):
     slurm-spot lighthouse-relay --lighthouse ctl:29510 --job 42 -- python train_ft.py.
     Without, it prints the URL (http://127.0.0.1:PORT) as the first line on stdout and
     relays until SIGTERM/SIGINT."""
@@ -165,7 +166,8 @@ def lighthouse_relay_command(endpoint: str, job: str, command: tuple[str, ...]) 
             raise BadInputError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from None
         for number in forwarded:
             signal.signal(number, lambda signum, _frame: child.send_signal(signum))
-        sys.exit(child.wait())
+        code = child.wait()
+        sys.exit(128 - code if code < 0 else code)  # killed by signal N: 128 + N, as sh
     finally:
         relay.close()
 

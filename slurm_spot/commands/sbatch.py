@@ -27,6 +27,7 @@ from slurm_spot.jobs.submit.torchrun_scripts import (
     elastic_script,
     hetjob_script,
     one_line,
+    refuse_spot_coordinator,
     refuse_training_directives,
     split_hetjob_options,
     torchrun_script,
@@ -185,6 +186,7 @@ def sbatch_command(app: AppContext, words: tuple[str, ...]) -> None:
             partition, nodes, worker_options, options = split_hetjob_options(options)
             check_coordinator_partition(SlurmClient(config.slurm_bin_dir),
                                         str(ours["coordinator"]), partition)
+            refuse_spot_coordinator(config, str(ours["coordinator"]))
             text = hetjob_script(config, script, script_args, int(ours["nproc"]),  # type: ignore[call-overload]
                                  str(ours["python"]), env, ours["elastic"],  # type: ignore[arg-type]
                                  str(ours["coordinator"]), partition, nodes,
@@ -255,6 +257,7 @@ def _fault_tolerant(app: AppContext, line: CommandLine, script: str, script_args
                                coordinator, line.options, Path(script).name,
                                int(ours["nproc"]), os.environ,  # type: ignore[call-overload]
                                expedite=bool(version and version.expedited_requeue))
+    refuse_spot_coordinator(config, coordinator)
     for warning in plan.warnings:
         click.echo(f"slurm-spot: warning: {warning}", err=True)
     sbatch = str(slurm.bin_dir / "sbatch")

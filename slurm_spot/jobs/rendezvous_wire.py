@@ -16,7 +16,13 @@ Every later request concerns that job's keys only.
 The same handshake opens every connection to the front door of an authenticated torchft
 lighthouse (:mod:`slurm_spot.jobs.services.ft_front_door`), with :data:`LIGHTHOUSE_PROTOCOL`
 in place of :data:`PROTOCOL` (so neither service takes the other's client for its own), after
-which the front door relays the connection's bytes to the lighthouse (:func:`relay`).
+which the front door relays the connection's bytes to the lighthouse (:func:`relay`). There
+the server proves itself too (``prove``/``server_uids``): a process of another account that
+took the lighthouse's port (it is known from the job id) would otherwise be told the
+replicas' quorum requests and could name itself the peer they heal from. So in step 2 the
+client adds ``"client_nonce"`` (fresh), and in step 3 the server adds ``"credential"``, a
+MUNGE credential of its own uid whose payload is :func:`server_payload` (protocol, that nonce,
+the job); the client accepts only the uids it was told (its own, and root's).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import socket
 import struct
 import subprocess
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,7 +44,7 @@ from slurm_spot.errors import SlurmSpotError
 
 PROTOCOL = "slurm-spot-rendezvous/1"
 #: The protocol of the torchft lighthouse's front door (same handshake, then a byte relay).
-LIGHTHOUSE_PROTOCOL = "slurm-spot-lighthouse/1"
+LIGHTHOUSE_PROTOCOL = "slurm-spot-lighthouse/2"
 #: The largest frame either side reads (a value of at most MAX_VALUE_BYTES in base64 fits).
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 #: The largest frame read before the handshake is done (a MUNGE credential is ~200 bytes).
@@ -54,6 +61,11 @@ class WireError(SlurmSpotError):
     connection."""
 
 
+class ClosedBeforeFrame(WireError):
+    """The peer closed the connection without sending a byte of the frame awaited (a check
+    that the port is open, such as a replica group's wait for the lighthouse's door)."""
+
+
 def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     """Send ``message`` as one frame.
 
@@ -64,29 +76,44 @@ def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(struct.pack(">I", len(body)) + body)
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+def _recv_exactly(sock: socket.socket, size: int, deadline: float | None = None,
+                  frame_start: bool = False) -> bytes:
+    """``size`` bytes from ``sock``; with ``deadline`` (``time.monotonic()``), all of them by
+    then (TimeoutError otherwise: a socket timeout bounds each ``recv`` only, so a client
+    sending a byte now and then would hold the connection for ever). A close before the
+    first byte where a frame starts (``frame_start``) is :class:`ClosedBeforeFrame`."""
     chunks, left = [], size
     while left:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("timed out")
+            sock.settimeout(remaining)
         chunk = sock.recv(min(left, 1 << 20))
         if not chunk:
-            raise WireError("connection closed")
+            raise (ClosedBeforeFrame if frame_start and left == size else WireError)(
+                "connection closed")
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
 
 
-def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
-    """Read one frame (a JSON object of at most ``max_bytes`` bytes).
+def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES,
+               deadline: float | None = None) -> dict[str, Any]:
+    """Read one frame (a JSON object of at most ``max_bytes`` bytes), whole by ``deadline``
+    (``time.monotonic()``) when one is given.
 
     Raises:
-        WireError: closed connection, a frame over ``max_bytes``, not a JSON object.
-        OSError: the connection failed (``socket.timeout`` included).
+        WireError: closed connection (:class:`ClosedBeforeFrame` before its first byte), a
+            frame over ``max_bytes``, not a JSON object.
+        OSError: the connection failed (``socket.timeout`` included; TimeoutError at
+            ``deadline``).
     """
-    (size,) = struct.unpack(">I", _recv_exactly(sock, 4))
+    (size,) = struct.unpack(">I", _recv_exactly(sock, 4, deadline, frame_start=True))
     if size > max_bytes:
         raise WireError(f"a frame of {size} bytes, over the limit of {max_bytes}")
     try:
-        message = json.loads(_recv_exactly(sock, size))
+        message = json.loads(_recv_exactly(sock, size, deadline))
     except (UnicodeDecodeError, ValueError):
         raise WireError("a frame that is not JSON") from None
     if not isinstance(message, dict):
@@ -116,6 +143,13 @@ def decode_bytes(text: object) -> bytes:
 def credential_payload(nonce: str, job: str, protocol: str = PROTOCOL) -> bytes:
     """What a client's credential says: the protocol, the server's nonce, the job."""
     return f"{protocol} {nonce} {job}".encode()
+
+
+def server_payload(client_nonce: str, job: str, protocol: str) -> bytes:
+    """What a server's credential says when it proves itself (module docstring): the protocol,
+    the client's nonce, the job; worded unlike :func:`credential_payload`, so that neither
+    side's credential passes for the other's."""
+    return f"{protocol} server {client_nonce} {job}".encode()
 
 
 @dataclass(frozen=True)
@@ -190,9 +224,14 @@ Admit = Callable[[str, int], None]
 
 
 def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: Admit,
-                     protocol: str = PROTOCOL) -> tuple[str, int]:
+                     protocol: str = PROTOCOL, timeout_s: float | None = None,
+                     prove: bool = False) -> tuple[str, int]:
     """The server's side of the handshake (module docstring): sends a fresh nonce, checks the
     client's credential (valid, made for this nonce and the job it names) and ``admit``.
+    With ``timeout_s`` the client's frame must have come whole within that many seconds of
+    the start (a slow drip of bytes does not hold a connection slot past it). With ``prove``
+    the client must send a ``client_nonce`` and the acceptance carries this process's own
+    credential for it (:func:`server_payload`).
 
     Returns:
         (job, uid): the job the client named and the uid its credential proved.
@@ -203,10 +242,13 @@ def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: A
         WireError: the client sent no frame of this protocol (garbage, closed connection).
         OSError: the connection failed (``socket.timeout`` included).
     """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     nonce = secrets.token_hex(16)
     send_frame(conn, {"hello": protocol, "nonce": nonce})
-    reply = recv_frame(conn, MAX_HANDSHAKE_FRAME_BYTES)
+    reply = recv_frame(conn, MAX_HANDSHAKE_FRAME_BYTES, deadline)
     job, credential = reply.get("job"), reply.get("credential")
+    client_nonce = reply.get("client_nonce")
+    accepted: dict[str, Any] = {"ok": True}
     try:
         if not isinstance(job, str) or not job or not isinstance(credential, str):
             raise RendezvousAuthError("expected a job and a credential")
@@ -215,21 +257,30 @@ def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: A
             raise RendezvousAuthError("the credential was not made for this connection "
                                       "and job")
         admit(job, decoded.uid)
+        if prove:
+            if not (isinstance(client_nonce, str) and 16 <= len(client_nonce) <= 64):
+                raise RendezvousAuthError("expected a client_nonce (this server proves who "
+                                          f"runs it; {protocol})")
+            accepted["credential"] = authenticator.make(
+                server_payload(str(client_nonce), job, protocol))
     except SlurmSpotError as exc:  # RendezvousAuthError, or squeue failed in admit
         send_frame(conn, {"ok": False, "error": f"refused: {exc}"})
         raise RendezvousAuthError(str(exc)) from None
-    send_frame(conn, {"ok": True})
+    send_frame(conn, accepted)
     return job, decoded.uid
 
 
 def client_handshake(sock: socket.socket, job: str, authenticator: Authenticator, where: str,
-                     protocol: str = PROTOCOL, what: str = "rendezvous service") -> None:
+                     protocol: str = PROTOCOL, what: str = "rendezvous service",
+                     server_uids: Collection[int] | None = None) -> None:
     """The client's side of the handshake: proves, with a fresh credential bound to the
     server's nonce and ``job``, that this process's uid may use ``job``.
 
     Args:
         where: ``HOST:PORT`` of the server, for messages.
         what: what the server is, for messages ("rendezvous service").
+        server_uids: when given, the server must prove it runs as one of these uids (its
+            credential for a fresh nonce of this client: :func:`server_payload`).
 
     Raises:
         WireError: the server does not speak ``protocol`` (it is some other service).
@@ -241,11 +292,32 @@ def client_handshake(sock: socket.socket, job: str, authenticator: Authenticator
     nonce = hello.get("nonce")
     if hello.get("hello") != protocol or not isinstance(nonce, str):
         raise WireError(f"{where} is no slurm-spot {what}")
-    send_frame(sock, {"job": job, "credential": authenticator.make(
-        credential_payload(nonce, job, protocol))})
+    request = {"job": job, "credential": authenticator.make(
+        credential_payload(nonce, job, protocol))}
+    client_nonce = secrets.token_hex(16)
+    if server_uids is not None:
+        request["client_nonce"] = client_nonce
+    send_frame(sock, request)
     answer = recv_frame(sock, MAX_HANDSHAKE_FRAME_BYTES)
     if answer.get("ok") is not True:
         raise RendezvousAuthError(f"{what} {where}: {answer.get('error', 'refused')}")
+    if server_uids is None:
+        return
+    proof = answer.get("credential")
+    if not isinstance(proof, str):
+        raise RendezvousAuthError(f"{what} {where} did not prove who runs it (no credential)")
+    try:
+        decoded = authenticator.check(proof)
+    except RendezvousAuthError as exc:
+        raise RendezvousAuthError(f"{what} {where} did not prove who runs it ({exc})") from None
+    if decoded.payload != server_payload(client_nonce, job, protocol):
+        raise RendezvousAuthError(f"{what} {where} did not prove who runs it (its credential "
+                                  "was not made for this connection and job)")
+    if decoded.uid not in server_uids:
+        raise RendezvousAuthError(
+            f"{what} {where} runs as uid {decoded.uid}, not as "
+            f"{' or '.join(str(u) for u in sorted(set(server_uids)))}: another account's "
+            "process holds that port")
 
 
 #: Bytes read at once by :func:`relay`.

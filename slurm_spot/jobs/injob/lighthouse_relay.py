@@ -6,8 +6,9 @@ the lighthouse's job (:mod:`slurm_spot.jobs.services.ft_front_door`). torchft's 
 client knows nothing of that handshake, so the replica's batch script starts this relay: it
 listens on ``127.0.0.1`` (a port the kernel picks) and, for each connection torchft opens,
 opens one to the front door, makes the MUNGE handshake with a fresh credential of this
-process's uid bound to the front door's nonce and the lighthouse's job, and then relays the
-bytes both ways.
+process's uid bound to the front door's nonce and the lighthouse's job, checks the front
+door's own credential (it runs as this uid, or root: not another account's process that took
+the lighthouse's port), and then relays the bytes both ways.
 
 Why TCP on 127.0.0.1 and not a unix socket: torchft 0.2.0 connects with tonic's
 ``Endpoint::new(addr).connect()`` (src/net.rs), whose connector takes ``http://HOST:PORT``
@@ -134,7 +135,8 @@ class LighthouseRelay(AcceptLoop):
                                        f"{exc.strerror or exc}") from None
         try:
             client_handshake(sock, self.job, self.authenticator, self.where,
-                             LIGHTHOUSE_PROTOCOL, "lighthouse front door")
+                             LIGHTHOUSE_PROTOCOL, "lighthouse front door",
+                             server_uids={self.uid, 0})
         except RendezvousAuthError as exc:
             sock.close()
             raise LighthouseRelayError(f"lighthouse relay for job {self.job}: {exc}") from None

@@ -7,6 +7,10 @@ from __future__ import annotations
 import socket
 import threading
 
+#: How long the loop waits after a failed ``accept`` (no file descriptor left) before trying
+#: again (seconds).
+ACCEPT_RETRY_S = 0.1
+
 
 class AcceptLoop:
     """Accepts connections on ``sock`` until :meth:`close`, each served in a daemon thread of
@@ -39,6 +43,10 @@ class AcceptLoop:
             except OSError:
                 if self._closed.is_set():
                     return
+                # Out of file descriptors (EMFILE/ENFILE: the connection stays queued, so
+                # accept fails again at once) or memory: wait a little rather than spin a
+                # core until a connection ends.
+                self._closed.wait(ACCEPT_RETRY_S)
                 continue
             if self._slots is not None and not self._slots.acquire(blocking=False):
                 self.refuse_busy(peer)

@@ -10,8 +10,11 @@ a fresh nonce, a credential bound to it and to the job, decoded by ``unmunge`` (
 cluster's key, not expired, not replayed). The front door admits the connection only if the
 job the client names is the one it serves and the credential's uid owns that job in Slurm;
 then it relays the connection's bytes (torchft's HTTP/2) to the lighthouse, both ways,
-untouched. On the replicas' side :mod:`slurm_spot.jobs.injob.lighthouse_relay` makes the
-handshake for torchft's client, which is not changed.
+untouched. Its acceptance carries a MUNGE credential of its own uid for the client's
+nonce, so that the relay knows the front door is its user's (or root's), not another
+account's process on the lighthouse's port. On the replicas' side
+:mod:`slurm_spot.jobs.injob.lighthouse_relay` makes the handshake for torchft's client, which
+is not changed.
 
 Who is "the owner" for a fault-tolerant job made of several Slurm jobs (one per replica
 group, plus the lighthouse's): every connection names the lighthouse's job (``--job``), and
@@ -22,7 +25,8 @@ prove that uid; another user's job, even on the same nodes, is refused.
 Every refusal is logged (``slurm-spot lighthouse: refused PEER: <why>``) and closes the
 connection: a wrong uid, another job, no or a forged credential, a replayed one, garbage
 (anything that is not the handshake: torchft pointed at the front door without the relay),
-nothing within :data:`HANDSHAKE_TIMEOUT_S`.
+nothing within :data:`HANDSHAKE_TIMEOUT_S`. A client that closes without sending a byte (the
+replica groups' check that the door is open) is logged at INFO, not as a refusal.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import socket
 from slurm_spot.jobs.rendezvous_wire import (
     LIGHTHOUSE_PROTOCOL,
     Authenticator,
+    ClosedBeforeFrame,
     RendezvousAuthError,
     WireError,
     relay,
@@ -96,9 +101,14 @@ class LighthouseFrontDoor(AcceptLoop):
                 conn.settimeout(HANDSHAKE_TIMEOUT_S)
                 try:
                     _job, uid = server_handshake(conn, self.authenticator, self._admit,
-                                                 LIGHTHOUSE_PROTOCOL)
+                                                 LIGHTHOUSE_PROTOCOL, HANDSHAKE_TIMEOUT_S,
+                                                 prove=True)
                 except RendezvousAuthError as exc:
                     self._refuse(peer, str(exc))
+                    return
+                except ClosedBeforeFrame:  # a port check (the replica groups' wait for it)
+                    log.info("slurm-spot lighthouse: %s closed without a word (a check that "
+                             "the port is open)", _peer_text(peer))
                     return
                 except WireError as exc:
                     self._refuse(peer, f"no slurm-spot lighthouse handshake ({exc}); a torchft "

@@ -31,7 +31,7 @@ is still waited for up to 1 s.
 
 from __future__ import annotations
 
-import ipaddress
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +39,12 @@ from typing import Any
 
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.rendezvous_wire import Authenticator
-from slurm_spot.jobs.services.rendezvous import ALL_INTERFACES, format_endpoint, parse_host
+from slurm_spot.jobs.services.rendezvous import (
+    ALL_INTERFACES,
+    format_endpoint,
+    parse_host,
+    resolves_to_every_interface,
+)
 
 
 class TorchftMissingError(BadInputError):
@@ -96,18 +101,22 @@ class LighthouseTimeouts:
 
 def refuse_every_interface(host: str, where: str) -> str:
     """``host`` checked (:func:`~.rendezvous.parse_host`) unless it means every interface;
-    returns it.
+    returns it. What it resolves to for binding is checked too
+    (:func:`~.rendezvous.resolves_to_every_interface`): ``0x0`` and ``::ffff:0.0.0.0`` pass
+    as a hostname and an IPv6 address but bind every IPv4 interface.
 
     Raises:
-        BadInputError: ``0.0.0.0``, ``::``, empty, or a malformed host (names ``where``).
+        BadInputError: ``0.0.0.0``, ``::``, empty, another form or a name that binds every
+            interface, or a malformed host (names ``where``).
     """
     every = host.strip() in ALL_INTERFACES
     if not every:
         host = parse_host(host, where)
-        try:
-            every = ipaddress.ip_address(host).is_unspecified
-        except ValueError:
-            pass  # a hostname
+        resolved = resolves_to_every_interface(host)
+        if resolved is not None:
+            raise BadInputError(f"{where} {host!r} binds {resolved}, every interface: the "
+                                "lighthouse must answer the cluster network only; give this "
+                                "machine's address on the cluster network (its NodeAddr)")
     if every:
         raise BadInputError(f"{where} {host!r} is every interface: the lighthouse must "
                             "answer the cluster network only; give this machine's address "
@@ -215,7 +224,8 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
 
     Raises:
         BadInputError: ``host`` is every interface or malformed, the port is taken, ``job``
-            is not a job Slurm knows, or see :class:`Lighthouse`.
+            is not a job Slurm knows or not this user's (root may serve any), or see
+            :class:`Lighthouse`.
         SlurmCommandError: squeue failed.
         TorchftMissingError: torchft is not installed.
     """
@@ -234,6 +244,11 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
         raise BadInputError(f"--job {job}: Slurm does not know this job (squeue -j {job}); "
                             "the lighthouse admits its owner only, so the job must be "
                             "pending or running")
+    me = os.getuid()
+    if me not in (owner, 0):
+        raise BadInputError(f"--job {job}: the job is uid {owner}'s, not yours (uid {me}): only "
+                            "its owner (or root) hosts its lighthouse, and its replicas accept "
+                            "no other")
     signals = SignalWait(STOP_SIGNALS) if threading.current_thread() is threading.main_thread() \
         else None
     stop = stop or threading.Event()

@@ -172,6 +172,34 @@ def listen_socket(host: str, port: int) -> socket.socket:
 ALL_INTERFACES = ("0.0.0.0", "::", "[::]", "")
 
 
+def is_every_interface(address: str) -> bool:
+    """True when binding ``address`` (an IP address as ``getaddrinfo``/``getsockname`` give
+    it) listens on every interface: ``0.0.0.0``, ``::``, and the IPv4-mapped ``::ffff:0.0.0.0``,
+    which an IPv6 socket on Linux (``net.ipv6.bindv6only`` 0, the default) turns into every
+    IPv4 interface (ipv6(7)); False for anything else, names included."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_unspecified or (mapped is not None and mapped.is_unspecified)
+
+
+def resolves_to_every_interface(host: str) -> str | None:
+    """The address ``host`` resolves to for listening (``getaddrinfo`` with ``AI_PASSIVE``,
+    as :func:`listen_socket` binds) when it means every interface (:func:`is_every_interface`:
+    forms such as ``0x0`` or ``::ffff:0.0.0.0``, or a name in /etc/hosts for ``0.0.0.0``),
+    else None (None too when it does not resolve: binding it then says so)."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, OSError):
+        return None
+    for *_rest, address in infos:
+        if is_every_interface(str(address[0])):
+            return str(address[0])
+    return None
+
+
 def refuse_all_interfaces(host: str) -> str:
     """``host`` unless it means every interface; returns it unchanged.
 
@@ -231,7 +259,7 @@ def open_server(host: str, port: int, limits: StoreLimits | None = None,
 
     sock = listen_socket(refuse_all_interfaces(host), port)
     bound = str(sock.getsockname()[0])
-    if ipaddress.ip_address(bound).is_unspecified:  # a name or form such as "0" that means it
+    if is_every_interface(bound):  # a name or form such as "0x0" or ::ffff:0.0.0.0 that means it
         sock.close()
         raise BadInputError(f"--listen={host!r} is every interface ({bound}): give this "
                             "machine's address on the cluster network (its NodeAddr)")

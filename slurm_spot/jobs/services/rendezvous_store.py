@@ -210,7 +210,8 @@ class RendezvousServer(AcceptLoop):
                 raise RendezvousAuthError(f"uid {uid} does not own job {job}")
 
         try:
-            job, _uid = server_handshake(conn, self.authenticator, admit)
+            job, _uid = server_handshake(conn, self.authenticator, admit,
+                                         timeout_s=HANDSHAKE_TIMEOUT_S)
         except RendezvousAuthError as exc:
             log.warning("slurm-spot rendezvous: refused a client: %s", exc)
             return None

@@ -149,7 +149,8 @@ def plan_fault_tolerant(config: SpotConfig, script: str, args: Sequence[str], py
     Raises:
         BadInputError: ``--nproc-per-node`` above 1 or ``-N`` above 1 (a group is one process on
             one node in this version), ``--export`` without ALL (the groups get their names
-            through their environment), ``-p`` equal to ``coordinator``, a value not one line.
+            through their environment), ``-p`` equal to ``coordinator``, ``--array``, a value
+            not one line. An empty ``-J`` is the default name.
     """
     if nproc_per_node != 1:
         raise BadInputError(f"--nproc-per-node={nproc_per_node} with --fault-tolerant: a "
@@ -165,8 +166,16 @@ def plan_fault_tolerant(config: SpotConfig, script: str, args: Sequence[str], py
     if any("ALL" not in e.split(",") for e in exports):
         raise BadInputError("--export without ALL with --fault-tolerant: each group gets its "
                             "name and lighthouse through its environment; add ALL")
+    arrays, rest = take_option(rest, "--array", "-a")
+    if arrays:
+        raise BadInputError(f"--array={arrays[-1]} with --fault-tolerant: each replica group "
+                            "is one job and the lighthouse one job (an array would start a "
+                            "lighthouse per task, on ports its groups do not look at, and "
+                            "groups of the same name); submit one fault-tolerant job per "
+                            "task instead")
     names, rest = take_option(rest, "--job-name", "-J")
-    base = names[-1] if names else re.sub(r"[^A-Za-z0-9._+-]", "_", script_name) or "job"
+    base = (names[-1] if names and names[-1].strip()
+            else re.sub(r"[^A-Za-z0-9._+-]", "_", script_name) or "job")
     one_line("--job-name", base)
     dependencies, rest = take_option(rest, "--dependency", "-d")
     extra = ",".join(e for e in exports if e != "ALL")
@@ -208,7 +217,8 @@ def _job_id(stdout: str) -> str:
 def submit_fault_tolerant(slurm: SlurmClient, plan: FaultTolerantPlan) -> FaultTolerantJobs:
     """Submit the lighthouse job, then each group's, then name the groups in the lighthouse
     job's Comment (it stops once they are all gone).
-    A group that sbatch refuses cancels what was submitted before it.
+    A group that sbatch refuses, or an interruption (Ctrl-C) before the end, cancels what
+    was submitted before it.
 
     Raises:
         SlurmCommandError: sbatch or scontrol refused (its message).
@@ -223,8 +233,8 @@ def submit_fault_tolerant(slurm: SlurmClient, plan: FaultTolerantPlan) -> FaultT
             groups.append(_job_id(result.stdout))
         slurm.run("scontrol", "update", f"JobId={lighthouse}",
                   f"Comment={GROUPS_COMMENT}{','.join(groups)}")
-    except Exception:
-        slurm.run("scancel", lighthouse, *groups, check=False)
+    except BaseException:  # Ctrl-C too: a lighthouse job with no groups named would hold
+        slurm.run("scancel", lighthouse, *groups, check=False)  # its node to the time limit
         raise
     return FaultTolerantJobs(lighthouse, groups)
 

@@ -140,6 +140,27 @@ def check_coordinator_partition(slurm: SlurmClient, coordinator: str,
                             "partition (scontrol show partition)")
 
 
+def refuse_spot_coordinator(config: SpotConfig, coordinator: str) -> None:
+    """``--coordinator-partition P`` must not be a spot partition of spot.yaml: the coordinator
+    (the elastic job's rendezvous store, the fault-tolerant job's lighthouse) must run where no
+    reclaim takes it (docs/ml-engineer.md). A partition spot.yaml does not define (the
+    site's own) is not judged here.
+
+    Raises:
+        BadInputError: every node set of spot.yaml's partition P is on the spot market (names
+            the partition, its node sets and the config file).
+    """
+    for partition in config.partitions:
+        if partition.name != coordinator:
+            continue
+        markets = {name: config.node_set(name).market for name in partition.node_sets}
+        if all(market == "spot" for market in markets.values()):
+            raise BadInputError(
+                f"--coordinator-partition={coordinator}: its node sets "
+                f"({', '.join(markets)}) are spot in {config.source_path}, so a reclaim can "
+                "take the coordinator; give an on-demand partition")
+
+
 def default_rendezvous(slurm: SlurmClient, env: Mapping[str, str]) -> str:
     """Where elastic jobs rendezvous unless ``--rendezvous`` says: ``$SLURM_SPOT_RENDEZVOUS``
     in ``env`` (checked as ``--rendezvous`` is; set but empty is an error too), else the

@@ -87,6 +87,25 @@ def check_private_dir(path: Path) -> None:
                             f"{stat.S_IMODE(found.st_mode):04o}); chmod go-w it")
 
 
+def _record_problem(record: object) -> str | None:
+    """What makes ``record`` (a parsed record file) unusable, or None: it must be an object
+    with ``instance_id`` and ``node`` (text), ``pid`` (an integer above 1: pid 0 or a negative
+    one would make ``killpg`` hit this process's own group) and ``launch_time`` (ISO 8601)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    for key in ("instance_id", "node", "launch_time"):
+        if not isinstance(record.get(key), str):
+            return f"{key} missing or not text"
+    pid = record.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        return f"pid {pid!r} is not a process id above 1"
+    try:
+        datetime.fromisoformat(record["launch_time"])
+    except ValueError:
+        return f"launch_time {record['launch_time']!r} is not ISO 8601"
+    return None
+
+
 def _uts_ns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/uts")
@@ -145,10 +164,21 @@ class LocalProvider:
             yield
 
     def _read(self, path: Path) -> dict | None:
+        """The instance record at ``path``, or None when there is none or it is malformed
+        (logged with the file and what is wrong): one damaged record must not stop the
+        listing of every other instance, nor name a pid to kill that no launch wrote."""
         try:
-            return dict(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
             return None
+        except (OSError, ValueError) as exc:
+            log.warning("%s: not an instance record (%s); ignored", path, exc)
+            return None
+        problem = _record_problem(record)
+        if problem:
+            log.warning("%s: not an instance record (%s); ignored", path, problem)
+            return None
+        return dict(record)
 
     def _write(self, record: dict) -> None:
         path = self.records / f"{record['instance_id']}.json"
@@ -160,7 +190,8 @@ class LocalProvider:
         if record.get("state") == InstanceState.TERMINATED.value:
             return False
         pid = int(record["pid"])
-        return _proc_start_ticks(pid) == record.get("start_ticks") and not _is_zombie(pid)
+        ticks = _proc_start_ticks(pid)  # None for a pid that is gone: never alive
+        return ticks is not None and ticks == record.get("start_ticks") and not _is_zombie(pid)
 
     def _to_instance(self, record: dict) -> Instance:
         alive = self._alive(record)
@@ -239,11 +270,26 @@ class LocalProvider:
     # -- simulated capacity -----------------------------------------------------------------
     def capacity(self) -> dict[str, int]:
         """Capacity limits of the simulated market: ``{node set: max alive instances}``."""
+        path = self.root / "capacity.json"
         try:
-            data = json.loads((self.root / "capacity.json").read_text())
-        except (OSError, ValueError):
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
             return {}
-        return {str(k): int(v) for k, v in data.items()}
+        except (OSError, ValueError) as exc:
+            log.warning("%s: unreadable (%s); no capacity limits", path, exc)
+            return {}
+        if not isinstance(data, dict):
+            log.warning("%s: a JSON %s, not {node set: limit}; no capacity limits", path,
+                        type(data).__name__)
+            return {}
+        limits = {}
+        for key, value in data.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                log.warning("%s: node set %s: limit %r is no count; not limited", path, key,
+                            value)
+                continue
+            limits[str(key)] = value
+        return limits
 
     def set_capacity(self, node_set: str, limit: int | None) -> None:
         """Limit node set ``node_set`` to ``limit`` alive instances (None: unlimited).
