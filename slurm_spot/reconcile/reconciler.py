@@ -208,7 +208,8 @@ class Reconciler:
         still shows it alive: its state and reason become the event's.
 
         Raises:
-            SlurmCommandError: Slurm's nodes cannot be read (nothing is decided then).
+            SlurmCommandError: Slurm's nodes cannot be read, or the listing holds none of the
+                configured nodes (nothing is decided then).
         """
         instances: list[Instance] = []
         provider_of: dict[str, str] = {}
@@ -227,6 +228,13 @@ class Reconciler:
             instances.extend(listed)
             provider_of.update((i.instance_id, name) for i in listed)
         nodes = tuple(self.slurm.nodes())
+        if self.node_set_of and not any(n.name in self.node_set_of for n in nodes):
+            # Slurm always lists every node slurm.conf defines, powered down or not: none of
+            # ours is a listing that went wrong, and deciding on it would end every instance.
+            raise SlurmCommandError(
+                ["scontrol", "show", "node"], 0,
+                f"Slurm listed none of the {len(self.node_set_of)} nodes spot.yaml configures "
+                f"({len(nodes)} others); nothing is decided on such a listing")
         now = self.clock()
         tail = self._tail.read(now)
         history = build_history(tail, self.node_set_of, now, self.settings)
@@ -264,6 +272,11 @@ class Reconciler:
         for decision in plan.nodes:
             name = decision.verdict.value
             result.verdicts[name] = result.verdicts.get(name, 0) + 1
+        for inst in plan.unlisted:
+            log.error("instance %s of node %s: Slurm's listing left the node out; the instance "
+                      "is left alone", inst.instance_id, inst.node)
+            result.errors.append(f"{inst.node}: not in Slurm's node listing; instance "
+                                 f"{inst.instance_id} left alone")
         vetoed = self._recheck(plan)
         acting = [d for d in plan.nodes if d.node not in vetoed]
         failed = self._terminate_all([t for d in acting for t in d.terminate], plan.orphans,

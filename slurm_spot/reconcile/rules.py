@@ -369,12 +369,17 @@ def _breaker(node: Node, failures: int, terminate: tuple[Termination, ...],
 @dataclass(frozen=True)
 class Plan:
     """Everything one pass decided: a decision per node, orphans without a (known) node, and
-    jobs to expedite (requeued by an interruption we handled, still held by BeginTime)."""
+    jobs to expedite (requeued by an interruption we handled, still held by BeginTime).
+
+    ``unlisted`` are alive instances of a node spot.yaml configures that Slurm's listing
+    left out (a record it could not read, a listing cut short): they are left alone, never
+    taken for orphans, since their node may be running a job."""
 
     nodes: tuple[NodeDecision, ...]
     orphans: tuple[Termination, ...] = ()
     expedite: tuple[int, ...] = ()
     cooldowns: Mapping[str, Cooldown] = field(default_factory=dict)
+    unlisted: tuple[Instance, ...] = ()
 
 
 def missing_since(
@@ -443,11 +448,14 @@ def plan_pass(
                                        history, cools.get(set_name),
                                        (missing or {}).get(node.name)))
     known = {n.name for n in ours}
+    # An instance is an orphan only when its node is none spot.yaml configures: a configured
+    # node missing from Slurm's listing is a listing that failed to say, not a node that is gone.
     orphans = tuple(
         Termination(i, "orphan") for i in instances
-        if i.state.is_alive and (i.node or "") not in known
-        and node_set_of.get(i.node or "") not in unavailable_sets
+        if i.state.is_alive and (i.node or "") not in node_set_of
         and i.age_s(now) > settings.orphan_grace_s
     )
+    unlisted = tuple(i for i in instances
+                     if i.state.is_alive and i.node in node_set_of and i.node not in known)
     expedite = tuple(j for j in held_jobs if j in history.interrupted_jobs)
-    return Plan(tuple(decisions), orphans, expedite, cools)
+    return Plan(tuple(decisions), orphans, expedite, cools, unlisted)

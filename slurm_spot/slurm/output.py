@@ -72,6 +72,33 @@ def load_json(stdout: str) -> Any:
     raise ValueError("no JSON document in the command's output")
 
 
+def reported_errors(document: object) -> list[str]:
+    """The errors a Slurm JSON document reports in its ``errors`` list, as texts
+    (``"slurm_load_jobs: Failed while looking for jobs (Unspecified error)"``); [] for none.
+
+    Slurm 22.05's ``sinfo --json`` and ``squeue --json`` exit 0 when slurmctld cannot be
+    reached or refuses them (MUNGE down, a restart): they print empty ``nodes``/``jobs``
+    lists with the failure only in ``errors`` (measured with 22.05.8; 24.11 and 26.05 exit
+    1 instead). An empty list read from such a document is no listing at all."""
+    if not isinstance(document, dict) or not isinstance(document.get("errors"), list):
+        return []
+    texts = []
+    for entry in document["errors"]:
+        if isinstance(entry, dict):
+            words = [_text(entry.get(key)) for key in ("source", "description", "error")]
+            text = ": ".join(w for w in words[:2] if w)
+            texts.append(f"{text} ({words[2]})" if text and words[2] else text or words[2]
+                         or "an error without a description")
+        elif entry:
+            texts.append(str(entry))
+    return texts
+
+
+class ReportedErrors(ValueError):
+    """A Slurm JSON document that reports errors (:func:`reported_errors`): its lists are
+    not to be read as the cluster's."""
+
+
 def data_parser(document: Mapping[str, Any]) -> str | None:
     """The data_parser version that wrote ``document`` (``"v0.0.42"``), if it says.
 
@@ -255,11 +282,17 @@ def nodes_json(stdout: str) -> list[dict[str, Any]] | None:
     (another Slurm version's shape: the caller falls back to text).
 
     A node object that cannot be read is skipped (one node never stops the others).
+
+    Raises:
+        ReportedErrors: the document reports errors (:func:`reported_errors`).
     """
     try:
         data = load_json(stdout)
     except ValueError:
         return None
+    errors = reported_errors(data)
+    if errors:
+        raise ReportedErrors("; ".join(errors))
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         return None
     found = []

@@ -23,11 +23,13 @@ from slurm_spot.errors import (
 from slurm_spot.hostlist import compress, expand
 from slurm_spot.slurm.jobtext import job_fields_text, split_job_records
 from slurm_spot.slurm.output import (
+    ReportedErrors,
     job_fields_json,
     load_json,
     local_time,
     node_fields_text,
     nodes_json,
+    reported_errors,
 )
 from slurm_spot.slurm.runner import DEFAULT_TIMEOUT_S, CommandResult, CommandRunner, run_command
 from slurm_spot.slurm.states import JobState, NodeState, parse_job_state
@@ -175,7 +177,10 @@ class SlurmQueries:
                 return records
             argv = _NODE_SOURCES[source]
             result = self.run(argv[0], *argv[1:], check=False)
-            found = nodes_json(result.stdout) if result.returncode == 0 else None
+            try:
+                found = nodes_json(result.stdout) if result.returncode == 0 else None
+            except ReportedErrors as exc:  # 22.05: exit 0, no nodes, the failure in "errors"
+                raise SlurmCommandError(result.argv, 0, f"Slurm reported: {exc}") from None
             if found is not None:
                 self._node_source = source
                 return found
@@ -268,6 +273,10 @@ class SlurmQueries:
             data = load_json(out.stdout) if out.stdout.strip() else {}
         except ValueError as exc:
             raise SlurmCommandError(out.argv, out.returncode, f"unreadable JSON: {exc}") from None
+        errors = reported_errors(data)
+        if errors:  # 22.05: exit 0 and no jobs when slurmctld cannot be asked
+            raise SlurmCommandError(out.argv, out.returncode,
+                                    "Slurm reported: " + "; ".join(errors))
         found = []
         for obj in data.get("jobs", []) if isinstance(data, dict) else []:
             try:

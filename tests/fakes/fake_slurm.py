@@ -104,6 +104,10 @@ class FakeSlurm:
         # (the text fallback); "warn": sinfo prints a warning line before its JSON.
         self.json_nodes: bool | str = True
         self.refuse_show: str = ""  # scontrol show node fails with this (slurmctld away)
+        # Like Slurm 22.05.8 when slurmctld cannot be asked (MUNGE down, a restart): sinfo
+        # --json and squeue --json exit 0 printing what tests/data/slurm-json/22.05.8/
+        # *-controller-unreachable.json recorded (empty lists, the failure in "errors").
+        self.controller_unreachable = False
         # Like Slurm 22.05 (job_mgr.c _job_requeue_op/batch_requeue_fini): ``scontrol requeue``
         # of a running job leaves it REQUEUED (completing) on its nodes until
         # :meth:`finish_requeues`, which makes it PENDING with Restarts + 1. False: at once.
@@ -199,6 +203,9 @@ class FakeSlurm:
         for prefix, (returncode, error) in self.fail.items():
             if (tool, *args)[:len(prefix)] == prefix:
                 return CommandResult(argv, returncode, "", error)
+        if self.controller_unreachable and "--json" not in args and args[:1] != ["-V"]:
+            return CommandResult(argv, 1, "", f"{tool}: error: Unable to contact slurm "
+                                 "controller (connect failure)")
         try:
             out = getattr(self, f"_{tool}")(args)
         except _Refused as exc:
@@ -211,6 +218,8 @@ class FakeSlurm:
         self.show_calls += 1
         if self.on_show:
             self.on_show(self.show_calls)
+        if self.controller_unreachable:
+            return _UNREACHABLE["sinfo"]
         data = {"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "nodes": [
             {"name": n.name, "address": n.addr, "hostname": n.hostname,
              "state": n.base.lower(), "state_flags": sorted(n.flags), "reason": n.reason,
@@ -476,6 +485,8 @@ class FakeSlurm:
         return ""
 
     def _squeue(self, args: list[str]) -> str:
+        if "--json" in args and self.controller_unreachable:
+            return _UNREACHABLE["squeue"]
         if "--json" in args:
             wanted = None
             if "--jobs" in args:
@@ -508,6 +519,11 @@ class FakeSlurm:
                     "%N": compress(j.nodes) if j.nodes else "", "%U": "1000"}[field]
         return "".join(" ".join(cell(j, f) for f in fields) + "\n" for j in jobs
                        if j.state not in ("COMPLETED", "NODE_FAIL", "CANCELLED"))
+
+
+_UNREACHABLE = {tool: (Path(__file__).parent.parent / "data" / "slurm-json" / "22.05.8"
+                       / f"{tool}-controller-unreachable.json").read_text()
+                for tool in ("sinfo", "squeue")}
 
 
 def _epoch(text: str) -> int:
