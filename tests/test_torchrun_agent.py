@@ -256,7 +256,7 @@ def disposition(number):
 sys.stdout.write("report " + json.dumps({
     "env": dict(os.environ), "argv": sys.argv, "path0": sys.path[0], "file": __file__,
     "signals": {s.name: disposition(s) for s in
-                (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)},
+                (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)},
 }) + "\\n")
 sys.stdout.flush()
 # A failing rank waits for every rank's report: torch stops the others once one fails.
@@ -327,14 +327,73 @@ def test_plain_agent_warm_workers_see_what_stock_workers_see(tmp_path: Path, cod
         assert hot["argv"] == cold["argv"] and hot["argv"][1:] == [str(code), "--flag", "x y"]
         assert hot["path0"] == cold["path0"] and hot["file"] == cold["file"]
         assert hot["signals"] == cold["signals"] == {
-            "SIGUSR2": "ignored", "SIGTERM": "default", "SIGHUP": "default",
-            "SIGINT": "handled"}
+            "SIGUSR1": "ignored", "SIGUSR2": "ignored", "SIGTERM": "default",
+            "SIGHUP": "default", "SIGINT": "handled"}
     assert [r["env"]["RANK"] for r in warm] == ["0", "1"]
     assert {r["env"]["LOCAL_RANK"] for r in warm} == {"0", "1"}
     assert {r["env"]["WORLD_SIZE"] for r in warm} == {"2"}
     assert {r["env"]["TORCHELASTIC_RUN_ID"] for r in warm} == {"7"}
     assert {r["env"]["MASTER_ADDR"] for r in warm} == {"127.0.0.1"}  # the node's --local-addr
     assert len({r["env"]["MASTER_PORT"] for r in warm}) == 1
+
+
+#: A worker written for Lightning's auto-requeue (``#SBATCH --signal=USR1@90``): its USR1
+#: handler saves and the worker ends at its next step; a rank without a handler of its own
+#: (rank 1: Lightning handles the signal on rank 0 only) must not die of it either.
+LIGHTNING_STYLE = """
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+saved = []
+if rank == 0:
+    signal.signal(signal.SIGUSR1, lambda *_: saved.append(time.time()))
+print(f"worker ready {rank}", flush=True)
+deadline = time.time() + 120
+while time.time() < deadline:
+    if saved or os.path.exists(os.path.join(os.path.dirname(__file__), "done")):
+        break
+    time.sleep(0.05)
+if saved:
+    print("rank 0 saved on USR1", flush=True)
+    open(os.path.join(os.path.dirname(__file__), "done"), "w").close()
+print(f"worker {rank} ends", flush=True)
+"""
+
+
+@pytest.mark.parametrize("preload", [False, True], ids=["no-preload", "warm"])
+def test_a_jobs_own_usr1_reaches_its_workers_and_does_not_end_the_agent(
+        tmp_path: Path, preload: bool) -> None:
+    """``#SBATCH --signal=USR1@90`` (Lightning) with spot.yaml's USR2 as the preemption
+    signal: Slurm sends USR1 to every process of the step, as here. The agent used to die of
+    it (USR1's default action) and the step ended under the workers; now rank 0's handler
+    saves, rank 1 (no handler) lives on, and the agent exits 0 once both have ended."""
+    worker = tmp_path / "lightning_style.py"
+    worker.write_text(LIGHTNING_STYLE)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "SLURM_JOB_ID": "7",
+           "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "localhost",
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_SPOT_PREEMPT_SIGNAL": "USR2"}
+    port = 29811 if preload else 29821
+    agent = subprocess.Popen(
+        [sys.executable, "-c", MAIN, "--nproc-per-node=2", f"--port={port}",
+         *([] if preload else ["--no-preload"]), "--", str(worker)],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert agent.stdout is not None
+        lines = []
+        for line in agent.stdout:
+            lines.append(line)
+            if sum("worker ready" in seen for seen in lines) == 2:
+                break
+        for pid in {agent.pid, *_descendants(agent.pid)}:
+            os.kill(pid, signal.SIGUSR1)
+        rest, _ = agent.communicate(timeout=120)
+    finally:
+        agent.kill()
+    output = "".join(lines) + rest
+    assert agent.returncode == 0, output
+    assert "rank 0 saved on USR1" in output, output
+    assert "worker 1 ends" in output and "worker 0 ends" in output, output
 
 
 #: A worker that reports its process chain (itself, its parent, its grandparent: pid, parent,

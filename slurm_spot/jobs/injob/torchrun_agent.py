@@ -8,7 +8,9 @@
   address (docs/local-slurm.md);
 - the preemption signal: ignored by the agent (torchrun treats a handled USR2 as a death
   signal, and by default USR2 would kill it), delivered by Slurm straight to the workers,
-  which checkpoint at the next step boundary and exit with the requeue code;
+  which checkpoint at the next step boundary and exit with the requeue code; so are USR1 and
+  USR2 whatever spot.yaml says (:data:`JOB_SIGNALS`: what a job's own ``--signal``, such as
+  Lightning's ``USR1@90``, names), in both modes;
 - exit code: torchrun reports any failed worker as exit 1; this wrapper exits with the requeue
   code instead when the workers exited with it, so the batch script (and Slurm's
   ``RequeueExit``) can tell a preemption from a crash;
@@ -140,6 +142,14 @@ ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 #: build and configuration; no cluster of slurm-spot's is near it).
 MAX_NODES = 100000
 
+#: Signals a job's own ``--signal`` names (Lightning's auto-requeue: ``USR1@90``; submitit:
+#: ``USR2@90``) besides spot.yaml's preemption signal: without ``B:`` Slurm sends them to every
+#: process of every job step (sbatch(1), 22.05-26.05, ``--signal``), the agent included, whose
+#: default action for them is to end, and the job step with it, before the workers' own
+#: handler has saved. The agent ignores them; its workers inherit that until they install a
+#: handler (as they do the preemption signal).
+JOB_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
 
 def parse_nnodes(text: str, where: str = "--elastic") -> tuple[int, int]:
     """``MIN:MAX`` (or ``N``, meaning N:N) -> (min, max).
@@ -219,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slurm-spot: agent started at {STARTED:.3f} on "
           f"{env.get('SLURMD_NODENAME', 'localhost')}", file=sys.stderr, flush=True)
     spec = jobenv.preemption_signal(env)
+    job_signals = sorted({int(s) for s in JOB_SIGNALS} - {spec.number})
     client = SlurmClient(os.environ.get(jobenv.ENV_SLURM_BIN_DIR, "/usr/bin"))
     head = expand(env.get("SLURM_JOB_NODELIST", env.get("SLURMD_NODENAME", "localhost")))[0]
     me = env.get("SLURMD_NODENAME", head)
@@ -236,12 +247,18 @@ def main(argv: list[str] | None = None) -> int:
                                       args.nproc_per_node, command)
         print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
         os.environ.update(ELASTIC_ENV)
+        for number in job_signals:
+            signal.signal(number, signal.SIG_IGN)
         signal.signal(spec.number, _leave_on_signal)
-        warm = None if args.no_preload else sorted(
-            {spec.number, int(signal.SIGTERM), int(signal.SIGHUP)})
+        reset = sorted({spec.number, int(signal.SIGTERM), int(signal.SIGHUP)})
+        if args.no_preload:
+            return run_torchrun(targs, jobenv.requeue_exit_code(env), elastic=True,
+                                joining=args.rdzv_run_id is not None)
         return run_torchrun(targs, jobenv.requeue_exit_code(env), elastic=True,
-                            joining=args.rdzv_run_id is not None, warm_signals=warm)
-    signal.signal(spec.number, signal.SIG_IGN)
+                            joining=args.rdzv_run_id is not None,
+                            warm_signals=sorted({*reset, *job_signals}), warm_reset=reset)
+    for number in (spec.number, *job_signals):
+        signal.signal(number, signal.SIG_IGN)
     port = args.port or rendezvous_port(env)
     targs = torchrun_args(env, node_addr(client, head), node_addr(client, me),
                           args.nproc_per_node, port, command)
@@ -255,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_torchrun(targs, jobenv.requeue_exit_code(env))
     deaths = sorted({int(signal.SIGTERM), int(signal.SIGHUP)} - {spec.number})
     return run_torchrun(targs, jobenv.requeue_exit_code(env),
-                        warm_signals=sorted({spec.number, *deaths}), warm_reset=deaths)
+                        warm_signals=sorted({spec.number, *job_signals, *deaths}),
+                        warm_reset=deaths)
 
 
 def _leave_on_signal(signum: int, _frame: FrameType | None) -> None:
