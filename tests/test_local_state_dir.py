@@ -116,3 +116,99 @@ def test_a_damaged_capacity_file_limits_nothing_it_cannot_read_and_can_be_rewrit
     assert provider.capacity() == {}
     provider.set_capacity("spot", 1)
     assert provider.capacity() == {"spot": 1}
+
+
+def _provider_under(tmp_path: Path, state_dir: Path) -> LocalProvider:
+    config: SpotConfig = parse_config(base_config(tmp_path, state_dir=str(state_dir)))
+    return LocalProvider(config, "local", config.providers["local"])  # type: ignore[arg-type]
+
+
+def test_a_state_dir_under_a_directory_any_account_can_write_is_refused(
+        tmp_path: Path) -> None:
+    """``state_dir: /srv/shared/spot`` with /srv/shared 0777 (no sticky bit): whoever can
+    write it could rename ``spot`` between the checks and the kill and put their own in its
+    place; refused before anything is created, read or killed through it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    provider = _provider_under(tmp_path, shared / "spot")
+    with pytest.raises(BadInputError, match=f"{shared}: writable by other accounts"):
+        provider.set_capacity("spot", 1)
+    assert not (shared / "spot").exists()
+    os.chmod(shared, 0o755)
+    with sleeping_instance(provider) as victim:
+        os.chmod(shared, 0o777)
+        with pytest.raises(BadInputError, match="chmod go-w"):
+            provider.reclaim("spot-1")
+        assert victim.poll() is None
+        os.chmod(shared, 0o755)
+        assert [i.node for i in provider.list_instances()] == ["spot-1"]
+
+
+def test_in_a_sticky_directory_only_ones_own_or_roots_state_dir_is_used(
+        tmp_path: Path) -> None:
+    """/tmp-like (1777): the state directory there must be this user's or root's, or it was
+    made by someone else (e.g. before the demo first ran) who can swap what is inside."""
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    provider = _provider_under(tmp_path, sticky / "spot")
+    provider.set_capacity("spot", 1)  # made here by this user: used
+    assert provider.capacity() == {"spot": 1}
+    os.chown(sticky / "spot", 65534, 65534)
+    with pytest.raises(BadInputError, match=f"{sticky / 'spot'}: owned by uid 65534"):
+        provider.list_instances()
+
+
+def test_a_link_on_the_way_is_followed_only_if_this_user_or_root_owns_it(
+        tmp_path: Path) -> None:
+    """A link of one's own (``/var/run -> /run`` style) to a good directory is fine; a link
+    another account planted in a sticky directory is not, whatever it points to."""
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "via"
+    link.symlink_to(real)
+    provider = _provider_under(tmp_path, link / "spot")
+    provider.set_capacity("spot", 2)
+    assert (real / "spot" / "local" / "capacity.json").exists()
+    if os.geteuid() != 0:
+        return
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    planted = sticky / "spot"
+    planted.symlink_to(real / "spot")
+    os.lchown(planted, 65534, 65534)
+    other = _provider_under(tmp_path, planted)
+    with pytest.raises(BadInputError, match=f"{planted}: .*uid 65534"):
+        other.list_instances()
+
+
+def test_group_write_is_refused_unless_the_group_is_the_owners_private_one(
+        tmp_path: Path) -> None:
+    """umask 002 with user private groups (Debian's default for logins) makes state
+    directories group-writable by a group only their owner is in: accepted; the same mode
+    with a group shared with other accounts is not."""
+    import grp
+    import pwd
+
+    state = tmp_path / "state"
+    provider = _provider_under(tmp_path, state)
+    provider.set_capacity("spot", 1)
+    own = pwd.getpwuid(os.geteuid()).pw_gid
+    if grp.getgrgid(own).gr_mem:
+        pytest.skip("this user's primary group has other members")
+    os.chmod(state, 0o775)
+    os.chmod(provider.root, 0o775)
+    assert provider.capacity() == {"spot": 1}
+    assert provider.list_instances() == []
+    if os.geteuid() != 0:
+        return
+    shared = next((g.gr_gid for g in grp.getgrall() if g.gr_gid != own), None)
+    if shared is None:
+        pytest.skip("no second group on this machine")
+    os.chown(state, 0, shared)
+    with pytest.raises(BadInputError, match=f"{state}: writable by other accounts"):
+        provider.list_instances()

@@ -15,9 +15,11 @@ every end of an instance is published in ``<state_dir>/local/events.jsonl`` (:mo
 from __future__ import annotations
 
 import fcntl
+import grp
 import json
 import logging
 import os
+import pwd
 import secrets
 import signal
 import stat
@@ -65,7 +67,8 @@ def check_private_dir(path: Path) -> None:
     The instance records there hold the pids root SIGKILLs (with every process in their UTS
     namespace) and the files root writes; an account that could write the directory could
     plant a record or a link. ``path`` must be a real directory (not a symlink), owned by this
-    process's user or by root, and writable by neither its group nor other accounts.
+    process's user or by root, and writable by no other account (:func:`writable_by_others`: a
+group-writable directory is fine only when the group is its owner's private group).
 
     Raises:
         BadInputError: ``path`` is a symlink or not a directory, has another owner, or is
@@ -82,9 +85,82 @@ def check_private_dir(path: Path) -> None:
     if found.st_uid not in (os.geteuid(), 0):
         raise BadInputError(f"{path}: owned by uid {found.st_uid}, not by this user "
                             f"({os.geteuid()}) or root; the local provider will not use it")
-    if found.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if writable_by_others(found):
         raise BadInputError(f"{path}: writable by other accounts (mode "
                             f"{stat.S_IMODE(found.st_mode):04o}); chmod go-w it")
+
+
+def writable_by_others(found: os.stat_result) -> bool:
+    """Whether an account other than the owner of ``found`` (an ``os.stat`` result) could
+    write it: writable by others, or by a group other than the owner's private one (a group
+    that is the owner's primary group and lists no members: the user private groups a
+    ``umask 002`` relies on, as OpenSSH's StrictModes also allows)."""
+    if found.st_mode & stat.S_IWOTH:
+        return True
+    if not found.st_mode & stat.S_IWGRP:
+        return False
+    try:
+        group = grp.getgrgid(found.st_gid)
+        owner = pwd.getpwuid(found.st_uid)
+    except KeyError:
+        return True
+    return bool(group.gr_mem) or owner.pw_gid != found.st_gid
+
+
+#: How many symbolic links :func:`check_trusted_ancestors` follows before it gives up.
+MAX_LINKS = 8
+
+
+def check_trusted_ancestors(path: Path, _links: int = 0) -> None:
+    """Refuse ``path`` if an account other than this process's user and root could replace
+    any directory on the way to it (what OpenSSH's StrictModes checks for a key file).
+
+    Walks ``path`` from ``/`` one name at a time, without following links on the way:
+
+    - a directory that other accounts can write (group or others) must have the sticky bit
+      (``/tmp``), and then each name in it on the way must belong to this user or root:
+      otherwise whoever can write it could rename a directory on the way and put their own,
+      or a link, in its place between this check and the use;
+    - a symbolic link on the way must belong to this user or root; its target (resolved) is
+      then walked the same way, at most :data:`MAX_LINKS` links in all.
+
+    Names from the first one missing onwards are not checked (this process creates them).
+
+    Raises:
+        BadInputError: the message names the directory or link and what is wrong.
+        OSError: a name cannot be examined (other than missing).
+    """
+    mine = (os.geteuid(), 0)
+    parent = Path("/")
+    for name in Path(os.path.abspath(path)).parts[1:]:
+        child = parent / name
+        above = os.stat(parent)
+        shared = writable_by_others(above)
+        if shared and not above.st_mode & stat.S_ISVTX:
+            raise BadInputError(
+                f"{parent}: writable by other accounts (mode "
+                f"{stat.S_IMODE(above.st_mode):04o}, no sticky bit), so {path} under it "
+                "could be replaced; chmod go-w it or keep the state directory elsewhere")
+        try:
+            found = os.lstat(child)
+        except FileNotFoundError:
+            return
+        if shared:
+            if found.st_uid not in mine:
+                raise BadInputError(
+                    f"{child}: owned by uid {found.st_uid} in {parent}, which every account "
+                    f"can write; the local provider will not use {path} through it")
+        if stat.S_ISLNK(found.st_mode):
+            if found.st_uid not in mine:
+                raise BadInputError(f"{child}: a link owned by uid {found.st_uid}; the local "
+                                    f"provider will not use {path} through it")
+            if _links >= MAX_LINKS:
+                raise BadInputError(f"{path}: more than {MAX_LINKS} links on the way")
+            target = Path(os.path.realpath(child))
+            check_trusted_ancestors(target, _links + 1)
+            parent = target
+        else:
+            parent = child
 
 
 def _record_problem(record: object) -> str | None:
@@ -140,15 +216,19 @@ class LocalProvider:
 
     # -- records ----------------------------------------------------------------------------
     def _check_dirs(self) -> None:
-        """:func:`check_private_dir` on the state directory and its two subdirectories."""
+        """:func:`check_trusted_ancestors` on the state directory, then
+        :func:`check_private_dir` on it and its two subdirectories."""
+        check_trusted_ancestors(self.root)
         for path in (self.root, self.records, self.notices):
             check_private_dir(path)
 
     def _make_dir(self, path: Path) -> None:
         """Create ``path`` (and the state directory above it) 0755 whatever the umask (a
-        developer's 002 would make them group-writable, which :meth:`_check_dirs` refuses)."""
-        self.root.parent.mkdir(parents=True, exist_ok=True)
-        for folder in (self.root, path):
+        developer's 002 would make them group-writable, which :meth:`_check_dirs` refuses);
+        nothing is created through a directory :func:`check_trusted_ancestors` refuses."""
+        check_trusted_ancestors(self.root)
+        missing = [p for p in (*reversed(self.root.parents), self.root, path) if not p.exists()]
+        for folder in missing:
             try:
                 folder.mkdir(mode=0o755)
             except FileExistsError:
