@@ -41,6 +41,7 @@ Run from the repository root on a machine with slurm-wlm and munge:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -51,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -202,33 +203,42 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_all(runs: int, modes: tuple[str, ...] = MODES) -> list[dict[str, object]]:
-    """Start the cluster and the rendezvous service; ``runs`` runs of each mode, interleaved."""
-    root = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
-    cluster = Cluster(root, base_config(root), reconcile=True)
+@contextlib.contextmanager
+def cluster_and_rendezvous(root: Path, config: dict) -> Iterator[tuple[Cluster, str]]:
+    """A local cluster (reconciler on) at ``root`` and ``slurm-spot rendezvous`` on a free
+    loopback port: ``(cluster, "127.0.0.1:PORT")``; both stopped, and root's jobs cancelled,
+    on the way out."""
+    cluster = Cluster(root, config, reconcile=True)
     cluster.start()
     port = _free_port()
     service = subprocess.Popen([sys.executable, "-m", "slurm_spot",  # noqa: S603 - ours
                                 "rendezvous", "--listen",
                                 "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE,
                                text=True, env=cluster.env)
-    results: list[dict[str, object]] = []
     try:
         assert service.stderr is not None
         if "listening" not in service.stderr.readline():
             raise RuntimeError("slurm-spot rendezvous did not start")
-        for i in range(runs):
-            for mode in modes:
-                try:
-                    results.append(measure(cluster, mode, f"127.0.0.1:{port}"))
-                except (RuntimeError, AssertionError, StopIteration, ValueError) as exc:
-                    results.append({"mode": mode, "error": str(exc)[:300]})
-                print(json.dumps({"run": i + 1, **results[-1]}), flush=True)
+        yield cluster, f"127.0.0.1:{port}"
     finally:
         service.terminate()
         service.wait(30)
         cluster.slurm("scancel", "-u", "root", check=False)
         cluster.stop()
+
+
+def run_all(runs: int, modes: tuple[str, ...] = MODES) -> list[dict[str, object]]:
+    """Start the cluster and the rendezvous service; ``runs`` runs of each mode, interleaved."""
+    root = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
+    results: list[dict[str, object]] = []
+    with cluster_and_rendezvous(root, base_config(root)) as (cluster, address):
+        for i in range(runs):
+            for mode in modes:
+                try:
+                    results.append(measure(cluster, mode, address))
+                except (RuntimeError, AssertionError, StopIteration, ValueError) as exc:
+                    results.append({"mode": mode, "error": str(exc)[:300]})
+                print(json.dumps({"run": i + 1, **results[-1]}), flush=True)
     return results
 
 

@@ -207,17 +207,8 @@ def run_all(runs: int, modes: tuple[str, ...], kinds: tuple[str, ...],
     mode and kind, interleaved; ``keep`` gets the results so far after every run (a
     benchmark stopped half-way keeps what it measured)."""
     root = Path(tempfile.mkdtemp(prefix="four-modes-", dir="/tmp"))
-    cluster = Cluster(root, cluster_config(root), reconcile=True)
-    cluster.start()
-    port = evr._free_port()
-    service = subprocess.Popen([sys.executable, "-m", "slurm_spot",  # noqa: S603 - ours
-                                "rendezvous", "--listen", "127.0.0.1", "--port", str(port)],
-                               stderr=subprocess.PIPE, text=True, env=cluster.env)
     results: list[dict[str, object]] = []
-    try:
-        assert service.stderr is not None
-        if "listening" not in service.stderr.readline():
-            raise RuntimeError("slurm-spot rendezvous did not start")
+    with evr.cluster_and_rendezvous(root, cluster_config(root)) as (cluster, address):
         for i in range(runs):
             for kind in kinds:
                 for mode in modes:
@@ -226,7 +217,7 @@ def run_all(runs: int, modes: tuple[str, ...], kinds: tuple[str, ...],
                         if MODES[mode] is None:
                             row = measure_ft(cluster, KINDS[kind])
                         else:
-                            row = evr.measure(cluster, str(MODES[mode]), f"127.0.0.1:{port}",
+                            row = evr.measure(cluster, str(MODES[mode]), address,
                                               notice_s=KINDS[kind], nodes=SPOT_NODES + 1)
                     except (RuntimeError, AssertionError, StopIteration, ValueError,
                             KeyError) as exc:
@@ -234,11 +225,6 @@ def run_all(runs: int, modes: tuple[str, ...], kinds: tuple[str, ...],
                     results.append({**row, "mode": mode, "kind": kind, "load_1m": load})
                     print(json.dumps({"run": i + 1, **results[-1]}), flush=True)
                     keep(results)
-    finally:
-        service.terminate()
-        service.wait(30)
-        cluster.slurm("scancel", "-u", "root", check=False)
-        cluster.stop()
     return results
 
 
