@@ -245,6 +245,7 @@ def test_ctrl_c_between_two_submissions_cancels_what_was_submitted(tmp_path: Pat
     """Interrupted (SIGINT) while submitting its third job, slurm-spot sbatch cancels the
     lighthouse job and the group already submitted: the lighthouse job had no groups named
     in its Comment yet, so it would have held its on-demand node until its time limit."""
+    import signal
     import sys
 
     bin_dir = tmp_path / "no-slurm"
@@ -272,7 +273,10 @@ case "$*" in *"show partition"*) echo "PartitionName=ondemand State=UP" ;; esac
     done = subprocess.run(
         [sys.executable, "-m", "slurm_spot", "--config", str(_config(tmp_path)), "sbatch",
          "--torchrun", "--fault-tolerant", "3", "--coordinator-partition", "ondemand", "-p",
-         "spot", str(train)], capture_output=True, text=True, timeout=120)
+         "spot", str(train)], capture_output=True, text=True, timeout=120,
+        # SIGINT at its default, as a terminal's Ctrl-C finds it: a test run started in the
+        # background of a non-interactive shell (CI) hands it down ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     lines = calls.read_text().splitlines()
     assert "sbatch 103" in lines and "scancel 101 102" in lines, lines
