@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -321,11 +322,14 @@ def _record_addresses(slurm: SlurmClient, addresses: dict[str, tuple[str, str]],
 
 def _controller_unreachable(exc: SlurmCommandError) -> bool:
     """scontrol could not talk to slurmctld at all (down, restarting, timed out): Slurm 22.05
-    prints "Unable to contact slurm controller (connect failure)" or "Socket timed out"."""
+    prints "Unable to contact slurm controller (connect failure)" or "Socket timed out";
+    ``scontrol ping`` "Slurmctld(primary) at HOST is DOWN" (quoted by
+    :meth:`SlurmClient.nodes` when a JSON listing held only errors)."""
     text = str(exc).lower()
     return exc.returncode is None or any(m in text for m in (
         "unable to contact slurm controller", "socket timed out", "connection refused",
-        "connect failure", "zero bytes were transmitted"))
+        "connect failure", "zero bytes were transmitted")) \
+        or re.search(r"slurmctld\(\w+\) at \S+ is down", text) is not None
 
 
 def _record_instances(slurm: SlurmClient, launched: list[Instance], result: PowerResult) -> None:

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -577,6 +578,30 @@ def test_a_port_check_is_no_refusal(caplog: pytest.LogCaptureFixture) -> None:
             while "closed without a word" not in caplog.text and time.monotonic() < deadline:
                 time.sleep(0.01)
         assert "closed without a word (a check that the port is open)" in caplog.text
+        assert door.refused == 0 and "refused" not in caplog.text
+    finally:
+        door.close()
+
+
+def test_a_port_check_that_resets_is_no_refusal_either(caplog: pytest.LogCaptureFixture) -> None:
+    """A port check that closes before the door's hello is read makes its kernel answer with
+    a reset (so under load does bash's /dev/tcp check, as one CI run found: nothing was
+    logged at all). A reset before the client's first byte is the same INFO line, never a
+    refusal."""
+    door = LighthouseFrontDoor(listen_socket("127.0.0.1", 0), ("127.0.0.1", 9), JOB, OWNER,
+                               MungeAuthenticator())
+    threading.Thread(target=door.serve_forever, daemon=True).start()
+    try:
+        with caplog.at_level(logging.INFO, logger=LOG):
+            for _ in range(5):
+                probe = socket.create_connection(("127.0.0.1", door.port))
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                probe.close()  # linger 0: a reset, not a FIN
+            deadline = time.monotonic() + 10
+            while caplog.text.count("closed without a word") < 5 \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert caplog.text.count("closed without a word (a check that the port is open)") == 5
         assert door.refused == 0 and "refused" not in caplog.text
     finally:
         door.close()

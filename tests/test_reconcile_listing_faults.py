@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.errors import SlurmCommandError
+from slurm_spot.power import _controller_unreachable
 from slurm_spot.slurm.client import SlurmClient
 from slurm_spot.slurm.runner import run_command
 from tests.test_reconcile_rules import NOW, World
@@ -85,7 +86,9 @@ def test_a_node_left_out_of_the_listing_keeps_its_instance_others_go_on(tmp_path
 def test_the_real_sinfo_of_2205_with_its_controller_away_is_a_failed_listing(
         tmp_path: Path) -> None:
     """Against the host's own Slurm 22.05 tools, a controller nobody listens for (about 9 s
-    of sinfo's retries): the client raises instead of answering "no nodes"."""
+    of sinfo's retries): the client raises instead of answering "no nodes", and its error
+    says the controller is away (``scontrol ping``'s words), which ``slurm-spot status`` and
+    the power-saving hooks take as "no Slurm controller answered"."""
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=away\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
                     "AuthType=auth/munge\nNodeName=spot-1 CPUs=1 State=CLOUD\n"
@@ -98,6 +101,9 @@ def test_the_real_sinfo_of_2205_with_its_controller_away_is_a_failed_listing(
     with pytest.raises(SlurmCommandError) as failed:
         client.nodes(with_jobs=False)
     assert "Slurm reported: Unspecified error" in str(failed.value)
+    assert "scontrol ping: Slurmctld(primary) at " in str(failed.value)
+    assert "is DOWN" in str(failed.value)
+    assert _controller_unreachable(failed.value)
 
 
 def test_squeue_2205_reporting_no_jobs_with_an_error_is_a_failed_read(tmp_path: Path) -> None:

@@ -180,7 +180,7 @@ class SlurmQueries:
             try:
                 found = nodes_json(result.stdout) if result.returncode == 0 else None
             except ReportedErrors as exc:  # 22.05: exit 0, no nodes, the failure in "errors"
-                raise SlurmCommandError(result.argv, 0, f"Slurm reported: {exc}") from None
+                raise self._reported_failure(result, str(exc)) from None
             if found is not None:
                 self._node_source = source
                 return found
@@ -188,6 +188,21 @@ class SlurmQueries:
                 raise SlurmCommandError([str(self.bin_dir / argv[0]), *argv[1:]],
                                         result.returncode, result.stderr or "no JSON nodes")
         raise AssertionError("unreachable: the text source always answers or raises")
+
+    def _reported_failure(self, out: CommandResult, reported: str) -> SlurmCommandError:
+        """The error for a JSON listing that exited 0 with only ``errors`` in it. Slurm 22.05
+        says no more than "Unspecified error" (tests/data/slurm-json/22.05.8/*-controller-
+        unreachable.json) and nothing on stderr, so ``scontrol ping`` is asked whether
+        slurmctld answers; its words ("Slurmctld(primary) at HOST is DOWN") go into the
+        error, where :func:`slurm_spot.power._controller_unreachable` and the status command
+        find them."""
+        detail = f"Slurm reported: {reported}"
+        ping = self.run("scontrol", "ping", check=False)
+        if ping.returncode != 0:
+            lines = [ln.strip() for ln in (ping.stdout + "\n" + ping.stderr).splitlines()
+                     if ln.strip() and not ln.startswith("*")]
+            detail += f"; scontrol ping: {lines[0] if lines else f'exited {ping.returncode}'}"
+        return SlurmCommandError(out.argv, out.returncode, detail)
 
     def _node_records_text(self, wanted: list[str] | None) -> list[dict[str, Any]]:
         args = ["-o", "show", "node"]
@@ -275,8 +290,7 @@ class SlurmQueries:
             raise SlurmCommandError(out.argv, out.returncode, f"unreadable JSON: {exc}") from None
         errors = reported_errors(data)
         if errors:  # 22.05: exit 0 and no jobs when slurmctld cannot be asked
-            raise SlurmCommandError(out.argv, out.returncode,
-                                    "Slurm reported: " + "; ".join(errors))
+            raise self._reported_failure(out, "; ".join(errors))
         found = []
         for obj in data.get("jobs", []) if isinstance(data, dict) else []:
             try:
