@@ -81,7 +81,9 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float | None = None,
     """``size`` bytes from ``sock``; with ``deadline`` (``time.monotonic()``), all of them by
     then (TimeoutError otherwise: a socket timeout bounds each ``recv`` only, so a client
     sending a byte now and then would hold the connection for ever). A close before the
-    first byte where a frame starts (``frame_start``) is :class:`ClosedBeforeFrame`."""
+    first byte where a frame starts (``frame_start``) is :class:`ClosedBeforeFrame`, a reset
+    there too (a peer that closes with bytes of ours unread makes its kernel answer them with
+    a reset, so a quick port check can end either way)."""
     chunks, left = [], size
     while left:
         if deadline is not None:
@@ -89,7 +91,12 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float | None = None,
             if remaining <= 0:
                 raise TimeoutError("timed out")
             sock.settimeout(remaining)
-        chunk = sock.recv(min(left, 1 << 20))
+        try:
+            chunk = sock.recv(min(left, 1 << 20))
+        except ConnectionResetError:  # closed with our hello unread: the kernel sent a reset
+            if frame_start and left == size:
+                raise ClosedBeforeFrame("connection reset") from None
+            raise
         if not chunk:
             raise (ClosedBeforeFrame if frame_start and left == size else WireError)(
                 "connection closed")
@@ -244,7 +251,10 @@ def server_handshake(conn: socket.socket, authenticator: Authenticator, admit: A
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     nonce = secrets.token_hex(16)
-    send_frame(conn, {"hello": protocol, "nonce": nonce})
+    try:
+        send_frame(conn, {"hello": protocol, "nonce": nonce})
+    except (BrokenPipeError, ConnectionResetError):  # gone before our first word
+        raise ClosedBeforeFrame("connection closed before the hello") from None
     reply = recv_frame(conn, MAX_HANDSHAKE_FRAME_BYTES, deadline)
     job, credential = reply.get("job"), reply.get("credential")
     client_nonce = reply.get("client_nonce")
