@@ -72,6 +72,10 @@ def base_config(root: Path, **overrides: object) -> dict:
     return config
 
 
+#: The clusters this process has started and not stopped (for :func:`wait_for`'s error).
+_ACTIVE: list[Cluster] = []
+
+
 class Cluster:
     """Handle on a running local cluster: run slurm-spot and Slurm commands against it."""
 
@@ -116,7 +120,33 @@ class Cluster:
             raise AssertionError(f"{tool} {args} -> {proc.returncode}\n{proc.stderr}")
         return proc.stdout
 
+    def diagnosis(self, lines: int = 20) -> str:
+        """What a timed-out wait leaves in a CI log, which holds nothing else: this cluster's
+        jobs and nodes (squeue, sinfo) and the last ``lines`` lines of slurmctld's, the
+        hooks', the reconciler's and the event log. Never raises."""
+        parts = [f"--- cluster {self.root}"]
+        for argv in (["squeue", "-a", "-o", "%i %T %r %N %S"],
+                     ["sinfo", "-N", "-h", "-o", "%N %T %E"]):
+            try:
+                proc = subprocess.run(argv, env=self.env, capture_output=True, text=True,
+                                      errors="replace", timeout=20)
+                parts.append(f"{argv[0]}:\n{(proc.stdout or proc.stderr).strip()}")
+            except (OSError, subprocess.SubprocessError) as exc:
+                parts.append(f"{argv[0]}: {exc}")
+        for name in ("slurmctld.log", "hooks.log", "reconcile.log", "events.jsonl"):
+            path = self.log_dir / name
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(0, os.SEEK_END)
+                    fh.seek(max(0, fh.tell() - 64 * 1024))
+                    tail = fh.read().decode(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            parts.append(f"last lines of {path}:\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     def start(self) -> None:
+        _ACTIVE.append(self)
         self._lock = acquire_cluster_lock()
         _stop_strays()
         self.conf_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +167,8 @@ class Cluster:
             raise AssertionError(f"local up failed: {proc.stdout}\n{proc.stderr}")
 
     def stop(self) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         try:
             if self.spot_yaml.exists():
                 self.spot("local", "down", "--conf-dir", str(self.conf_dir), check=False)
@@ -252,14 +284,16 @@ def _holders(path: Path) -> list[str]:
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.5,
              what: str = "condition") -> object:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds,
+    with the diagnosis of every cluster this process runs (:meth:`Cluster.diagnosis`)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise AssertionError("\n".join([f"timed out after {timeout:g} s waiting for {what}",
+                                             *(c.diagnosis() for c in _ACTIVE)]))
         time.sleep(interval)
 
 

@@ -274,3 +274,30 @@ def test_the_plain_and_ft_demos_refuse_what_they_cannot_do(
     out = CliRunner().invoke(cli, ["demo", *args])
     assert out.exit_code == 2, out.output
     assert named in out.output
+
+
+@pytest.mark.parametrize("mode, default", [([], 900.0), (["--elastic"], 600.0)],
+                         ids=["plain", "elastic"])
+def test_demo_timeout_is_the_users_and_refused_below_a_minute(
+        monkeypatch: pytest.MonkeyPatch, mode: list[str], default: float) -> None:
+    """--timeout SECONDS is how long the demo waits before giving up with its diagnosis (a
+    slow machine, a test that wants the demo's own error before its own timeout); without it
+    each mode keeps its default; under 60 s is exit 2 naming the option."""
+    import slurm_spot.localcluster.demo as demo
+    import slurm_spot.localcluster.elastic_demo as elastic_demo
+
+    seen: list[float] = []
+
+    def record(self: demo.Demo) -> dict:
+        seen.append(self.s.timeout_s)
+        raise SystemExit(3)
+
+    monkeypatch.setattr(demo.Demo, "run", record)
+    monkeypatch.setattr(elastic_demo.ElasticDemo, "run", record)
+    workdir = ["--workdir", "/nonexistent/x"]  # short enough for the step sockets; unused
+    first = CliRunner().invoke(cli, ["demo", *mode, *workdir, "--timeout", "120"])
+    assert first.exit_code == 3, first.output
+    assert CliRunner().invoke(cli, ["demo", *mode, *workdir]).exit_code == 3
+    assert seen == [120.0, default]
+    out = CliRunner().invoke(cli, ["demo", *mode, *workdir, "--timeout", "5"])
+    assert out.exit_code == 2 and "Invalid value for '--timeout'" in out.output, out.output

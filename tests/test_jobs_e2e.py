@@ -32,9 +32,9 @@ def test_demo_survives_two_interruptions_bit_exact(tmp_path: Path) -> None:
             # before the end, after the checkpoint at 120), ~20 s less training; this test also
             # runs in every root of the matrix.
             [sys.executable, "-m", "slurm_spot", "demo", "--json", "--workdir", str(tmp_path),
-             "--steps", "170"],
-            capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+             "--steps", "170", "--timeout", "720"],  # its own error (with its diagnosis)
+            capture_output=True, text=True, timeout=900)      # comes before this one
+    assert proc.returncode == 0, proc.stderr[-6000:]
     result = read_envelope(proc.stdout)
     assert result["state"] == "COMPLETED"
     assert result["exact_resume"] is True

@@ -64,6 +64,9 @@ class _Seconds(click.FloatRange):
               help="The job's workers start warm (forks of a server that imported torch and "
                    "the script's imports), or, --no-preload, each as a new 'python -u "
                    "SCRIPT' (slurm-spot sbatch --torchrun --no-preload) [default: warm].")
+@click.option("--timeout", "timeout_s", type=_Seconds(60, 86400), default=None,
+              help="Give up after this many seconds, with what the cluster's queue, nodes and "
+                   "logs showed [default: 900; --elastic: 600; --fault-tolerant: 420].")
 @click.option("--checkpoint-root", default=None, metavar="s3://BUCKET/PREFIX",
               help="Keep the job's checkpoints in S3 (credentials: boto3's standard chain).")
 @click.option("--s3-endpoint-url", default=None, help="S3 endpoint (MinIO, moto, ...).")
@@ -76,7 +79,7 @@ class _Seconds(click.FloatRange):
 def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdir: Path | None,
                  steps: int | None, keep_cluster: bool, boot_delay_s: float,
                  notice_s: float | None, prewarm: bool, spares: int, preload: bool,
-                 checkpoint_root: str | None, s3_endpoint_url: str | None,
+                 timeout_s: float | None, checkpoint_root: str | None, s3_endpoint_url: str | None,
                  s3_addressing_style: str, as_json: bool) -> None:
     """Run a 2-node torchrun job on local spot nodes, preempt it twice, watch it finish.
 
@@ -106,7 +109,8 @@ def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdi
         if ctx.get_parameter_source("preload") not in (ParameterSource.DEFAULT, None):
             raise BadInputError("--preload/--no-preload does not go with --fault-tolerant (each "
                                 "replica group starts its training as a new 'python -u')")
-        _ft_demo(ctx, workdir, steps, keep_cluster, boot_delay_s, notice_s, prewarm, as_json)
+        _ft_demo(ctx, workdir, steps, keep_cluster, boot_delay_s, notice_s, prewarm, timeout_s,
+                 as_json)
         return
     if elastic:
         from click.core import ParameterSource
@@ -115,7 +119,7 @@ def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdi
             raise BadInputError("--preload/--no-preload does not go with --elastic (the "
                                 "elastic demo's workers always start warm)")
         _elastic_demo(ctx, workdir, steps, keep_cluster, boot_delay_s, notice_s, prewarm,
-                      as_json)
+                      timeout_s, as_json)
         return
     workdir = workdir or Path("/tmp/slurm-spot-demo")
     from slurm_spot.localcluster.elastic_demo import check_workdir
@@ -140,6 +144,8 @@ def demo_command(ctx: click.Context, elastic: bool, fault_tolerant: bool, workdi
                             spares=spares, preload=preload, checkpoint_root=checkpoint_root,
                             s3_endpoint_url=s3_endpoint_url,
                             s3_addressing_style=s3_addressing_style)
+    if timeout_s is not None:
+        settings.timeout_s = timeout_s
 
     # The demo's lines go to stdout (stderr with --json); at a terminal a spinner with the
     # latest step and the elapsed time stays below them.
@@ -183,7 +189,7 @@ _NOT_ELASTIC = ("checkpoint_root", "s3_endpoint_url", "s3_addressing_style")
 
 def _elastic_demo(ctx: click.Context, workdir: Path | None, steps: int | None,
                   keep_cluster: bool, boot_delay_s: float, notice_s: float | None,
-                  prewarm: bool, as_json: bool) -> None:
+                  prewarm: bool, timeout_s: float | None, as_json: bool) -> None:
     """``demo --elastic`` (slurm_spot.localcluster.elastic_demo).
 
     Raises:
@@ -208,11 +214,12 @@ def _elastic_demo(ctx: click.Context, workdir: Path | None, steps: int | None,
     settings = ElasticDemoSettings(keep_cluster=keep_cluster, boot_delay_s=boot_delay_s,
                                    prewarm=prewarm)
     _run_demo("--elastic", settings, ElasticDemo, elastic_lines, verdict, workdir, steps,
-              notice_s, as_json)
+              notice_s, timeout_s, as_json)
 
 
 def _ft_demo(ctx: click.Context, workdir: Path | None, steps: int | None, keep_cluster: bool,
-             boot_delay_s: float, notice_s: float | None, prewarm: bool, as_json: bool) -> None:
+             boot_delay_s: float, notice_s: float | None, prewarm: bool, timeout_s: float | None,
+             as_json: bool) -> None:
     """``demo --fault-tolerant`` (slurm_spot.localcluster.ft_demo).
 
     Raises:
@@ -232,14 +239,14 @@ def _ft_demo(ctx: click.Context, workdir: Path | None, steps: int | None, keep_c
     settings = FtDemoSettings(keep_cluster=keep_cluster, boot_delay_s=boot_delay_s,
                               prewarm=prewarm)
     _run_demo("--fault-tolerant", settings, FtDemo, summary_lines, verdict, workdir, steps,
-              notice_s, as_json)
+              notice_s, timeout_s, as_json)
 
 
 def _run_demo(mode: str, settings: Any, demo: Any, lines: Callable[[dict], list[str]],
               verdict: Callable[[dict], list[str]], workdir: Path | None, steps: int | None,
-              notice_s: float | None, as_json: bool) -> None:
+              notice_s: float | None, timeout_s: float | None, as_json: bool) -> None:
     """Run the ``demo MODE`` on the local cluster: ``settings`` (a settings dataclass with
-    ``workdir``, ``steps``, ``notice_s``) updated from the options, ``demo(settings,
+    ``workdir``, ``steps``, ``notice_s``, ``timeout_s``) updated from the options, ``demo(settings,
     progress).run()``, its result shown with ``lines`` (or as JSON), exit 1 with ``verdict``'s
     problems.
 
@@ -255,6 +262,8 @@ def _run_demo(mode: str, settings: Any, demo: Any, lines: Callable[[dict], list[
         settings.steps = steps
     if notice_s is not None:
         settings.notice_s = notice_s
+    if timeout_s is not None:
+        settings.timeout_s = timeout_s
     result = _run_with_progress(lambda progress: demo(settings, progress).run(), as_json)
     _show(result, lines, as_json)
     problems = verdict(result)
