@@ -139,7 +139,7 @@ def section(runs: list[dict], note: str = "") -> str:
 ## The demo: a torchrun job interrupted twice, warm worker start vs. --no-preload
 
 `python benchmarks/demo_recovery.py --runs {count['after']}` ({when}, {platform.machine()},
-{os.cpu_count()} CPUs shared with other work: load average (1 min) before the runs
+{os.cpu_count()} CPUs; load average (1 min) before the runs
 {min(loads):g}-{max(loads):g}, median {statistics.median(loads):g}): `slurm-spot demo --json
 --steps {runs[0]['steps']}` on 2 local spot nodes (2 s boot, prewarm on), one interruption with a
 30 s notice, one kill without notice; {count['before']} runs with `--no-preload` (before: the
