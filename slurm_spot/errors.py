@@ -18,6 +18,11 @@ class BadInputError(SlurmSpotError):
     """Input from a person or a file is wrong (exit code 2 on the CLI)."""
 
 
+class PortTakenError(BadInputError):
+    """A TCP port cannot be bound because another socket holds it (``EADDRINUSE``): a caller
+    with other candidate ports tries the next."""
+
+
 class ConfigError(BadInputError):
     """``spot.yaml`` is unreadable or invalid.
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.errors import BadInputError
+from slurm_spot.errors import BadInputError, PortTakenError
 from slurm_spot.jobs.injob.lighthouse_relay import (
     LighthouseRelay,
     LighthouseRelayError,
@@ -43,6 +43,7 @@ from slurm_spot.jobs.services.ft_front_door import LighthouseFrontDoor
 from slurm_spot.jobs.services.ft_lighthouse import (
     Lighthouse,
     LighthouseTimeouts,
+    listen_free_port,
     serve_authenticated,
 )
 from slurm_spot.jobs.services.rendezvous import listen_socket
@@ -607,3 +608,103 @@ def test_a_port_check_that_resets_is_no_refusal_either(caplog: pytest.LogCapture
         assert door.refused == 0 and "refused" not in caplog.text
     finally:
         door.close()
+
+
+def _free_run(count: int) -> int:
+    """A port P with P .. P+count-1 free on 127.0.0.1 just now."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        held = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError(f"no {count} free ports in a row")
+
+
+def test_the_lighthouse_takes_the_next_port_when_another_holds_its_own() -> None:
+    """Two fault-tolerant jobs whose ids differ by a multiple of 1000 on one coordinator node
+    want the same port: the second lighthouse's front door takes the next free one (it used
+    to fail to bind, and its groups exited 1); with one try it is refused naming the port."""
+    first = _free_run(3)
+    with listen_socket("127.0.0.1", first):  # the other job's lighthouse
+        with listen_free_port("127.0.0.1", first, 3) as sock:
+            assert sock.getsockname()[1] == first + 1
+        with pytest.raises(PortTakenError, match=f"cannot listen on 127.0.0.1:{first}"):
+            listen_free_port("127.0.0.1", first, 1)
+        with listen_socket("127.0.0.1", first + 1), listen_socket("127.0.0.1", first + 2):
+            with pytest.raises(PortTakenError, match=f"127.0.0.1:{first}: it and the next 2"):
+                listen_free_port("127.0.0.1", first, 3)
+
+
+@needs_munge
+def test_a_groups_relay_finds_its_own_lighthouse_past_another_jobs(
+        lighthouse: Lighthouse) -> None:
+    """Job 99's lighthouse holds the first port; job JOB's front door is on the next. The
+    relay tries both, is refused by job 99's door ("serves job 99"), keeps JOB's and a quorum
+    goes through it. With one try it names the refusal; with none admitting, every answer."""
+    upstream = ("127.0.0.1", int(lighthouse.address.rsplit(":", 1)[1]))
+    first = _free_run(3)
+    doors = [LighthouseFrontDoor(listen_socket("127.0.0.1", first + i), upstream, job, OWNER,
+                                 MungeAuthenticator()) for i, job in enumerate(("99", JOB))]
+    for door in doors:
+        threading.Thread(target=door.serve_forever, daemon=True).start()
+    relays = [LighthouseRelay("127.0.0.1", first, JOB, port_tries=n) for n in (3, 1)]
+    try:
+        relays[0].find_front_door()
+        assert relays[0].port == first + 1 and relays[0].where == f"127.0.0.1:{first + 1}"
+        relays[0].start()
+        assert _quorum(relays[0].url, "ports-r0") is not None
+        assert doors[0].refused == 1 and doors[1].admitted >= 2
+        with pytest.raises(LighthouseRelayError, match=f"this lighthouse serves job 99, not "
+                                                       f"job {JOB}"):
+            relays[1].find_front_door()
+        doors[1].close()
+        stray = LighthouseRelay("127.0.0.1", first, JOB, port_tries=3)
+        relays.append(stray)
+        with pytest.raises(LighthouseRelayError) as none:
+            stray.find_front_door()
+        message = str(none.value)
+        assert message.startswith(f"no lighthouse front door for job {JOB} at "
+                                  f"127.0.0.1:{first} or the next 2 port(s): "), message
+        assert "serves job 99" in message and f"127.0.0.1:{first + 2}" in message, message
+    finally:
+        for relay_ in relays:
+            relay_.close()
+        for door in doors:
+            door.close()
+
+
+@needs_munge
+def test_a_groups_relay_waits_for_a_lighthouse_still_starting(lighthouse: Lighthouse) -> None:
+    """The group's relay may start before the lighthouse job's Python listens: with --wait it
+    looks again until the front door opens."""
+    upstream = ("127.0.0.1", int(lighthouse.address.rsplit(":", 1)[1]))
+    first = _free_run(2)
+    doors: list[LighthouseFrontDoor] = []
+
+    def open_late() -> None:
+        time.sleep(1.5)
+        doors.append(LighthouseFrontDoor(listen_socket("127.0.0.1", first + 1), upstream, JOB,
+                                         OWNER, MungeAuthenticator()))
+        doors[0].serve_forever()
+
+    threading.Thread(target=open_late, daemon=True).start()
+    relay_ = LighthouseRelay("127.0.0.1", first, JOB, port_tries=2)
+    try:
+        started = time.monotonic()
+        relay_.find_front_door(wait_s=30, poll_s=0.2)
+        assert relay_.port == first + 1 and time.monotonic() - started >= 1.0
+    finally:
+        relay_.close()
+        for door in doors:
+            door.close()

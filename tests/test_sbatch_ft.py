@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.jobs.injob import jobenv
-from slurm_spot.jobs.submit.ft_scripts import LIGHTHOUSE_PORT_BASE
+from slurm_spot.jobs.submit.ft_scripts import LIGHTHOUSE_PORT_BASE, LIGHTHOUSE_PORT_TRIES
 from slurm_spot.jsonenvelope import read_envelope
 
 
@@ -107,12 +107,28 @@ def test_a_users_dependency_goes_to_every_job(tmp_path: Path) -> None:
       "--array=0-3"], "--array=0-3 with --fault-tolerant"),
     (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand", "-a", "1"],
      "--array=1 with --fault-tolerant"),
+    # A group's step runs one process: more tasks would only hold the node's CPUs.
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand", "-n", "4"],
+     "--ntasks=4 with --fault-tolerant"),
+    (["--torchrun", "--fault-tolerant", "2", "--coordinator-partition", "ondemand",
+      "--ntasks-per-node=2"], "--ntasks-per-node=2 with --fault-tolerant"),
 ])
 def test_bad_input_exits_2_naming_the_option(tmp_path: Path, words: list[str],
                                             message: str) -> None:
     code, output = _sbatch(tmp_path, "--dry-run", *words)
     assert code == 2, output
     assert message in output
+
+
+def test_a_users_export_list_reaches_each_group_once(tmp_path: Path) -> None:
+    """``--export=ALL,FOO=1`` (sbatch(1): ALL first, then variables): each group's one
+    --export has ALL once, its own two variables and the user's FOO=1."""
+    plan = _plan(tmp_path, "-p", "spot", "--export=ALL,FOO=1", "--export", "BAR=2,ALL")
+    for job in plan["jobs"][1:]:
+        [export] = [w for w in job["argv"] if w.startswith("--export")]
+        items = export.split("=", 1)[1].split(",")
+        assert items.count("ALL") == 1 and items[0] == "ALL", export
+        assert "FOO=1" in items and "BAR=2" in items, export
 
 
 def test_an_empty_job_name_is_the_default_name(tmp_path: Path) -> None:
@@ -136,9 +152,7 @@ def _stand_ins(folder: Path, commands: dict[str, str]) -> dict[str, str]:
 def test_a_group_script_finds_its_lighthouse_and_exits_85_for_requeue(tmp_path: Path) -> None:
     """The group's script, run by bash: the lighthouse's URL from its job's node and id, this
     node's address, the shared checkpoint key; the training's exit 85 is the script's."""
-    # 2 tries of the wait for the lighthouse's front door (nothing listens at 10.0.0.9 here)
-    group = _plan(tmp_path, "-p", "spot")["jobs"][1]["script"].replace("seq 300", "seq 2").replace(
-        "seq 60", "seq 2")
+    group = _plan(tmp_path, "-p", "spot")["jobs"][1]["script"].replace("seq 300", "seq 2")
     env = _stand_ins(tmp_path / "bin", {
         "squeue": 'case "$*" in *%T*) echo RUNNING ;; *%N*) echo coord-1 ;; esac\n',
         "scontrol": 'case "$*" in *coord-1*) echo "NodeName=coord-1 NodeAddr=10.0.0.9 X=1" ;;'
@@ -158,8 +172,11 @@ def test_a_group_script_finds_its_lighthouse_and_exits_85_for_requeue(tmp_path: 
     # sets TORCHFT_LIGHTHOUSE for it
     argv = (tmp_path / "argv").read_text().split()
     relay = argv.index("lighthouse-relay")
-    assert argv[relay + 1:relay + 6] == [
-        "--lighthouse", f"10.0.0.9:{LIGHTHOUSE_PORT_BASE + 234}", "--job", "1234", "--"]
+    # the relay looks for the front door at the lighthouse's first port and the next ones
+    # (another job's lighthouse may hold the first on that node), for up to 120 s
+    assert argv[relay + 1:relay + 10] == [
+        "--lighthouse", f"10.0.0.9:{LIGHTHOUSE_PORT_BASE + 234}",
+        "--port-tries", str(LIGHTHOUSE_PORT_TRIES), "--wait", "120", "--job", "1234", "--"]
     assert argv[-2:] == ["--steps", "9"]
 
 
@@ -203,6 +220,8 @@ def test_the_lighthouse_script_stops_once_its_groups_are_gone(tmp_path: Path) ->
     argv = (tmp_path / "lighthouse-argv").read_text().split()
     assert argv[argv.index("--listen") + 1] == "10.0.0.9"
     assert argv[argv.index("--port") + 1] == str(LIGHTHOUSE_PORT_BASE + 234)
+    # the first free of 8 ports: job 234's lighthouse may already hold 31634 on this node
+    assert argv[argv.index("--port-tries") + 1] == str(LIGHTHOUSE_PORT_TRIES)
     assert argv[argv.index("--job") + 1] == "1234"  # only this job's owner gets in
     assert "--unauthenticated" not in argv
 

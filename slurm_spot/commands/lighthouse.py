@@ -12,6 +12,10 @@ import click
                    "its hostname resolves to]. Every interface (0.0.0.0, '::') is refused.")
 @click.option("--port", type=click.IntRange(0, 65535), default=29510, show_default=True,
               help="TCP port (0: one the kernel picks).")
+@click.option("--port-tries", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="With --job: take the first free port of PORT .. PORT+N-1 (another job's "
+                   "lighthouse may hold PORT on this node); relays started with the same "
+                   "--port-tries find the one that serves their job.")
 @click.option("--min-replicas", type=click.IntRange(1, None), default=1, show_default=True,
               help="Fewest replica groups a quorum needs.")
 @click.option("--join-timeout-ms", type=click.IntRange(1, None),
@@ -36,7 +40,8 @@ import click
               help="Instead of --job: torchft's lighthouse directly on --listen, letting in "
                    "anyone who can reach that address; say so only on a network closed to "
                    "those who should not.")
-def lighthouse_command(listen: str | None, port: int, min_replicas: int, join_timeout_ms: int,
+def lighthouse_command(listen: str | None, port: int, port_tries: int, min_replicas: int,
+                       join_timeout_ms: int,
                        heartbeat_timeout_ms: int, job: str | None, slurm_bin_dir: str | None,
                        unauthenticated: bool) -> None:
     """Host the torchft lighthouse of a fault-tolerant job until stopped.
@@ -88,7 +93,7 @@ def lighthouse_command(listen: str | None, port: int, min_replicas: int, join_ti
                        f"{endpoint} --job {job}", err=True)
 
         serve_authenticated(host, port, job, min_replicas, timeouts, ready_authenticated,
-                            owner_of=client.job_owner_uid)
+                            owner_of=client.job_owner_uid, port_tries=port_tries)
         return
 
     def ready(address: str) -> None:
@@ -106,8 +111,16 @@ def lighthouse_command(listen: str | None, port: int, min_replicas: int, join_ti
 @click.option("--job", "job", required=True, metavar="JOBID",
               help="The job the lighthouse serves ('slurm-spot lighthouse --job'); you must "
                    "own it.")
+@click.option("--port-tries", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="Look for the front door at PORT .. PORT+N-1 (the lighthouse's "
+                   "--port-tries) and keep the one that admits you for JOBID.")
+@click.option("--wait", "wait_s", type=click.FloatRange(0, 3600), default=0.0,
+              show_default=True,
+              help="Seconds to keep looking while the lighthouse is still starting (a port "
+                   "nobody listens on yet, or another job's door there).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def lighthouse_relay_command(endpoint: str, job: str, command: tuple[str, ...]) -> None:
+def lighthouse_relay_command(endpoint: str, job: str, port_tries: int, wait_s: float,
+                             command: tuple[str, ...]) -> None:
     """Relay torchft's lighthouse connections from this node to an authenticated lighthouse.
 
     Listens on 127.0.0.1 (a port the kernel picks; only your uid's connections are relayed)
@@ -134,10 +147,13 @@ def lighthouse_relay_command(endpoint: str, job: str, command: tuple[str, ...]) 
 
     argv = list(command[1:] if command[:1] == ("--",) else command)
     host, port = parse_endpoint(endpoint, "--lighthouse", DEFAULT_LIGHTHOUSE_PORT)
-    relay = LighthouseRelay(host, port, parse_job_id(job, "--job"))
+    relay = LighthouseRelay(host, port, parse_job_id(job, "--job"), port_tries=port_tries)
     forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
     try:
-        relay.check()  # LighthouseRelayError: exit 1 with what failed
+        relay.find_front_door(wait_s)  # LighthouseRelayError: exit 1 with what failed
+        if relay.port != port:
+            click.echo(f"slurm-spot lighthouse-relay: job {relay.job}'s front door is at "
+                       f"{relay.where} (port {port} is not it)", err=True)
         # The relay's threads block the signals (they inherit this mask), so each comes to
         # the main thread, which forwards it or stops (slurm_spot.stopsignals).
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)

@@ -31,6 +31,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 
 from slurm_spot.errors import SlurmSpotError
@@ -96,6 +97,9 @@ class LighthouseRelay(AcceptLoop):
         authenticator: makes the credentials (MUNGE by default).
         listen_port: the local port (0: one the kernel picks).
         timeout_s: how long connecting to the front door and the handshake may take.
+        port_tries: the front door may be on any of ``port`` .. ``port + port_tries - 1``
+            (``slurm-spot lighthouse --port-tries``): :meth:`find_front_door` keeps the
+            first that admits this relay for ``job``.
 
     Raises:
         BadInputError: the local port cannot be bound.
@@ -103,10 +107,11 @@ class LighthouseRelay(AcceptLoop):
 
     def __init__(self, host: str, port: int, job: str,
                  authenticator: Authenticator | None = None, listen_port: int = 0,
-                 timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+                 timeout_s: float = CONNECT_TIMEOUT_S, port_tries: int = 1) -> None:
         from slurm_spot.jobs.services.rendezvous import format_endpoint, listen_socket
 
         self.host, self.port, self.job = host, port, job
+        self.ports = list(range(port, min(port + max(port_tries, 1), 65536)))
         self.where = format_endpoint(host, port)
         self.authenticator = authenticator or MungeAuthenticator()
         super().__init__(listen_socket(LOOPBACK, listen_port))
@@ -163,6 +168,40 @@ class LighthouseRelay(AcceptLoop):
             LighthouseRelayError: see :meth:`open_upstream`.
         """
         self.open_upstream().close()
+
+    def find_front_door(self, wait_s: float = 0.0, poll_s: float = 1.0) -> None:
+        """Make one handshake at each port of :attr:`ports` in turn and keep the first
+        that admits this relay for its job (another job's lighthouse on the same node
+        refuses it: "this lighthouse serves job N"); with ``wait_s``, look again every
+        ``poll_s`` seconds until that many seconds have passed (the lighthouse may still
+        be starting).
+
+        Raises:
+            LighthouseRelayError: no port admitted it; the message has each port's answer.
+        """
+        from slurm_spot.jobs.services.rendezvous import format_endpoint
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            answers = []
+            for port in self.ports:
+                self.port, self.where = port, format_endpoint(self.host, port)
+                try:
+                    self.check()
+                    return
+                except LighthouseRelayError as exc:
+                    answers.append(str(exc))
+            if time.monotonic() + poll_s > deadline:
+                self.port, self.where = self.ports[0], format_endpoint(self.host, self.ports[0])
+                if len(answers) == 1:
+                    raise LighthouseRelayError(answers[0])
+                raise LighthouseRelayError(
+                    f"no lighthouse front door for job {self.job} at "
+                    f"{format_endpoint(self.host, self.ports[0])} or the next "
+                    f"{len(self.ports) - 1} port(s)"
+                    + (f" (looked for {wait_s:g} s)" if wait_s else "") + ": "
+                    + "; ".join(answers))
+            time.sleep(poll_s)
 
     def start(self) -> LighthouseRelay:
         """Serve in a daemon thread; returns self."""

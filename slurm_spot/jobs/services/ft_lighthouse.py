@@ -32,6 +32,7 @@ is still waited for up to 1 s.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -206,12 +207,35 @@ def serve(host: str, port: int, min_replicas: int, timeouts: LighthouseTimeouts,
             signals.close()
 
 
+def listen_free_port(host: str, port: int, tries: int = 1) -> socket.socket:
+    """A socket listening on ``host`` at the first free port of ``port`` ..
+    ``port + tries - 1`` (port 0: one the kernel picks).
+
+    Raises:
+        PortTakenError: every one of them is taken (the message names them).
+        BadInputError: ``host`` does not resolve or is no address of this machine.
+    """
+    from slurm_spot.errors import PortTakenError
+    from slurm_spot.jobs.services.rendezvous import listen_socket
+
+    if port == 0 or tries <= 1:
+        return listen_socket(host, port)
+    for candidate in range(port, min(port + tries, 65536)):
+        try:
+            return listen_socket(host, candidate)
+        except PortTakenError:
+            continue
+    raise PortTakenError(f"cannot listen on {format_endpoint(host, port)}: it and the next "
+                         f"{tries - 1} port(s) are taken")
+
+
 def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
                         timeouts: LighthouseTimeouts,
                         ready: Callable[[str, int], None] | None = None,
                         stop: threading.Event | None = None,
                         owner_of: Callable[[str], int | None] | None = None,
-                        authenticator: Authenticator | None = None) -> None:
+                        authenticator: Authenticator | None = None,
+                        port_tries: int = 1) -> None:
     """Run a lighthouse on 127.0.0.1 (a port the kernel picks) behind a front door on
     ``host:port`` that admits only the owner of ``job``
     (:class:`~.ft_front_door.LighthouseFrontDoor`), until SIGTERM/SIGINT (main thread) or
@@ -221,9 +245,13 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
         owner_of: the uid owning a job, None when Slurm does not know it (default: squeue,
             :meth:`SlurmClient.job_owner_uid`); asked once, at start.
         authenticator: checks credentials (default: MUNGE).
+        port_tries: the front door takes the first free port of ``port`` ..
+            ``port + port_tries - 1`` (another job's lighthouse may hold ``port`` on this
+            node); the replicas' relays look at the same ports (``LighthouseRelay``'s
+            ``port_tries``) and keep the one whose door admits them for ``job``.
 
     Raises:
-        BadInputError: ``host`` is every interface or malformed, the port is taken, ``job``
+        BadInputError: ``host`` is every interface or malformed, every port tried is taken, ``job``
             is not a job Slurm knows or not this user's (root may serve any), or see
             :class:`Lighthouse`.
         SlurmCommandError: squeue failed.
@@ -231,7 +259,6 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
     """
     from slurm_spot.jobs.rendezvous_wire import MungeAuthenticator
     from slurm_spot.jobs.services.ft_front_door import LighthouseFrontDoor
-    from slurm_spot.jobs.services.rendezvous import listen_socket
     from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
 
     host = refuse_every_interface(host, "lighthouse address")
@@ -253,7 +280,7 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
         else None
     stop = stop or threading.Event()
     try:
-        sock = listen_socket(host, port)
+        sock = listen_free_port(host, port, port_tries)
         try:
             lighthouse = Lighthouse("127.0.0.1", 0, min_replicas, timeouts)
         except BaseException:

@@ -144,10 +144,13 @@ def listen_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` (``0.0.0.0``/``::``: every interface) and listening.
 
     Raises:
-        BadInputError: ``host`` does not resolve, or the address cannot be bound (taken port,
-            an address of no interface here); the message names ``host:port``.
+        BadInputError: ``host`` does not resolve, or the address cannot be bound (an address
+            of no interface here); the message names ``host:port``.
+        PortTakenError: (a BadInputError) another socket holds the port.
     """
-    from slurm_spot.errors import BadInputError
+    import errno
+
+    from slurm_spot.errors import BadInputError, PortTakenError
 
     where = f"{format_endpoint(host, port)}"
     try:
@@ -165,7 +168,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
         sock.listen(512)
     except OSError as exc:
         sock.close()
-        raise BadInputError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+        error = PortTakenError if exc.errno == errno.EADDRINUSE else BadInputError
+        raise error(f"cannot listen on {where}: {exc.strerror or exc}") from None
     return sock
 
 

@@ -3,7 +3,8 @@
 
 - **The lighthouse job**: one node of the on-demand partition ``--coordinator-partition P``
   runs ``slurm-spot lighthouse --job`` (a front door that lets in only the job's owner) at its
-  NodeAddr, port :data:`LIGHTHOUSE_PORT_BASE` + job id % 1000 (never every interface),
+  NodeAddr, the first free of :data:`LIGHTHOUSE_PORT_TRIES` ports from
+  :data:`LIGHTHOUSE_PORT_BASE` + job id % 1000 (never every interface),
   until none of its replica groups is pending or running (their ids are in its Comment,
   ``slurm-spot-ft-groups:ID,...``, set right after they are submitted). How it is started
   is :func:`lighthouse_launch`, the one place to change that.
@@ -44,14 +45,18 @@ from slurm_spot.jobs.submit.torchrun_scripts import one_line, split_hetjob_optio
 from slurm_spot.render import render_template
 from slurm_spot.slurm.client import SlurmClient
 
-#: The lighthouse of lighthouse job J listens on port ``LIGHTHOUSE_PORT_BASE + J % 1000`` (after
-#: the rendezvous ports of heterogeneous jobs, 30400..31399).
+#: The lighthouse of lighthouse job J listens on the first free port from
+#: ``LIGHTHOUSE_PORT_BASE + J % 1000`` (after the rendezvous ports of heterogeneous jobs,
+#: 30400..31399), trying LIGHTHOUSE_PORT_TRIES ports: two fault-tolerant jobs whose ids differ
+#: by a multiple of 1000 may share a coordinator node. Its groups' relays try the same ports
+#: and keep the one whose front door admits them for job J.
 LIGHTHOUSE_PORT_BASE = 31400
+LIGHTHOUSE_PORT_TRIES = 8
 #: How long a group's script waits for its lighthouse job to run (seconds: a cloud node's boot).
 LIGHTHOUSE_WAIT_S = 600
-#: How many times (about 1-3 s apart) a group tries to reach the lighthouse's front door once
-#: the lighthouse job runs, before it starts the relay anyway (which then names the failure).
-FRONT_DOOR_WAIT_TRIES = 60
+#: How long a group's relay keeps looking for its lighthouse's front door once the lighthouse
+#: job runs (seconds: its Python is starting), before it exits 1 naming what each port said.
+FRONT_DOOR_WAIT_S = 120
 #: Most replica groups one ``--fault-tolerant`` submission makes.
 MAX_GROUPS = 64
 #: The lighthouse's timing (``slurm-spot lighthouse``'s options, milliseconds; the defaults of
@@ -88,7 +93,8 @@ def lighthouse_launch(python: str, min_replicas: int = 1) -> str:
     only the owner of this job (a MUNGE handshake: slurm_spot.jobs.services.ft_front_door).
     The groups reach it through ``slurm-spot lighthouse-relay`` (:func:`group_script`)."""
     return (f"{shlex.quote(python)} -m slurm_spot lighthouse --listen \"${{addr}}\" "
-            f"--port \"${{port}}\" --job \"${{SLURM_JOB_ID}}\" --min-replicas {min_replicas} "
+            f"--port \"${{port}}\" --port-tries {LIGHTHOUSE_PORT_TRIES} "
+            f"--job \"${{SLURM_JOB_ID}}\" --min-replicas {min_replicas} "
             f"--join-timeout-ms {JOIN_TIMEOUT_MS} --heartbeat-timeout-ms {HEARTBEAT_TIMEOUT_MS}")
 
 
@@ -110,7 +116,7 @@ def group_script(config: SpotConfig, script: str, args: Sequence[str], python: s
     command = " ".join(shlex.quote(w) for w in [str(Path(script).absolute()), *args])
     return render_template(
         "ft-group.sh.j2", version=__version__, wait_tries=LIGHTHOUSE_WAIT_S // 2,
-        door_tries=FRONT_DOOR_WAIT_TRIES,
+        door_wait_s=FRONT_DOOR_WAIT_S, port_tries=LIGHTHOUSE_PORT_TRIES,
         python=shlex.quote(python), command=command,
         requeue_exit_code=config.preemption.requeue_exit_code, port_base=LIGHTHOUSE_PORT_BASE,
         env=[(k, shlex.quote(v)) for k, v in env], env_lighthouse_job=ENV_FT_LIGHTHOUSE_JOB,
@@ -149,8 +155,9 @@ def plan_fault_tolerant(config: SpotConfig, script: str, args: Sequence[str], py
     Raises:
         BadInputError: ``--nproc-per-node`` above 1 or ``-N`` above 1 (a group is one process on
             one node in this version), ``--export`` without ALL (the groups get their names
-            through their environment), ``-p`` equal to ``coordinator``, ``--array``, a value
-            not one line. An empty ``-J`` is the default name.
+            through their environment), ``-p`` equal to ``coordinator``, ``--array``,
+            ``-n/--ntasks`` or ``--ntasks-per-node`` other than 1, a value not one line. An
+            empty ``-J`` is the default name.
     """
     if nproc_per_node != 1:
         raise BadInputError(f"--nproc-per-node={nproc_per_node} with --fault-tolerant: a "
@@ -166,6 +173,13 @@ def plan_fault_tolerant(config: SpotConfig, script: str, args: Sequence[str], py
     if any("ALL" not in e.split(",") for e in exports):
         raise BadInputError("--export without ALL with --fault-tolerant: each group gets its "
                             "name and lighthouse through its environment; add ALL")
+    for long, short in (("--ntasks", "-n"), ("--ntasks-per-node", "--ntasks-per-node")):
+        tasks, rest = take_option(rest, long, short)
+        if any(t.strip() != "1" for t in tasks):
+            raise BadInputError(f"{long}={tasks[-1]} with --fault-tolerant: a replica group's "
+                                "step runs one process on one node in this version (the "
+                                "extra tasks would only hold CPUs); give the number of "
+                                "groups to --fault-tolerant")
     arrays, rest = take_option(rest, "--array", "-a")
     if arrays:
         raise BadInputError(f"--array={arrays[-1]} with --fault-tolerant: each replica group "
@@ -178,7 +192,7 @@ def plan_fault_tolerant(config: SpotConfig, script: str, args: Sequence[str], py
             else re.sub(r"[^A-Za-z0-9._+-]", "_", script_name) or "job")
     one_line("--job-name", base)
     dependencies, rest = take_option(rest, "--dependency", "-d")
-    extra = ",".join(e for e in exports if e != "ALL")
+    extra = ",".join(item for e in exports for item in e.split(",") if item and item != "ALL")
     lighthouse_options = [*rest, f"--partition={coordinator}", "--nodes=1",
                           f"--job-name={base}-lighthouse",
                           *[f"--dependency={d}" for d in dependencies[-1:]]]
