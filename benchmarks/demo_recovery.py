@@ -13,8 +13,12 @@ the runs (slurm_spot/recovery.py says which source times it); ``exit -> first st
 figure of issue 26's targets (with notice <= 5 s quiet, <= 10 s under load). The load
 average (1 min) is read before each run. Usage:
 
-    python benchmarks/demo_recovery.py [--runs N] [--steps S] [--keep FILE]
+    python benchmarks/demo_recovery.py [--runs N] [--steps S] [--spares N] [--keep FILE]
                                        [--from-json FILE] [--no-write]
+
+``--spares N`` runs every demo with N hot spares (``slurm-spot demo --spares N``: the job
+requeued after the kill starts on a spare instead of waiting for a boot; issue 26's target
+for that case is kill -> first step <= 20 s) and writes its own section.
 
 ``--keep FILE`` writes every run's result (JSON) there; ``--from-json FILE`` renders such a
 file again instead of running.
@@ -44,7 +48,7 @@ BEGIN, END = "<!-- demo:begin -->", "<!-- demo:end -->"
 MODES = ("before", "after")  # --no-preload, warm (the default)
 
 
-def run_demo(mode: str, steps: int, workdir: Path) -> dict:
+def run_demo(mode: str, steps: int, workdir: Path, spares: int = 0) -> dict:
     """One ``slurm-spot demo --json`` run; its result with ``mode`` and the load average.
 
     Raises:
@@ -52,7 +56,8 @@ def run_demo(mode: str, steps: int, workdir: Path) -> dict:
     """
     load = os.getloadavg()[0]
     argv = [sys.executable, "-m", "slurm_spot", "demo", "--json", "--workdir", str(workdir),
-            "--steps", str(steps), *(["--no-preload"] if mode == "before" else [])]
+            "--steps", str(steps), *(["--no-preload"] if mode == "before" else []),
+            *(["--spares", str(spares)] if spares else [])]
     started = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800,  # noqa: S603
                           check=False)
@@ -60,7 +65,7 @@ def run_demo(mode: str, steps: int, workdir: Path) -> dict:
         raise RuntimeError(f"demo ({mode}) exit {proc.returncode}: {proc.stderr[-3000:]}")
     result = read_envelope(proc.stdout, "demo")
     result.update(mode=mode, load_before=round(load, 2), load_after=round(os.getloadavg()[0], 2),
-                  run_s=round(time.monotonic() - started, 1))
+                  run_s=round(time.monotonic() - started, 1), spares=spares)
     return result
 
 
@@ -100,9 +105,21 @@ LABELS = {
 }
 
 
+def markers(spares: int) -> tuple[str, str]:
+    """The BENCHMARKS.md markers of the section of runs with ``spares`` hot spares."""
+    return (BEGIN, END) if not spares else ("<!-- demo-spares:begin -->",
+                                            "<!-- demo-spares:end -->")
+
+
 def section(runs: list[dict], note: str = "") -> str:
-    """The BENCHMARKS.md section of ``runs`` (both modes); ``note``: a paragraph of the
-    person who ran them (what else ran on the machine), after the tables."""
+    """The BENCHMARKS.md section of ``runs`` (both modes, the same ``spares`` each); ``note``:
+    a paragraph of the person who ran them (what else ran on the machine), after the
+    tables."""
+    spares = int(runs[0].get("spares", 0))
+    begin, end = markers(spares)
+    opt = f" --spares {spares}" if spares else ""
+    with_spares = (f", with {spares} hot spare(s) kept up (`--spares {spares}`: the job requeued "
+                   "after the kill starts on one)") if spares else ""
     count = {m: sum(r["mode"] == m for r in runs) for m in MODES}
     table = {(m, k): medians(runs, m, k) for m in MODES for k in ("notice", "kill")}
     order = ["notice_to_signal_s", "signal_to_exit_s", "exit_to_requeue_s",
@@ -135,13 +152,13 @@ def section(runs: list[dict], note: str = "") -> str:
         for n, r in enumerate(runs))
     when = max(str(r.get("measured", "")) for r in runs) or \
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
-    return f"""{BEGIN}
-## The demo: a torchrun job interrupted twice, warm worker start vs. --no-preload
+    return f"""{begin}
+## The demo: a torchrun job interrupted twice, warm worker start vs. --no-preload{with_spares}
 
-`python benchmarks/demo_recovery.py --runs {count['after']}` ({when}, {platform.machine()},
+`python benchmarks/demo_recovery.py --runs {count['after']}{opt}` ({when}, {platform.machine()},
 {os.cpu_count()} CPUs; load average (1 min) before the runs
 {min(loads):g}-{max(loads):g}, median {statistics.median(loads):g}): `slurm-spot demo --json
---steps {runs[0]['steps']}` on 2 local spot nodes (2 s boot, prewarm on), one interruption with a
+--steps {runs[0]['steps']}{opt}` on 2 local spot nodes (2 s boot, prewarm on), one interruption with a
 30 s notice, one kill without notice; {count['before']} runs with `--no-preload` (before: the
 agent and each worker start Python and import torch) and {count['after']} with the default
 warm start (after: workers forked from a fork server, a fork of the agent after its torch
@@ -173,7 +190,7 @@ allocation -> first step is Slurm's launch (slurmd, Prolog, TaskProlog, srun: a 
 under this load) and `data set, model, DDP`, which holds the wait for the other node's rank
 (DDP's first broadcast) on this machine where both nodes share the same 2 CPUs.
 {note}
-{END}"""
+{end}"""
 
 
 def main() -> int:
@@ -181,6 +198,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs of each mode (default 3)")
     parser.add_argument("--steps", type=int, default=170,
                         help="training steps of each demo (default 170, as the e2e test)")
+    parser.add_argument("--spares", type=int, default=0, choices=(0, 1, 2),
+                        help="hot spares in every demo (its own section; default 0)")
     parser.add_argument("--keep", type=Path, help="write every run's result (JSON) here")
     parser.add_argument("--from-json", type=Path, help="render a --keep file instead")
     parser.add_argument("--no-write", action="store_true")
@@ -197,7 +216,7 @@ def main() -> int:
         print(f"demo workdirs in {root}", file=sys.stderr, flush=True)
         for i in range(args.runs):
             for mode in (MODES if i % 2 == 0 else MODES[::-1]):
-                result = run_demo(mode, args.steps, root / f"{mode}-{i}")
+                result = run_demo(mode, args.steps, root / f"{mode}-{i}", args.spares)
                 result["measured"] = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
                 runs.append(result)
                 notice = result["interruptions"][0]["breakdown"]
@@ -209,7 +228,7 @@ def main() -> int:
     text = section(runs, args.note and f"\n{args.note}\n")
     print(text)
     if not args.no_write:
-        write_section(BENCHMARKS, BEGIN, END, text)
+        write_section(BENCHMARKS, *markers(int(runs[0].get("spares", 0))), text)
     return 0
 
 

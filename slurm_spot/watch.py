@@ -32,8 +32,10 @@ On an interruption notice for its node it:
    watcher then waits, until :data:`POWER_DOWN_BY_S` before the deadline, for every requeued
    job to leave the node: their accounting records read REQUEUED, not NODE_FAIL (which
    submitit's client takes for the job's end, ``UncompletedJobError``);
-7. sets the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at
-   once (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
+7. notes the requeue in each requeued job's AdminComment and emits ``requeued`` (the suspend
+   hook ends this instance, and the watcher with it, seconds after the next step), then sets
+   the node POWER_DOWN_FORCE, so slurmctld requeues a batch job still running there at once
+   (not after SlurmdTimeout) and powers the node down, and expedites those jobs too.
 
 Every step is an event (``notice``, ``prewarm``, ``signalled``/``signal_withheld`` (and
 ``signal_failed`` where scancel could not reach a step, which then gets it by kill(2)),
@@ -150,6 +152,8 @@ class Watcher:
         self._restarts_at_notice: dict[int, int] = {}
         # Per job requeued since the notice (by itself, or here before the power-down): why.
         self._requeued: dict[int, str] = {}
+        # Requeueable batch jobs on other nodes too, left to the power-down to requeue.
+        self._left_to_power_down: set[int] = set()
 
     def sleep(self, seconds: float) -> None:
         """Waits ``seconds`` (the injected sleep), pinging systemd's watchdog first."""
@@ -217,19 +221,36 @@ class Watcher:
         if prewarm is not None:
             self._await_allocation(outcome.requeued, act_at)
             prewarm.restore()
+        # Recorded and reported before the power-down: the suspend hook terminates this
+        # instance, and this process with it, seconds after it (a multi-node job left to the
+        # power-down was still being expedited then, and its record was lost). What the
+        # power-down requeues: jobs already requeued and still leaving, and the requeueable
+        # batch jobs left to it (slurmctld: "requeue job N due to failure of node").
+        at_power_down = [j for j in later if j in self._requeued or j in self._left_to_power_down]
+        reported = [*outcome.requeued, *at_power_down]
+        if reported or not later:  # nothing known yet: reported once expedited, as before
+            self._report_requeued(outcome, reason, reported, with_why=True)
         self._try(outcome, lambda: self.slurm.power_down_force([self.node], reason))
         for job in later:
-            if self._expedite(job, outcome):
+            if self._expedite(job, outcome) and job not in outcome.requeued:
                 outcome.requeued.append(job)
-        outcome.errors += self.slurm.record_interruption(outcome.requeued, f"requeued: {reason}")
-        # "requeued" only when a job was: a notice on an idle node just powers it down.
-        self._event(events.Action.REQUEUED if outcome.requeued else events.Action.POWERED_DOWN,
-                    reason=reason,
-                    job_ids=tuple(outcome.requeued),
+        unreported = [j for j in outcome.requeued if j not in reported]
+        if unreported:  # requeued by the power-down (or after it ended) and expedited here
+            self._report_requeued(outcome, reason, unreported, with_why=not reported)
+        return outcome
+
+    def _report_requeued(self, outcome: NoticeOutcome, reason: str, jobs: list[int],
+                         with_why: bool) -> None:
+        """Note the interruption in each of ``jobs``' AdminComment and emit ``requeued`` (or
+        ``powered_down`` for a notice that found no job: the node only powers down); with
+        ``with_why``, the event says which jobs were requeued before the power-down and
+        why."""
+        outcome.errors += self.slurm.record_interruption(jobs, f"requeued: {reason}")
+        self._event(events.Action.REQUEUED if jobs else events.Action.POWERED_DOWN,
+                    reason=reason, job_ids=tuple(jobs),
                     extra={"requeued_before_power_down": dict(sorted(
                         (str(j), why) for j, why in self._requeued.items()))}
-                    if self._requeued else {})
-        return outcome
+                    if self._requeued and with_why else {})
 
     def _read_jobs(self, outcome: NoticeOutcome, jobs: list[int]) -> list[Job]:
         """``jobs`` as squeue reads them now ([] when none, or squeue failed: noted)."""
@@ -267,8 +288,10 @@ class Watcher:
             try:
                 record = self.slurm.job_record(job)
                 if (record is None or record.state.base != "RUNNING" or not record.batch
-                        or not record.requeue or expand(record.nodes) != [self.node]
-                        or self._elastic.is_elastic(job)):
+                        or not record.requeue or self._elastic.is_elastic(job)):
+                    continue
+                if expand(record.nodes) != [self.node]:
+                    self._left_to_power_down.add(job)
                     continue
                 if self.slurm.requeue(job):
                     self._requeued[job] = "by the watcher before the power-down"

@@ -198,9 +198,10 @@ def test_a_notice_drains_the_node_and_requeues_its_job(imds, tmp_path):
         ["scancel", "-s", "USR2", "42.0"],
         ["scontrol", "requeue", "42"],
         ["scontrol", "update", "jobid=42", "StartTime=now"],
-        ["scontrol", "update", "nodename=gpu-2", "state=POWER_DOWN_FORCE", f"reason={reason}"],
-        # on the record sacct shows
+        # on the record sacct shows, before the power-down (which ends this instance, and the
+        # watcher with it, seconds later)
         ["scontrol", "update", "jobid=42", f"AdminComment=requeued: {reason}"],
+        ["scontrol", "update", "nodename=gpu-2", "state=POWER_DOWN_FORCE", f"reason={reason}"],
     ]
     job, node = slurm.jobs[42], slurm.nodes["gpu-2"]
     assert (job.state, job.restarts, job.admin_comment) == ("PENDING", 1, f"requeued: {reason}")

@@ -220,8 +220,9 @@ def test_prewarm_powers_up_first_signals_when_up_and_the_job_lands_there(tmp_pat
         "scancel -s USR2 7.0",  # only once spot-3 was up; the step that catches it
         "update jobid=7 StartTime=now",
         "update nodename=spot-3 weight=1",  # its job landed: back to the configured weight
+        # for sacct, before the power-down ends this instance (and its watcher)
+        "update jobid=7 AdminComment=requeued: " + outcome.notice.reason,
         "update nodename=spot-1 state=POWER_DOWN_FORCE reason=" + outcome.notice.reason,
-        "update jobid=7 AdminComment=requeued: " + outcome.notice.reason,  # for sacct
     ]
     assert cluster.job_nodes == ["spot-2", "spot-3"]
     # Signalled seconds after the notice (the boot), long before the deadline.

@@ -50,6 +50,14 @@ class DbPaths:
         return self.root / "mysqld.sock"
 
     @property
+    def tmp(self) -> Path:
+        """The server's own temporary directory (``--tmpdir``), not the shared /tmp: there
+        another MariaDB (a Slurm root's, whose pids may be the same numbers in its own pid
+        namespace) made and removed ``#sql-temptable-<pid>-...`` files of the same names,
+        and ``mariadb-install-db`` failed ("Unknown table 'mysql.tmp_user_nopasswd'")."""
+        return self.root / "tmp"
+
+    @property
     def pid_file(self) -> Path:
         return self.root / "mysqld.pid"
 
@@ -89,16 +97,19 @@ def start_database(state_dir: Path, log_dir: Path, fresh: bool = True,
     """
     db = DbPaths(state_dir / "mysql")
     db.root.mkdir(parents=True, exist_ok=True)
+    db.tmp.mkdir(mode=0o700, exist_ok=True)
     err_log = log_dir / "mysqld.err"
     if not (db.data / "mysql").is_dir():
         done = _run([str(INSTALL_DB), "--no-defaults", f"--datadir={db.data}", "--user=root",
-                     "--auth-root-authentication-method=socket", "--skip-test-db"], 120)
+                     "--auth-root-authentication-method=socket", "--skip-test-db",
+                     f"--tmpdir={db.tmp}"], 120)
         if done.returncode != 0:
             raise SlurmSpotError(f"mariadb-install-db failed: {done.stderr.strip()[-500:]}")
     db.socket.unlink(missing_ok=True)
     proc = subprocess.Popen(  # noqa: S603 - argv list
         [str(MARIADBD), "--no-defaults", f"--datadir={db.data}", f"--socket={db.socket}",
          "--skip-networking", f"--pid-file={db.pid_file}", f"--log-error={err_log}",
+         f"--tmpdir={db.tmp}",
          "--user=root", "--skip-log-bin", "--innodb-lock-wait-timeout=900"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
