@@ -20,6 +20,7 @@ from typing import IO
 import yaml
 
 from slurm_spot.jsonenvelope import read_envelope
+from slurm_spot.localcluster.demo import tail_lines
 from tests.netns import NETNS_ENV
 
 LOCK_PATH = Path("/tmp/slurm-spot-test-cluster.lock")
@@ -136,10 +137,7 @@ class Cluster:
         for name in ("slurmctld.log", "hooks.log", "reconcile.log", "events.jsonl"):
             path = self.log_dir / name
             try:
-                with open(path, "rb") as fh:
-                    fh.seek(0, os.SEEK_END)
-                    fh.seek(max(0, fh.tell() - 64 * 1024))
-                    tail = fh.read().decode(errors="replace").splitlines()[-lines:]
+                tail = tail_lines(path, lines)
             except OSError:
                 continue
             parts.append(f"last lines of {path}:\n" + "\n".join(tail))

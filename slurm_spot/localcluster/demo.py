@@ -71,6 +71,19 @@ class Interruption:
                 "breakdown": self.breakdown}
 
 
+def tail_lines(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` lines of the file at ``path`` (read from its last 64 KiB; bytes that
+    are not UTF-8 replaced), for a diagnosis.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - 64 * 1024))
+        return fh.read().decode(errors="replace").splitlines()[-lines:]
+
+
 @dataclass
 class DemoSettings:
     """Knobs of the demo run (seconds, steps)."""
@@ -239,10 +252,7 @@ class Demo:
         logs = self.s.workdir / "log"
         for path in (log.path, logs / "reconcile.log", logs / "events.jsonl"):
             try:
-                with open(path, "rb") as fh:
-                    fh.seek(0, os.SEEK_END)
-                    fh.seek(max(0, fh.tell() - 64 * 1024))
-                    tail = fh.read().decode(errors="replace").splitlines()[-lines:]
+                tail = tail_lines(path, lines)
             except OSError as err:
                 parts.append(f"{path}: {err.strerror}")
                 continue
