@@ -33,6 +33,11 @@ from slurm_spot.slurm.version import SlurmVersion
 MANAGED_MARK = "Managed by slurm-spot"
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
 LOCAL_REQUEUE_DELAY_S = 1
+#: SchedulerParameters=batch_sched_delay for the local cluster (seconds; Slurm's default is 3):
+#: slurmctld's event-triggered scheduling of batch jobs (a requeued job released with
+#: StartTime=now) waits until this long after its previous scheduling pass (slurm.conf(5)
+#: 22.05; docs/admin.md, "Recovery speed").
+LOCAL_BATCH_SCHED_DELAY_S = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ def write_cluster_files(config: SpotConfig, paths: LocalClusterPaths,
         # 25.11+: a requeued job is eligible after this many seconds instead of ~121 s
         # (slurm.conf(5) 26.05, SchedulerParameters=requeue_delay).
         requeue_delay_s=LOCAL_REQUEUE_DELAY_S if version and version.requeue_delay else None,
+        batch_sched_delay_s=LOCAL_BATCH_SCHED_DELAY_S,
         kill_wait_s=local.kill_wait_s, slurmd_timeout_s=local.slurmd_timeout_s,
         fragment=paths.conf_dir / "slurm-spot.conf", dbd_port=dbd_port,
     )
