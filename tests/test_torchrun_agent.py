@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -530,3 +532,68 @@ def test_agent_with_a_python_thread_starts_the_fork_server_as_a_new_interpreter(
     server, agent = chains[0][1]["pid"], chains[0][2]["pid"]
     assert sorted(torches) == sorted([agent, server]), (torches, chains)
     assert probes == [server], (probes, chains)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+RANKS_SCRIPT = """
+import os, torch.distributed as dist
+dist.init_process_group("gloo")
+print("rank", os.environ["GROUP_RANK"], dist.get_rank(), "of", dist.get_world_size(), flush=True)
+dist.destroy_process_group()
+"""
+
+TWO_NODE_AGENT = """
+import os, sys
+from slurm_spot.jobs.injob.torchrun_agent import leave, run_torchrun, torchrun_args
+targs = torchrun_args(os.environ, "127.0.0.1", "127.0.0.1", 1, int(sys.argv[1]), [sys.argv[2]])
+print("args", " ".join(targs[:6]), flush=True)
+leave(run_torchrun(targs, 85, warm_signals=[1, 15] if sys.argv[3] == "warm" else None))
+"""
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["subprocess", "warm"])
+def test_a_two_node_job_forms_its_static_rendezvous_in_node_list_order(
+        tmp_path: Path, warm: bool) -> None:
+    """Two agents as ``slurm-spot sbatch --torchrun`` starts them on a 2-node job (one per
+    node, SLURM_JOB_NODELIST=spot-[3,7]): torchrun's static rendezvous on the first node's
+    address, each node's rank its place in the node list, whichever agent starts first (here
+    the second node's, half a second ahead of the node that hosts the store)."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    port = _free_port()
+    base = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NODELIST": "spot-[3,7]", "SLURM_JOB_NUM_NODES": "2"}
+    agents = {}
+    try:
+        for node in ("spot-7", "spot-3"):
+            agents[node] = subprocess.Popen(
+                [sys.executable, "-c", TWO_NODE_AGENT, str(port), str(script),
+                 "warm" if warm else "cold"], env={**base, "SLURMD_NODENAME": node},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            time.sleep(0.5)
+        outputs = {node: agent.communicate(timeout=180)[0] for node, agent in agents.items()}
+    finally:
+        for agent in agents.values():
+            agent.kill()
+    for node, rank in (("spot-3", 0), ("spot-7", 1)):
+        out = outputs[node]
+        assert agents[node].returncode == 0, out
+        assert f"--rdzv-backend=static --master-addr=127.0.0.1 --master-port={port}" in out
+        assert f"rank {rank} {rank} of 2" in out, out
+
+
+def test_an_agent_on_a_node_outside_the_jobs_node_list_exits_2_and_says_why() -> None:
+    env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "spot-[3,7]",
+           "SLURM_JOB_NUM_NODES": "2", "SLURMD_NODENAME": "spot-9"}
+    proc = subprocess.run([sys.executable, "-m", "slurm_spot.jobs.injob.torchrun_agent",
+                           "--port", "29999", "--", "train.py"], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "SLURMD_NODENAME='spot-9' is not a node of SLURM_JOB_NODELIST='spot-[3,7]'" \
+        in proc.stderr
+    assert "Traceback" not in proc.stderr

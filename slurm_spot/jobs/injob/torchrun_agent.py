@@ -2,10 +2,10 @@
 
 ``python -m slurm_spot.jobs.injob.torchrun_agent [--nproc-per-node N] [--port P] -- SCRIPT ARGS``
 
-- rendezvous: c10d, id = the job id (the same after a requeue, so a restarted job forms a new
-  rendezvous of its own), endpoint = the first node's NodeAddr (cloud nodes have no DNS for
-  Slurm node names), ``--local-addr`` = this node's NodeAddr, so workers reach the master by
-  address (docs/local-slurm.md);
+- rendezvous: torchrun's static one (:func:`torchrun_args`): the first node's NodeAddr is the
+  master (cloud nodes have no DNS for Slurm node names), each node's rank its place in the
+  job's node list, ``--local-addr`` = this node's NodeAddr, so workers reach the master by
+  address (docs/local-slurm.md); a requeued job's new run starts a new store;
 - the preemption signal: ignored by the agent (torchrun treats a handled USR2 as a death
   signal, and by default USR2 would kill it), delivered by Slurm straight to the workers,
   which checkpoint at the next step boundary and exit with the requeue code; so are USR1 and
@@ -103,15 +103,45 @@ def node_addr(client: SlurmClient, node: str) -> str:
     return (nodes[0].addr if nodes and nodes[0].addr else node)
 
 
+def node_rank(env: Mapping[str, str]) -> int:
+    """This node's (``SLURMD_NODENAME``) place in the job's node list (``SLURM_JOB_NODELIST``,
+    expanded in hostlist order; 0 outside a job), the rank of its agent in a static rendezvous.
+
+    Raises:
+        JobEnvError: ``SLURMD_NODENAME`` is not one of ``SLURM_JOB_NODELIST``'s nodes.
+    """
+    if not env.get("SLURM_JOB_NODELIST"):
+        return 0
+    nodes = expand(env["SLURM_JOB_NODELIST"])
+    me = env.get("SLURMD_NODENAME", nodes[0])
+    if me not in nodes:
+        raise jobenv.JobEnvError(f"SLURMD_NODENAME={me!r} is not a node of "
+                                 f"SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r}")
+    return nodes.index(me)
+
+
 def torchrun_args(env: Mapping[str, str], head_addr: str, local_addr: str, nproc: int,
                   port: int, command: list[str]) -> list[str]:
-    """The torchrun argument list (pure)."""
+    """The torchrun argument list of a job of fixed size (pure): torchrun's static rendezvous,
+    the first node of ``SLURM_JOB_NODELIST`` (``head_addr``) hosting the store on ``port``,
+    this node's rank its place in that list (Slurm fixed the nodes and their order, so no
+    node has to be found by the others).
+
+    Why static, not c10d: the c10d backend polls its shared state once a second while a node
+    waits for the others (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py,
+    ``_Action.SYNC``: ``_delay(seconds=1)``), which put ~1 s on every (re)start of a
+    two-node job (BENCHMARKS.md, "The demo"); the static rendezvous is one TCPStore that the
+    head serves and the others connect to.
+
+    Raises:
+        JobEnvError: as :func:`node_rank`.
+    """
     nnodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
     return [
         f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={head_addr}:{port}",
-        f"--rdzv-id={jobenv.requeue_target(env)}", f"--local-addr={local_addr}",
-        "--max-restarts=0", *command,
+        "--rdzv-backend=static", f"--master-addr={head_addr}", f"--master-port={port}",
+        f"--node-rank={node_rank(env)}", f"--rdzv-id={jobenv.requeue_target(env)}",
+        f"--local-addr={local_addr}", "--max-restarts=0", *command,
     ]
 
 
@@ -260,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     for number in (spec.number, *job_signals):
         signal.signal(number, signal.SIG_IGN)
     port = args.port or rendezvous_port(env)
+    node_rank(env)  # a node outside the job's list is said before any Slurm command runs
     targs = torchrun_args(env, node_addr(client, head), node_addr(client, me),
                           args.nproc_per_node, port, command)
     print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
@@ -421,7 +452,7 @@ def launch_warm(targs: list[str], ignore_signals: list[int],
 
     args = torchrun.parse_args(targs)
     if args.master_port is None:
-        args.master_port = 29500  # as torch.distributed.run.run (unused by c10d)
+        args.master_port = 29500  # as torch.distributed.run.run (elastic runs: unused by c10d)
     config, _, _ = torchrun.config_from_args(args)
     config.start_method = "forkserver"
     _use_warm_context()
@@ -517,5 +548,16 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
+def run_main(argv: list[str] | None = None) -> int:
+    """:func:`main`, with bad input from the job's environment (``JobEnvError``, a
+    ``BadInputError``: a malformed ``SLURM_SPOT_PREEMPT_SIGNAL``, a node not in the job's node
+    list) said on one line of stderr and exit status 2 instead of a traceback."""
+    try:
+        return main(argv)
+    except BadInputError as exc:
+        print(f"slurm-spot: torchrun agent: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
 if __name__ == "__main__":
-    leave(main())
+    leave(run_main())
