@@ -550,7 +550,7 @@ dist.destroy_process_group()
 TWO_NODE_AGENT = """
 import os, sys
 from slurm_spot.jobs.injob.torchrun_agent import leave, run_torchrun, torchrun_args
-targs = torchrun_args(os.environ, "127.0.0.1", "127.0.0.1", 1, int(sys.argv[1]), [sys.argv[2]])
+targs = torchrun_args(os.environ, "127.0.0.1", 1, int(sys.argv[1]), [sys.argv[2]])
 print("args", " ".join(targs[:6]), flush=True)
 leave(run_torchrun(targs, 85, warm_signals=[1, 15] if sys.argv[3] == "warm" else None))
 """
@@ -594,6 +594,48 @@ def test_an_agent_on_a_node_outside_the_jobs_node_list_exits_2_and_says_why() ->
                            "--port", "29999", "--", "train.py"], env=env, capture_output=True,
                           text=True, timeout=120, check=False)
     assert proc.returncode == 2, proc.stderr
-    assert "SLURMD_NODENAME='spot-9' is not a node of SLURM_JOB_NODELIST='spot-[3,7]'" \
+    assert "SLURMD_NODENAME='spot-9' is not a node of this job step (spot-3,spot-7)" \
         in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_ranks_follow_the_job_steps_node_list_and_an_unknown_node_is_refused() -> None:
+    """Every agent of the step reads the same list (the step's, else the job's), so they
+    agree on the master and the ranks; an agent that cannot tell its node is refused rather
+    than taking rank 0 beside the real one."""
+    from slurm_spot.jobs.injob import jobenv
+    from slurm_spot.jobs.injob.torchrun_agent import node_rank, torchrun_args
+
+    job = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "spot-[1-4]", "SLURM_JOB_NUM_NODES": "4"}
+    step = {**job, "SLURM_STEP_NODELIST": "spot-[2,4]", "SLURMD_NODENAME": "spot-4"}
+    assert node_rank(step) == 1
+    args = torchrun_args(step, "10.0.0.2", 8, 29407, ["train.py"])
+    assert args[:6] == ["--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=static",
+                        "--master-addr=10.0.0.2", "--master-port=29407", "--node-rank=1"]
+    assert node_rank({**job, "SLURMD_NODENAME": "spot-3"}) == 2
+    with pytest.raises(jobenv.JobEnvError, match="SLURMD_NODENAME is not set"):
+        node_rank(job)
+    assert node_rank({"SLURM_JOB_NODELIST": "spot-1"}) == 0
+    assert node_rank({}) == 0
+
+
+def test_a_taken_rendezvous_port_ends_the_agent_with_one_line_not_a_traceback(
+        tmp_path: Path) -> None:
+    """Another job's store already listens on the port of this job's static rendezvous
+    (29400 + job id % 1000 on the same first node): the agent says so in one line and exits
+    1 instead of printing torch's DistNetworkError traceback."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "SLURM_JOB_ID": "4242",
+               "SLURM_JOB_NODELIST": "spot-3", "SLURM_JOB_NUM_NODES": "1",
+               "SLURMD_NODENAME": "spot-3"}
+        proc = subprocess.run([sys.executable, "-c", TWO_NODE_AGENT, str(port), str(script),
+                               "cold"], env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"slurm-spot: the job's rendezvous store on port {port} failed" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr

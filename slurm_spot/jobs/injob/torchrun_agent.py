@@ -3,9 +3,9 @@
 ``python -m slurm_spot.jobs.injob.torchrun_agent [--nproc-per-node N] [--port P] -- SCRIPT ARGS``
 
 - rendezvous: torchrun's static one (:func:`torchrun_args`): the first node's NodeAddr is the
-  master (cloud nodes have no DNS for Slurm node names), each node's rank its place in the
-  job's node list, ``--local-addr`` = this node's NodeAddr, so workers reach the master by
-  address (docs/local-slurm.md); a requeued job's new run starts a new store;
+  master (cloud nodes have no DNS for Slurm node names), so workers reach it by address
+  (docs/local-slurm.md), and each node's rank is its place in the step's node list; a
+  requeued job's new run starts a new store;
 - the preemption signal: ignored by the agent (torchrun treats a handled USR2 as a death
   signal, and by default USR2 would kill it), delivered by Slurm straight to the workers,
   which checkpoint at the next step boundary and exit with the requeue code; so are USR1 and
@@ -103,29 +103,45 @@ def node_addr(client: SlurmClient, node: str) -> str:
     return (nodes[0].addr if nodes and nodes[0].addr else node)
 
 
+def step_nodes(env: Mapping[str, str]) -> list[str]:
+    """The nodes of this agent's job step (``SLURM_STEP_NODELIST``, else the job's
+    ``SLURM_JOB_NODELIST``), expanded in hostlist order: every agent of the step reads the same
+    list, so they agree on the first node and on each node's place. Empty outside Slurm."""
+    text = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    return expand(text) if text else []
+
+
 def node_rank(env: Mapping[str, str]) -> int:
-    """This node's (``SLURMD_NODENAME``) place in the job's node list (``SLURM_JOB_NODELIST``,
-    expanded in hostlist order; 0 outside a job), the rank of its agent in a static rendezvous.
+    """This node's (``SLURMD_NODENAME``) place in :func:`step_nodes` (0 outside Slurm), the rank
+    of its agent in a static rendezvous.
 
     Raises:
-        JobEnvError: ``SLURMD_NODENAME`` is not one of ``SLURM_JOB_NODELIST``'s nodes.
+        JobEnvError: ``SLURMD_NODENAME`` is unset on a step of several nodes (every agent would
+            take rank 0), or is not one of the step's nodes.
     """
-    if not env.get("SLURM_JOB_NODELIST"):
+    nodes = step_nodes(env)
+    if not nodes:
         return 0
-    nodes = expand(env["SLURM_JOB_NODELIST"])
-    me = env.get("SLURMD_NODENAME", nodes[0])
+    me = env.get("SLURMD_NODENAME")
+    if me is None and len(nodes) > 1:
+        raise jobenv.JobEnvError(f"SLURMD_NODENAME is not set in a job step on "
+                                 f"{len(nodes)} nodes: this agent's rank is unknown")
+    me = me or nodes[0]
     if me not in nodes:
-        raise jobenv.JobEnvError(f"SLURMD_NODENAME={me!r} is not a node of "
-                                 f"SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r}")
+        raise jobenv.JobEnvError(f"SLURMD_NODENAME={me!r} is not a node of this job step "
+                                 f"({','.join(nodes)})")
     return nodes.index(me)
 
 
-def torchrun_args(env: Mapping[str, str], head_addr: str, local_addr: str, nproc: int,
-                  port: int, command: list[str]) -> list[str]:
+def torchrun_args(env: Mapping[str, str], head_addr: str, nproc: int, port: int,
+                  command: list[str]) -> list[str]:
     """The torchrun argument list of a job of fixed size (pure): torchrun's static rendezvous,
-    the first node of ``SLURM_JOB_NODELIST`` (``head_addr``) hosting the store on ``port``,
-    this node's rank its place in that list (Slurm fixed the nodes and their order, so no
-    node has to be found by the others).
+    the first node of the step (:func:`step_nodes`; its NodeAddr is ``head_addr``: cloud nodes
+    have no DNS for Slurm node names) hosting the store on ``port``, this node's rank its
+    place in that list, ``--nnodes`` the list's length (Slurm fixed the nodes and their order,
+    so no node has to be found by the others). The workers reach the store and each other
+    through ``--master-addr`` (torch 2.13's static backend ignores ``--local-addr``, which
+    only the c10d and etcd backends read).
 
     Why static, not c10d: the c10d backend polls its shared state once a second while a node
     waits for the others (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py,
@@ -136,12 +152,12 @@ def torchrun_args(env: Mapping[str, str], head_addr: str, local_addr: str, nproc
     Raises:
         JobEnvError: as :func:`node_rank`.
     """
-    nnodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    rank = node_rank(env)
     return [
-        f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+        f"--nnodes={len(step_nodes(env)) or 1}", f"--nproc-per-node={nproc}",
         "--rdzv-backend=static", f"--master-addr={head_addr}", f"--master-port={port}",
-        f"--node-rank={node_rank(env)}", f"--rdzv-id={jobenv.requeue_target(env)}",
-        f"--local-addr={local_addr}", "--max-restarts=0", *command,
+        f"--node-rank={rank}", f"--rdzv-id={jobenv.requeue_target(env)}",
+        "--max-restarts=0", *command,
     ]
 
 
@@ -290,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     for number in (spec.number, *job_signals):
         signal.signal(number, signal.SIG_IGN)
     port = args.port or rendezvous_port(env)
-    node_rank(env)  # a node outside the job's list is said before any Slurm command runs
-    targs = torchrun_args(env, node_addr(client, head), node_addr(client, me),
-                          args.nproc_per_node, port, command)
+    node_rank(env)  # a node outside the step's list is said before any Slurm command runs
+    head = (step_nodes(env) or [head])[0]
+    targs = torchrun_args(env, node_addr(client, head), args.nproc_per_node, port, command)
     print(f"slurm-spot: torchrun {' '.join(targs)}", file=sys.stderr, flush=True)
     # The workers inherit SIG_IGN until they install their own handler: a signal that comes
     # before that is lost rather than fatal; the watcher's power-down still requeues the job.
@@ -372,6 +388,7 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
     the listed signals (signal numbers) are ignored in the fork server and get their default
     action back in each worker, or, with ``warm_reset`` (not None), only those listed there
     do (the others stay ignored in the workers). Exit codes are the same either way."""
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
@@ -387,6 +404,19 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
             launch_warm(targs, warm_signals, warm_reset)
         else:
             torchrun_main(targs)
+    except DistError as exc:
+        if elastic:
+            raise
+        # The static rendezvous' store: rank 0 could not listen on its port (another job's
+        # store on the same first node: the port is 29400 + job id % 1000), or another node's
+        # agent could not reach it within the timeout. One line, not torch's traceback.
+        port = next((a.split("=", 1)[1] for a in targs if a.startswith("--master-port=")), "?")
+        print(f"slurm-spot: the job's rendezvous store on port {port} failed "
+              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+              f"the port is {DEFAULT_PORT_BASE} + job id % 1000, so a job whose id ends in "
+              f"the same three digits may hold it on the first node", file=sys.stderr,
+              flush=True)
+        return 1
     except RendezvousError as exc:
         if joining and isinstance(exc, RendezvousClosedError):
             print("slurm-spot: the run's rendezvous is closed (training is over); leaving",
