@@ -47,6 +47,7 @@ from slurm_spot.jobs.services.ft_lighthouse import (
     serve_authenticated,
 )
 from slurm_spot.jobs.services.rendezvous import listen_socket
+from tests.other_account import other_account_python
 
 OWNER = os.getuid()
 JOB = "42"
@@ -269,8 +270,9 @@ def test_another_account_on_the_node_cannot_use_the_relay(door: LighthouseFrontD
                  "print(len(s.recv(1024)))\n"
                  "except ConnectionResetError: print(0)")
         before = door.admitted
-        done = subprocess.run([sys.executable, "-c", probe], user=65534, capture_output=True,
-                              text=True, timeout=60, check=True)
+        python, env = other_account_python()
+        done = subprocess.run([python, "-c", probe], user=65534, capture_output=True,
+                              text=True, timeout=60, check=True, env={**os.environ, **env})
         assert done.stdout.strip() == "0"  # closed with nothing relayed
         assert relay.refused_local == 1 and door.admitted == before
     finally:
@@ -549,15 +551,16 @@ def test_the_lighthouse_of_another_users_job_is_refused() -> None:
 
     from tests.elastic_runs import fake_squeue
 
+    python, env = other_account_python()
     shared = Path(tempfile.mkdtemp(prefix="slurm-spot-test-"))  # pytest's tmp is root's only
     try:
         shared.chmod(0o755)
         squeue = fake_squeue(shared / "bin", 4242)
         done = subprocess.run(
-            [sys.executable, "-m", "slurm_spot", "lighthouse", "--job", JOB, "--listen",
+            [python, "-m", "slurm_spot", "lighthouse", "--job", JOB, "--listen",
              "127.0.0.1", "--port", "0", "--slurm-bin-dir", str(squeue)],
             capture_output=True, text=True, timeout=120, preexec_fn=_as_uid(65534),
-            env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(shared)})
+            env={**os.environ, **env, "HOME": str(shared)})
     finally:
         shutil.rmtree(shared, ignore_errors=True)
     assert done.returncode == 2, done.stderr

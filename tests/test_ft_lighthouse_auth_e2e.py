@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import Cluster
+from tests.other_account import other_account_python
 
 pytestmark = pytest.mark.e2e
 
@@ -76,11 +77,11 @@ def test_the_jobs_owner_is_admitted_and_another_uid_refused(cluster: Cluster,
         quorum = client.quorum(replica_id="g0", timeout=timedelta(seconds=10))
         assert [m.replica_id for m in quorum.participants] == ["g0"]
         if os.getuid() == 0:  # another account: nobody's credential, the same job id
+            python, env = other_account_python()
             other = subprocess.run(
-                [sys.executable, "-m", "slurm_spot", "lighthouse-relay", "--lighthouse",
+                [python, "-m", "slurm_spot", "lighthouse-relay", "--lighthouse",
                  endpoint, "--job", held_job, "--", "true"], user=65534, capture_output=True,
-                text=True, timeout=120, env={**cluster.env, "PYTHONPATH": str(ROOT)},
-                cwd="/")
+                text=True, timeout=120, env={**cluster.env, **env}, cwd="/")
             assert other.returncode == 1, other.stderr
             assert f"refused: uid 65534 does not own job {held_job}" in other.stderr
     finally:
