@@ -40,11 +40,13 @@ has slurmctld's environment, or slurmctld's ``-f FILE``: :func:`slurm_conf_from_
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 POLL_S = 0.5
@@ -137,6 +139,32 @@ def wait_for_nodes(job_id: str, nodes: list[str], query_nodes: Callable[[], str 
         sleep(poll_s)
 
 
+def credential_wait_s(fields: Mapping[str, str], now: float) -> float:
+    """How long a restarted job's launch must still wait so that its new batch credential is
+    newer than the revocation of its last run's (seconds; 0 for a first run or an old release).
+
+    When a job is requeued, slurmd revokes the job id's credentials, and refuses a later one
+    unless its creation second is past the revocation's ("Job credential revoked"; slurmctld
+    then logs "Killing non-startable batch JobId=N" and the job ends with exit 1, not requeued).
+    Slurm's own requeue hold (~121 s) keeps a restart clear of that; ``scontrol update
+    StartTime=now`` (the watcher's release, an admin's) does not, and with an immediate
+    allocation on a node of the last run the launch could fall in the revocation's second (a
+    fresh-clone test run: revoked at 16:14:54, relaunched at 16:14:54.56). The revocation
+    comes before the requeue completes and so before the release: the launch is safe from
+    the second after ``EligibleTime``. slurmctld creates the credential when it launches the
+    job, after this program ends (``launch_job()`` from ``prolog_running_decr()``).
+
+    ``fields``: ``scontrol -o show job`` fields (``Restarts``, ``EligibleTime`` in local time).
+    """
+    if fields.get("Restarts", "0") in ("", "0"):
+        return 0.0
+    try:
+        eligible = datetime.fromisoformat(fields.get("EligibleTime", "")).timestamp()
+    except ValueError:
+        return 0.0
+    return max(0.0, math.floor(eligible) + 1.0 - now)
+
+
 def slurm_conf_from_parent(ppid: int | None = None) -> str | None:
     """The slurm.conf of the slurmctld that started this program: ``SLURM_CONF`` of the parent
     process (slurmscriptd, with slurmctld's environment), else the ``-f FILE`` of the parent's
@@ -211,8 +239,18 @@ def run(env: Mapping[str, str]) -> tuple[WaitResult | None, str]:
 
     result = wait_for_nodes(job_id, nodes, query_nodes, query_job_state, timeout_s)
     detail = f" ({result.detail})" if result.detail else ""
+    held = ""
+    if env.get("SLURM_RESTART_COUNT", "1") != "0":  # a first run has no revoked credential
+        from slurm_spot.slurm.jobtext import job_fields_text, split_job_records
+
+        out = _scontrol(bin_dir, "-o", "show", "job", job_id)
+        records = split_job_records(out) if out else []
+        wait_s = credential_wait_s(job_fields_text(records[0]), time.time()) if records else 0.0
+        if wait_s > 0:
+            time.sleep(wait_s)
+            held = f"; launch held {wait_s:.2f} s past the last run's credential revocation"
     return result, (f"slurm-spot prolog-slurmctld: job {job_id} on {nodelist}: {result.outcome}"
-                    f"{detail} after {result.waited_s:.1f} s, {result.polls} look(s)")
+                    f"{detail} after {result.waited_s:.1f} s, {result.polls} look(s){held}")
 
 
 def _scontrol(bin_dir: Path, *args: str) -> str | None:

@@ -206,3 +206,20 @@ def test_a_job_on_other_nodes_of_the_site_is_not_held(tmp_path: Path,
     assert result is None and message.endswith("job 9 on onprem-[1-4]: no node of spot.yaml")
     result, message = run({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "spot-1"})
     assert result is not None and result.outcome == "error", message  # no scontrol there
+
+
+def test_a_restarted_jobs_launch_waits_out_the_second_of_its_release() -> None:
+    """A restart released with StartTime=now (EligibleTime 16:14:54) and allocated within that
+    second launches only from 16:14:55: slurmd refuses a credential of the revocation's
+    second ("Job credential revoked", and the job ended with exit 1 in a fresh-clone run). A
+    first run, or a restart released earlier, is not held."""
+    from datetime import datetime
+
+    from slurm_spot.bootwait import credential_wait_s
+
+    eligible = datetime.fromisoformat("2026-12-03T16:14:54").timestamp()
+    restarted = {"Restarts": "1", "EligibleTime": "2026-12-03T16:14:54"}
+    assert credential_wait_s(restarted, eligible + 0.56) == pytest.approx(0.44)
+    assert credential_wait_s(restarted, eligible + 1.2) == 0.0
+    assert credential_wait_s({**restarted, "Restarts": "0"}, eligible + 0.5) == 0.0
+    assert credential_wait_s({"Restarts": "2", "EligibleTime": "Unknown"}, eligible) == 0.0
