@@ -155,6 +155,8 @@ def credential_wait_s(fields: Mapping[str, str], now: float) -> float:
     job, after this program ends (``launch_job()`` from ``prolog_running_decr()``).
 
     ``fields``: ``scontrol -o show job`` fields (``Restarts``, ``EligibleTime`` in local time).
+    Never more than 1 s: an ``EligibleTime`` still ahead (the job was requeued while this
+    program ran, and is held again) is no launch to protect, and gives 0.
     """
     if fields.get("Restarts", "0") in ("", "0"):
         return 0.0
@@ -162,7 +164,9 @@ def credential_wait_s(fields: Mapping[str, str], now: float) -> float:
         eligible = datetime.fromisoformat(fields.get("EligibleTime", "")).timestamp()
     except ValueError:
         return 0.0
-    return max(0.0, math.floor(eligible) + 1.0 - now)
+    if eligible > now:
+        return 0.0
+    return min(1.0, max(0.0, math.floor(eligible) + 1.0 - now))
 
 
 def slurm_conf_from_parent(ppid: int | None = None) -> str | None:
@@ -240,7 +244,9 @@ def run(env: Mapping[str, str]) -> tuple[WaitResult | None, str]:
     result = wait_for_nodes(job_id, nodes, query_nodes, query_job_state, timeout_s)
     detail = f" ({result.detail})" if result.detail else ""
     held = ""
-    if env.get("SLURM_RESTART_COUNT", "1") != "0":  # a first run has no revoked credential
+    # Only a launch that goes ahead needs it (a job requeued meanwhile, its node failed, waits
+    # in "Cleaning" until this program ends); a first run has no revoked credential.
+    if result.outcome in ("up", "ready") and env.get("SLURM_RESTART_COUNT", "1") != "0":
         from slurm_spot.slurm.jobtext import job_fields_text, split_job_records
 
         out = _scontrol(bin_dir, "-o", "show", "job", job_id)

@@ -223,3 +223,7 @@ def test_a_restarted_jobs_launch_waits_out_the_second_of_its_release() -> None:
     assert credential_wait_s(restarted, eligible + 1.2) == 0.0
     assert credential_wait_s({**restarted, "Restarts": "0"}, eligible + 0.5) == 0.0
     assert credential_wait_s({"Restarts": "2", "EligibleTime": "Unknown"}, eligible) == 0.0
+    # Requeued again while the program ran: held by Slurm (~121 s), no launch to protect. A
+    # 121 s sleep here kept a failed-over job "Cleaning" past its test's 90 s (fresh clone).
+    held = {"Restarts": "1", "EligibleTime": "2026-12-03T16:16:55"}
+    assert credential_wait_s(held, eligible + 0.5) == 0.0
