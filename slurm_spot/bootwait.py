@@ -234,12 +234,16 @@ def run(env: Mapping[str, str]) -> tuple[WaitResult | None, str]:
     def query_nodes() -> str | None:
         return _scontrol(bin_dir, "-o", "show", "node", nodelist)
 
-    def query_job_state() -> str | None:
+    def query_job() -> dict[str, str] | None:
         from slurm_spot.slurm.jobtext import job_fields_text, split_job_records
 
         out = _scontrol(bin_dir, "-o", "show", "job", job_id)
         records = split_job_records(out) if out else []
-        return job_fields_text(records[0]).get("JobState") if records else None
+        return job_fields_text(records[0]) if records else None
+
+    def query_job_state() -> str | None:
+        fields = query_job()
+        return fields.get("JobState") if fields else None
 
     result = wait_for_nodes(job_id, nodes, query_nodes, query_job_state, timeout_s)
     detail = f" ({result.detail})" if result.detail else ""
@@ -247,11 +251,8 @@ def run(env: Mapping[str, str]) -> tuple[WaitResult | None, str]:
     # Only a launch that goes ahead needs it (a job requeued meanwhile, its node failed, waits
     # in "Cleaning" until this program ends); a first run has no revoked credential.
     if result.outcome in ("up", "ready") and env.get("SLURM_RESTART_COUNT", "1") != "0":
-        from slurm_spot.slurm.jobtext import job_fields_text, split_job_records
-
-        out = _scontrol(bin_dir, "-o", "show", "job", job_id)
-        records = split_job_records(out) if out else []
-        wait_s = credential_wait_s(job_fields_text(records[0]), time.time()) if records else 0.0
+        fields = query_job()
+        wait_s = credential_wait_s(fields, time.time()) if fields else 0.0
         if wait_s > 0:
             time.sleep(wait_s)
             held = f"; launch held {wait_s:.2f} s past the last run's credential revocation"
