@@ -14,12 +14,15 @@ import pytest
 from slurm_spot.commands.status import failover_rows, last_failovers, node_set_rows
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.failover import (
+    Failover,
     HoldStep,
     candidate_node_sets,
     cooldown_targets,
     fail_over,
     hold_step,
+    nodes_to_set_down_again,
     note_text,
+    stuck_cleaning,
 )
 from slurm_spot.power import PowerResult
 from slurm_spot.providers.base import ErrorClass, LaunchFailure
@@ -71,6 +74,90 @@ def node(name: str, state: str, reason: str = "") -> Node:
 ])
 def test_hold_step(found: Job | None, step: HoldStep) -> None:
     assert hold_step(found, ["cheap-1"]) is step
+
+
+# -- a requeued job slurmctld keeps in "Cleaning" -------------------------------------------
+COOLING = f"(Code:{ICE})Temporarily disabled until 2026-03-01T12:05:00Z"
+
+
+@pytest.mark.parametrize(("found", "stuck"), [
+    (job("PENDING", reason="Cleaning", restarts=1), True),
+    (job("PENDING", reason="None", restarts=1), False),
+    (job("PENDING", reason="BeginTime", restarts=1), False),
+    (job("CONFIGURING", "other-1", reason="Cleaning"), False),  # placed: not pending
+    (None, False),
+])
+def test_stuck_cleaning(found: Job | None, stuck: bool) -> None:
+    assert stuck_cleaning(found) is stuck
+
+
+@pytest.mark.parametrize(("found", "reasons", "expected"), [
+    # the hook's DOWN, and the IDLE+POWERING_DOWN 22.05 turns it into: the cooldown reason
+    (node("cheap-1", "DOWN+CLOUD", f"(Code:{ICE})no capacity"), {"cheap": COOLING},
+     [("cheap-1", COOLING)]),
+    (node("cheap-1", "IDLE+CLOUD+POWERING_DOWN", f"(Code:{ICE})no capacity"),
+     {"cheap": COOLING}, [("cheap-1", COOLING)]),
+    (node("cheap-1", "IDLE+CLOUD+POWERED_DOWN", f"(Code:{ICE})no capacity"),
+     {"cheap": COOLING}, [("cheap-1", COOLING)]),
+    # cooldowns off: the node's own reason, which the reconciler clears like the first
+    (node("cheap-1", "IDLE+CLOUD+POWERING_DOWN", f"(Code:{ICE})no capacity"), {},
+     [("cheap-1", f"(Code:{ICE})no capacity")]),
+    (node("cheap-1", "IDLE+CLOUD+POWERING_DOWN"), {}, []),  # no reason to give Slurm
+    # back in use, or an admin's: left alone
+    (node("cheap-1", "IDLE+CLOUD+POWERING_UP", f"(Code:{ICE})no capacity"),
+     {"cheap": COOLING}, []),
+    (node("cheap-1", "ALLOCATED+CLOUD", f"(Code:{ICE})no capacity"), {"cheap": COOLING}, []),
+    (node("cheap-1", "IDLE+CLOUD", ""), {"cheap": COOLING}, []),
+    (node("cheap-1", "DOWN+CLOUD", "bad DIMM"), {"cheap": COOLING}, []),
+    (node("cheap-2", "DOWN+CLOUD", COOLING), {"cheap": COOLING}, []),  # not the job's
+])
+def test_which_failed_nodes_are_set_down_again(found: Node, reasons: dict[str, str],
+                                               expected: list[tuple[str, str]]) -> None:
+    move = Failover(7, "cheap", ICE, (), None, 1000.0, failed_nodes=("cheap-1",))
+    assert nodes_to_set_down_again(move, [found], reasons) == expected
+
+
+def test_a_job_kept_cleaning_after_the_hold_is_cleared_gets_its_failed_node_set_down_again(
+        config: SpotConfig) -> None:
+    """slurmctld 22.05 requeues a job whose PrologSlurmctld still runs as PENDING with
+    Reason=Cleaning and keeps it so after that program ends (its failed node never sends an
+    epilog): the worker sets the failed node DOWN again once that lasted a second, once a
+    second while it lasts, and the job is placed."""
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    cleaning = job("PENDING", reason="Cleaning", restarts=1)
+    slurm = FakeClient(
+        [node("cheap-1", "IDLE+CLOUD+POWERING_DOWN", f"(Code:{ICE})no capacity"),
+         node("cheap-2", "IDLE+CLOUD+POWERED_DOWN"), node("other-1", "IDLE+CLOUD+POWERED_DOWN")],
+        [[job("PENDING", reason="None", restarts=1)],             # requeued: StartTime=now
+         [cleaning], [cleaning], [cleaning], [cleaning], [cleaning], [cleaning],
+         [job("CONFIGURING", "other-1", restarts=1)]])
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep)
+    assert run.errors == []
+    assert [c[0] for c in slurm.calls] == ["set_state", "expedite", "set_state", "set_state",
+                                           "admin_comment"]
+    cooling = run.cooldowns[0].reason
+    assert slurm.calls[2][1] == (("cheap-1",), "DOWN", cooling)
+    assert slurm.calls[3][1] == (("cheap-1",), "DOWN", cooling)
+    assert run.moves[7].nodes == ("other-1",)
+
+
+def test_a_short_cleaning_is_left_to_slurmctld(config: SpotConfig) -> None:
+    result = PowerResult(failed=[LaunchFailure(("cheap-1",), ICE, "no capacity",
+                                               ErrorClass.CAPACITY)])
+    slurm = FakeClient(
+        [node("cheap-1", "DOWN+CLOUD", f"(Code:{ICE})no capacity")],
+        [[job("PENDING", reason="None", restarts=1)],
+         [job("PENDING", reason="Cleaning", restarts=1)],           # half a second
+         [job("PENDING", reason="Priority", restarts=1)],
+         [job("CONFIGURING", "other-1", restarts=1)]])
+    clock = Clock()
+    run = fail_over(config, slurm, result, {7: ("cheap-1",)},  # type: ignore[arg-type]
+                    clock=clock, sleep=clock.sleep)
+    assert [c[0] for c in slurm.calls] == ["expedite", "admin_comment"]
+    assert run.moves[7].nodes == ("other-1",)
 
 
 # -- what is cooled down -------------------------------------------------------------------

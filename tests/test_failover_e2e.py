@@ -14,6 +14,8 @@ set's capacity away.
 - A 2-node job with ``cheap`` out of capacity gets both its nodes from one other node set.
 - A running job whose node gets an interruption notice while its own node set has no
   capacity: the replacement comes from another node set and the requeued job runs there.
+- A PrologSlurmctld that starts late (a busy controller) does not hold the failover up: the
+  job slurmctld keeps in ``Reason=Cleaning`` after it is placed on ``middle`` within seconds.
 - Capacity returning: once the cooldown is ended, a new job runs on ``cheap`` again and
   status shows its capacity ``ok`` (and the last failovers).
 
@@ -26,6 +28,7 @@ tests pass in any order.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -51,6 +54,9 @@ ALLOCATED_WITHIN_S = 10.0
 #: job_time_limit pass (every 30 s, PERIODIC_TIMEOUT): measured 25.7-26.1 s then. The bound
 #: stays boot + 30 s.
 RUNNING_WITHIN_S = 40.0
+#: The module's PrologSlurmctld first sleeps the seconds this file in the cluster's root holds
+#: (:func:`_delayable_prolog_slurmctld`); no file: no sleep.
+PROLOG_DELAY_FILE = "prolog-slurmctld-delay"
 
 # The step exits 85 (RequeueExit) on SIGUSR2, its "checkpoint" instant; the batch script says
 # where each run started.
@@ -80,6 +86,7 @@ def three_sets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = Cluster(root, config, reconcile=True)
     c.start()
     try:
+        _delayable_prolog_slurmctld(c)
         yield c
     finally:
         c.stop()
@@ -94,6 +101,26 @@ def spot(three_sets: Cluster) -> Iterator[Cluster]:
         yield three_sets
     finally:
         _settle(three_sets)
+
+
+def _delayable_prolog_slurmctld(c: Cluster) -> None:
+    """Put a wrapper in front of slurm-spot-prolog-slurmctld in the cluster's slurm.conf
+    fragment (``scontrol reconfigure``: slurmctld runs that program, the slurmds do not) that
+    first sleeps the seconds :data:`PROLOG_DELAY_FILE` holds: how a busy controller starts the
+    program, seconds late."""
+    fragment = c.conf_dir / "slurm-spot.conf"
+    text = fragment.read_text()
+    found = re.search(r"^PrologSlurmctld=(\S+)$", text, re.MULTILINE)
+    assert found, f"no PrologSlurmctld line in {fragment}"
+    delay = c.root / PROLOG_DELAY_FILE
+    wrapper = c.root / "prolog-slurmctld-delayable"
+    wrapper.write_text(f"#!/bin/sh\nif [ -r {delay} ]; then sleep \"$(cat {delay})\"; fi\n"
+                       f"exec {found.group(1)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    fragment.write_text(text.replace(found.group(0), f"PrologSlurmctld={wrapper}"))
+    c.slurm("scontrol", "reconfigure")
+    wait_for(lambda: str(wrapper) in c.slurm("scontrol", "show", "config"), timeout=30,
+             what="slurmctld running the delayable PrologSlurmctld")
 
 
 def _capacity(c: Cluster, node_set: str, count: str | None = None) -> None:
@@ -229,6 +256,32 @@ def test_no_capacity_on_cheap_runs_the_job_on_the_next_node_set_within_seconds(
     assert (last["job"], last["from_node_set"], last["to_node_set"]) == (job, "cheap", "middle")
     assert last["nodes"] == [info["NodeList"]] and last["code"] == "InsufficientInstanceCapacity"
     assert c.job(job)["JobState"] in ("RUNNING", "COMPLETING", "COMPLETED")
+
+
+def test_a_prolog_slurmctld_that_starts_late_does_not_hold_the_failover_up(
+        spot: Cluster) -> None:
+    """slurmctld 22.05 requeues a job whose node is set DOWN while its PrologSlurmctld still
+    runs as PENDING, Reason=Cleaning, and keeps it so after that program ends (the failed node
+    sends no epilog): the failover worker sets the failed node DOWN again, so the job is
+    allocated on ``middle`` seconds after the error, not at the reconciler's next cooldown
+    write (12-17 s with the program 4 s late; 16.7 s in a fresh-clone CI run)."""
+    c = spot
+    _capacity(c, "cheap", "0")
+    (c.root / PROLOG_DELAY_FILE).write_text("2\n")
+    try:
+        job = c.sbatch("-p", "spot", "-N", "1", "--requeue", "-o", "/dev/null",
+                       "--wrap", "sleep 120")
+        moved = wait_for(lambda: _job_events(c, job, "failover_started"), timeout=90,
+                         what="failover_started event")
+    finally:
+        (c.root / PROLOG_DELAY_FILE).unlink(missing_ok=True)
+    started = moved[0]  # type: ignore[index]
+    print(f"\nfailover, PrologSlurmctld 2 s late: capacity error -> allocated on "
+          f"{started['extra']['node_set']}: {started['extra']['seconds_from_error']} s")
+    assert started["extra"]["node_set"] == "middle"
+    assert started["extra"]["seconds_from_error"] < ALLOCATED_WITHIN_S, started
+    info = _running(c, job, timeout=60)
+    assert info["NodeList"].startswith("middle-") and info["Restarts"] == "1", info
 
 
 def test_two_node_sets_without_capacity_the_job_runs_on_the_third(spot: Cluster) -> None:
