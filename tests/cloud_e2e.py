@@ -90,7 +90,41 @@ def wait_node_set_cooled(cluster: Cluster, failed: str, others: list[str], code:
         return True
 
     wait_for(cooled, timeout=20, what=f"the node set of {failed} cooled down")
-    assert not cluster.node(failed).get("Reason", "").startswith(f"(Code:{code}){COOLDOWN_TEXT}")
+    # The failed node itself keeps its launch-failure reason, or, where slurmctld kept its job
+    # pending with Reason=Cleaning, the failover worker set it DOWN again with the node set's
+    # cooldown (slurm_spot/failover.py, CLEANING_NUDGE_S): never a plain, powered-up DOWN.
+    reason = cluster.node(failed).get("Reason", "")
+    assert reason.startswith(f"(Code:{code})"), reason
+    flags = state_flags(cluster, failed)
+    assert "DOWN" not in flags or flags & {"POWERED_DOWN", "POWERING_DOWN"}, flags
+
+
+def wait_failed_node_powered_down(cluster: Cluster, node: str, code: str,
+                                  seen: list[set[str]] | None = None,
+                                  timeout: float = 30) -> set[str]:
+    """Wait until ``node``, whose launch failed with provider code ``code``, is powered down
+    again, and return its state's words; ``seen`` collects every state read.
+
+    It is ``idle~`` with its ``(Code:<code>)`` reason (slurmctld powers the hook's DOWN node
+    down), or ``down~`` with its node set's cooldown reason: where slurmctld kept the node's
+    requeued job pending with Reason=Cleaning, the failover worker set the node DOWN again
+    with that reason (slurm_spot/failover.py, CLEANING_NUDGE_S). Never a plain ``down``."""
+    from slurm_spot.slurm.reasons import COOLDOWN_TEXT
+
+    states = seen if seen is not None else []
+
+    def powered_down() -> bool:
+        states.append(state_flags(cluster, node))
+        return "POWERED_DOWN" in states[-1]
+
+    wait_for(powered_down, timeout=timeout, interval=0.2, what=f"{node} powered down")
+    flags = states[-1]
+    reason = cluster.node(node).get("Reason", "")
+    if "DOWN" in flags:
+        assert reason.startswith(f"(Code:{code}){COOLDOWN_TEXT}"), (flags, reason)
+    else:
+        assert "IDLE" in flags and reason.startswith(f"(Code:{code})"), (flags, reason)
+    return flags
 
 
 def forget_addresses(cluster: Cluster, *nodes: str) -> None:

@@ -33,7 +33,7 @@ from tests.cloud_e2e import (
     running_cluster,
     spot,
     spot_json,
-    state_flags,
+    wait_failed_node_powered_down,
     wait_node_set_cooled,
 )
 from tests.cluster import Cluster, wait_for
@@ -196,9 +196,7 @@ def test_no_capacity_anywhere_sets_code_reason_then_powers_down(aws: AwsCloud) -
                  + log_tail(cluster.log_dir / "hooks.log"))
         reason = cluster.node("gpu-4")["Reason"]
         assert reason.startswith("(Code:InsufficientInstanceCapacity)"), reason
-        wait_for(lambda: {"IDLE", "POWERED_DOWN"} <= state_flags(cluster, "gpu-4"), timeout=30,
-                 what="gpu-4 back to idle~")
-        assert "DOWN" not in state_flags(cluster, "gpu-4")
+        wait_failed_node_powered_down(cluster, "gpu-4", "InsufficientInstanceCapacity")
         assert "gpu-4" not in aws.by_node("pending", "running")
         wait_node_set_cooled(cluster, "gpu-4", ["gpu-1", "gpu-2", "gpu-3"],
                              "InsufficientInstanceCapacity")

@@ -31,6 +31,7 @@ from tests.cloud_e2e import (
     spot,
     spot_json,
     state_flags,
+    wait_failed_node_powered_down,
     wait_node_set_cooled,
 )
 from tests.cluster import Cluster, wait_for
@@ -208,13 +209,7 @@ def test_everything_exhausted_nodes_go_down_then_idle_never_plain_down(gcp: GcpC
         reason = cluster.node("gpu-4")["Reason"]
         assert reason.startswith(f"(Code:{EXHAUSTED})"), reason
 
-        def powered_down() -> bool:
-            seen.append(state_flags(cluster, "gpu-4"))
-            return {"IDLE", "POWERED_DOWN"} <= seen[-1]
-
-        wait_for(powered_down, timeout=30, interval=0.2, what="gpu-4 back to idle~")
-        assert "DOWN" not in seen[-1]
-        assert cluster.node("gpu-4")["Reason"].startswith(f"(Code:{EXHAUSTED})")
+        wait_failed_node_powered_down(cluster, "gpu-4", EXHAUSTED, seen)
         assert gcp.by_node() == {}
         failed = [e for e in cluster.events() if e["action"] == "launch_failed"]
         assert failed and failed[-1]["node"] == "gpu-4"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import time
+from datetime import datetime
 
 import pytest
 
 from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.slurm.reasons import COOLDOWN_TEXT
+from tests.cloud_e2e import wait_failed_node_powered_down
 from tests.cluster import Cluster, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +45,7 @@ def test_capacity_failure_sets_code_reason_and_requeues_within_seconds(cluster: 
     the reconciler or an admin)."""
     cluster.spot("local", "capacity", "spot", "1", "--conf-dir", str(cluster.conf_dir))
     try:
+        started = time.time()
         job = cluster.sbatch("-p", "spot", "-N", "2", "--requeue", "-o", "/dev/null",
                              "--wrap", "srun sleep 30")
         submitted = time.monotonic()
@@ -50,24 +53,23 @@ def test_capacity_failure_sets_code_reason_and_requeues_within_seconds(cluster: 
                  what="job requeued")
         requeue_s = time.monotonic() - submitted
         assert requeue_s < 20, f"requeued after {requeue_s:.1f} s"
-        nodes = [f"spot-{i}" for i in range(1, 5)]  # the scheduler may pick any two
+        failed = [e["node"] for e in cluster.events() if e["action"] == "launch_failed"
+                  and datetime.fromisoformat(e["time"]).timestamp() >= started]
+        assert len(failed) == 1, failed
+        # the scheduler may pick any two nodes: the two the job did not take are cooled down
+        others = [f"spot-{i}" for i in range(1, 5) if f"spot-{i}" != failed[0]]
         wait_for(lambda: sum(COOLDOWN_TEXT in cluster.node(n).get("Reason", "")
-                             for n in nodes) == 2, timeout=20, what="the node set cooled down")
-        reasons = {n: cluster.node(n).get("Reason", "") for n in nodes}
-        failed = [n for n, r in reasons.items() if r.startswith("(Code:")
-                  and COOLDOWN_TEXT not in r]
+                             for n in others) == 2, timeout=20, what="the node set cooled down")
+        reasons = {n: cluster.node(n).get("Reason", "") for n in others}
         cooled = [n for n, r in reasons.items() if COOLDOWN_TEXT in r]
-        assert len(failed) == 1, reasons
-        assert reasons[failed[0]].startswith("(Code:InsufficientInstanceCapacity)")
-        # the two nodes the job did not take: DOWN with the cooldown, still powered down
+        # ... DOWN with the cooldown, still powered down
         for node in cooled:
             assert reasons[node].startswith(
                 "(Code:InsufficientInstanceCapacity)Temporarily disabled until "), reasons
             assert {"DOWN", "POWERED_DOWN"} <= set(node_state(cluster, node).split("+"))
-        # the failed node: DOWN, then powered down: back to idle~, never left in plain DOWN.
-        wait_for(lambda: node_state(cluster, failed[0]).startswith("IDLE")
-                 and "POWERED_DOWN" in node_state(cluster, failed[0]),
-                 timeout=30, what=f"{failed[0]} back to idle~")
+        # the failed node: DOWN, then powered down (idle~ with its code, or down~ with the
+        # cooldown where its job was kept in Reason=Cleaning), never left in plain DOWN.
+        wait_failed_node_powered_down(cluster, failed[0], "InsufficientInstanceCapacity")
         assert len([i for i in cluster.instances() if i["state"] in ("pending", "running")]) <= 1
     finally:
         cluster.spot("local", "capacity", "spot", "--conf-dir", str(cluster.conf_dir))
