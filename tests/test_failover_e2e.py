@@ -334,6 +334,38 @@ def test_a_two_node_job_gets_both_nodes_from_another_node_set(spot: Cluster) -> 
     assert sorted(move["extra"]["nodes"]) == sorted(nodes)
 
 
+def test_capacity_back_a_new_job_runs_on_cheap_again(spot: Cluster) -> None:
+    """After a failover, capacity returns and the cooldown ends: status says ``ok`` and
+    still shows where the last failover went; the next job runs on ``cheap``."""
+    c = spot
+    _capacity(c, "cheap", "0")
+    moved = c.sbatch("-p", "spot", "-N", "1", "--requeue", "-o", "/dev/null",
+                     "--wrap", "sleep 120")
+    assert _set_of(_running(c, moved, timeout=90)["NodeList"]) == "middle"
+    c.slurm("scancel", str(moved))
+    _capacity(c, "cheap")  # capacity is back, the cooldown still runs
+    sets = {s["node_set"]: s for s in _status(c)["node_sets"]}
+    assert sets["cheap"]["capacity"] == "cooldown"
+    _settle(c)  # the admin ends it (docs/admin.md)
+    status = _status(c)
+    sets = {s["node_set"]: s for s in status["node_sets"]}
+    assert [sets[n]["capacity"] for n in SETS] == ["ok", "ok", "ok"], sets
+    assert sets["cheap"]["until"] is None
+    last = status["failovers"][0]
+    assert (last["job"], last["from_node_set"], last["to_node_set"]) == (moved, "cheap", "middle")
+    job = c.sbatch("-p", "spot", "-N", "1", "--requeue", "-o", "/dev/null",
+                   "--wrap", "sleep 120")
+    info = _running(c, job, timeout=90)
+    assert _set_of(info["NodeList"]) == "cheap", info["NodeList"]
+    assert info["Restarts"] == "0"
+    assert _job_events(c, job, "failover") == []
+    # and the table a person reads says the same
+    text = c.spot("status", "--capacity").stdout
+    assert "last failovers" in text, text
+    (row,) = [line for line in text.splitlines() if line.split()[:1] == ["cheap"]]
+    assert row.split()[3] == "ok", row
+
+
 def test_notice_while_its_node_set_has_no_capacity_the_replacement_comes_from_another(
         spot: Cluster) -> None:
     """A job on ``cheap`` gets a 40 s notice after ``cheap`` lost its capacity: the watcher's
@@ -372,35 +404,3 @@ def test_notice_while_its_node_set_has_no_capacity_the_replacement_comes_from_an
     signalled = [e for e in c.events() if e.get("source") == "watch"
                  and e["action"] == "signalled" and job in (e.get("job_ids") or [])]
     assert signalled and signalled[0]["extra"]["when"] == "replacement up", signalled
-
-
-def test_capacity_back_a_new_job_runs_on_cheap_again(spot: Cluster) -> None:
-    """After a failover, capacity returns and the cooldown ends: status says ``ok`` and
-    still shows where the last failover went; the next job runs on ``cheap``."""
-    c = spot
-    _capacity(c, "cheap", "0")
-    moved = c.sbatch("-p", "spot", "-N", "1", "--requeue", "-o", "/dev/null",
-                     "--wrap", "sleep 120")
-    assert _set_of(_running(c, moved, timeout=90)["NodeList"]) == "middle"
-    c.slurm("scancel", str(moved))
-    _capacity(c, "cheap")  # capacity is back, the cooldown still runs
-    sets = {s["node_set"]: s for s in _status(c)["node_sets"]}
-    assert sets["cheap"]["capacity"] == "cooldown"
-    _settle(c)  # the admin ends it (docs/admin.md)
-    status = _status(c)
-    sets = {s["node_set"]: s for s in status["node_sets"]}
-    assert [sets[n]["capacity"] for n in SETS] == ["ok", "ok", "ok"], sets
-    assert sets["cheap"]["until"] is None
-    last = status["failovers"][0]
-    assert (last["job"], last["from_node_set"], last["to_node_set"]) == (moved, "cheap", "middle")
-    job = c.sbatch("-p", "spot", "-N", "1", "--requeue", "-o", "/dev/null",
-                   "--wrap", "sleep 120")
-    info = _running(c, job, timeout=90)
-    assert _set_of(info["NodeList"]) == "cheap", info["NodeList"]
-    assert info["Restarts"] == "0"
-    assert _job_events(c, job, "failover") == []
-    # and the table a person reads says the same
-    text = c.spot("status", "--capacity").stdout
-    assert "last failovers" in text, text
-    (row,) = [line for line in text.splitlines() if line.split()[:1] == ["cheap"]]
-    assert row.split()[3] == "ok", row
