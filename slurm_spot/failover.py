@@ -192,7 +192,7 @@ def nodes_to_set_down_again(move: Failover, nodes: Sequence[Node],
     found = []
     for node in nodes:
         state = node.state
-        out = state.is_down or state.is_powered_down or "POWERING_DOWN" in state.flags
+        out = state.is_down or state.is_powered_down or state.is_powering_down
         if (node.name not in failed or not out or state.is_powering_up
                 or state.base not in ("DOWN", "IDLE") or not is_clearable(node.reason)):
             continue
