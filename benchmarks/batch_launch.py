@@ -1,5 +1,5 @@
 """A powered-up node's registration -> its batch script's start, with and without
-slurm-spot's PrologSlurmctld (``power.prolog_slurmctld``, slurm_spot/bootwait.py).
+slurm-spot's PrologSlurmctld (``power.prolog_slurmctld``, slurm_spot/lifecycle/bootwait.py).
 
 Method: a fresh local cluster (tests/cluster.py: 4 one-CPU local nodes, local boot of
 ``--boot`` s, no reconciler) per setting, slurmctld at ``debug`` (``scontrol setdebug``). Each

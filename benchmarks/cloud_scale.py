@@ -70,8 +70,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     import slurm_canned
 
-    from slurm_spot import power
     from slurm_spot.config import SpotConfig
+    from slurm_spot.lifecycle import power
     from slurm_spot.slurm.client import SlurmClient
 
     calls: Counter[str] = Counter()

@@ -81,7 +81,7 @@ class Action(str, enum.Enum):
     # warning: a node had several alive instances; extra.kept and extra.terminated name them
     DUPLICATE_INSTANCE = "duplicate_instance"
     EXPEDITED = "expedited"
-    # the resume hook's worker (slurm_spot.failover): a job whose nodes got no capacity had
+    # the resume hook's worker (slurm_spot.lifecycle.failover): a job whose nodes got no capacity had
     # its requeue hold cleared (extra.expedited) so that it runs on another node set of its
     # partition (extra.candidates) while extra.from_node_set cools down; reason says why
     FAILOVER = "failover"

@@ -5,7 +5,7 @@ environment, so each is installed with an absolute interpreter path, and the con
 through ``SLURM_CONF`` (see :func:`slurm_spot.config.config_path`). They are the package's
 ``console_scripts`` (pyproject.toml): :func:`resume`, :func:`suspend`, :func:`resume_fail`,
 :func:`prolog`, :func:`task_prolog`, :func:`epilog`, and :func:`prolog_slurmctld` (the
-PrologSlurmctld, :mod:`slurm_spot.bootwait`).
+PrologSlurmctld, :mod:`slurm_spot.lifecycle.bootwait`).
 
 A hook is started for every resume and suspend and, on every compute node, for every job
 (Prolog, Epilog) and every task (TaskProlog), so it imports only what it runs: the config,
@@ -37,7 +37,7 @@ from slurm_spot.rawtext import use_escaped_output
 
 if TYPE_CHECKING:
     from slurm_spot.config import SpotConfig
-    from slurm_spot.power import PowerResult
+    from slurm_spot.lifecycle.power import PowerResult
 
 log = logging.getLogger("slurm_spot.hooks")
 
@@ -55,7 +55,7 @@ def main(name: str, argv: list[str] | None = None) -> int:
     if not plain or os.environ.get("SLURM_SPOT_VERBOSE"):
         return _full_cli(name, args)
     if name in CTLD_HOOKS:  # always exits 0: a failing PrologSlurmctld requeues the job
-        from slurm_spot import bootwait
+        from slurm_spot.lifecycle import bootwait
 
         return bootwait.main()
     logging.basicConfig(level=logging.WARNING,
@@ -140,7 +140,7 @@ def epilog() -> int:
 
 def prolog_slurmctld() -> int:
     """``slurm-spot-prolog-slurmctld`` (PrologSlurmctld, on the slurmctld host): wait until the
-    job's powered-up nodes registered (:mod:`slurm_spot.bootwait`). Always returns 0."""
+    job's powered-up nodes registered (:mod:`slurm_spot.lifecycle.bootwait`). Always returns 0."""
     return main("prolog-slurmctld")
 
 
@@ -168,12 +168,12 @@ def power_action(config: SpotConfig, name: str, hostlist: str,
                  jobs: Mapping[int, Sequence[str]] | None = None) -> Callable[[], PowerResult]:
     """The work of power hook ``name`` on ``hostlist``, to be called (in the worker).
     ``jobs``: job id -> its nodes, from ``SLURM_RESUME_FILE`` (all-or-nothing per job, and
-    the jobs a failover moves: :mod:`slurm_spot.failover`)."""
-    from slurm_spot import power
+    the jobs a failover moves: :mod:`slurm_spot.lifecycle.failover`)."""
+    from slurm_spot.lifecycle import power
     from slurm_spot.slurm.client import SlurmClient
 
     if name == "resume":
-        from slurm_spot.failover import resume_and_fail_over
+        from slurm_spot.lifecycle.failover import resume_and_fail_over
 
         return lambda: resume_and_fail_over(config, hostlist, SlurmClient(config.slurm_bin_dir),
                                             jobs)

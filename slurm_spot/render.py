@@ -106,13 +106,13 @@ def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
 def node_lines(config: SpotConfig) -> list[str]:
     """``NodeName=`` lines: one per node set, or one per node for the local provider (each
     local slurmd needs its own ``Port``). ``Weight`` is the node set's place in the cost order
-    (:func:`slurm_spot.weights.static_weights`; spot.yaml's ``weight`` with ``power.order:
+    (:func:`slurm_spot.lifecycle.weights.static_weights`; spot.yaml's ``weight`` with ``power.order:
     weight``).
 
     Raises:
         ConfigError: an EC2 instance type whose shape is unknown (see :func:`node_shape`).
     """
-    from slurm_spot.weights import static_weights
+    from slurm_spot.lifecycle.weights import static_weights
 
     weights = static_weights(config)
     lines = []
@@ -221,15 +221,15 @@ def slurm_parameters(version: SlurmVersion | None) -> list[str]:
 def suspend_exc_nodes(config: SpotConfig) -> str | None:
     """slurm.conf's ``SuspendExcNodes`` for the node sets with hot spares (``spares: N``):
     ``<node set hostlist>:<N>`` per node set, comma separated (``spot-[1-4]:1,gpu-[1-2]:2``),
-    or None when no node set has spares (:func:`slurm_spot.spares.suspend_exc_value`).
+    or None when no node set has spares (:func:`slurm_spot.lifecycle.spares.suspend_exc_value`).
 
     slurm.conf(5) of 22.05 (the man page installed here), 24.11 and 26.05: the ``:<count>``
     form keeps that many nodes of the set from being powered down. It powers none up, which
-    the reconciler does (:func:`slurm_spot.spares.spares_to_power_up`); from 24.05 the count
+    the reconciler does (:func:`slurm_spot.lifecycle.spares.spares_to_power_up`); from 24.05 the count
     includes busy nodes, which the reconciler adds at run time. Not ``SuspendExcStates``,
     which is 23.02+ (a 22.05 daemon refuses the unknown key).
     """
-    from slurm_spot.spares import suspend_exc_value
+    from slurm_spot.lifecycle.spares import suspend_exc_value
 
     return suspend_exc_value(config)
 

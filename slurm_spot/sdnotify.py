@@ -9,7 +9,7 @@ when it shuts down. Outside systemd (no ``NOTIFY_SOCKET``) every call does nothi
 
 The units (templates/slurm-spot-reconcile.service.j2, slurm-spot-watch.service.j2) set
 ``Type=notify`` and ``WatchdogSec=``; the reconciler's loop (:mod:`slurm_spot.reconcile.loop`)
-and the watcher (:mod:`slurm_spot.watch`) call :meth:`Notifier.watchdog` between passes and
+and the watcher (:mod:`slurm_spot.lifecycle.watch`) call :meth:`Notifier.watchdog` between passes and
 polls and while they wait, so a loop that hangs (a call with no timeout) is restarted.
 """
 

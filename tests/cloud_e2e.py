@@ -92,7 +92,7 @@ def wait_node_set_cooled(cluster: Cluster, failed: str, others: list[str], code:
     wait_for(cooled, timeout=20, what=f"the node set of {failed} cooled down")
     # The failed node itself keeps its launch-failure reason, or, where slurmctld kept its job
     # pending with Reason=Cleaning, the failover worker set it DOWN again with the node set's
-    # cooldown (slurm_spot/failover.py, CLEANING_NUDGE_S): never a plain, powered-up DOWN.
+    # cooldown (slurm_spot/lifecycle/failover.py, CLEANING_NUDGE_S): never a plain, powered-up DOWN.
     reason = cluster.node(failed).get("Reason", "")
     assert reason.startswith(f"(Code:{code})"), reason
     flags = state_flags(cluster, failed)
@@ -108,7 +108,7 @@ def wait_failed_node_powered_down(cluster: Cluster, node: str, code: str,
     It is ``idle~`` with its ``(Code:<code>)`` reason (slurmctld powers the hook's DOWN node
     down), or ``down~`` with its node set's cooldown reason: where slurmctld kept the node's
     requeued job pending with Reason=Cleaning, the failover worker set the node DOWN again
-    with that reason (slurm_spot/failover.py, CLEANING_NUDGE_S). Never a plain ``down``."""
+    with that reason (slurm_spot/lifecycle/failover.py, CLEANING_NUDGE_S). Never a plain ``down``."""
     from slurm_spot.slurm.reasons import COOLDOWN_TEXT
 
     states = seen if seen is not None else []

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from slurm_spot.config import parse_config
+from slurm_spot.lifecycle.watch import Watcher, source_for
 from slurm_spot.providers.aws.notices import (
     ACTION_PATH,
     ImdsClient,
@@ -21,7 +22,6 @@ from slurm_spot.providers.aws.notices import (
     instance_identity,
     parse_time,
 )
-from slurm_spot.watch import Watcher, source_for
 from tests.fakes.fake_slurm import FakeSlurm
 from tests.fakes.imds import FakeImds
 

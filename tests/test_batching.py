@@ -17,9 +17,9 @@ from typing import Any
 import boto3
 import pytest
 
-from slurm_spot import power
 from slurm_spot.config import SpotConfig
 from slurm_spot.events import EVENTS_FILE, Event, emit, read_events, start_offset
+from slurm_spot.lifecycle import power
 from slurm_spot.providers import get_provider
 from slurm_spot.providers.aws.provider import AwsProvider
 from slurm_spot.providers.base import TAG_CLUSTER, TAG_NODE_SET, InstanceState, LaunchRequest, Provider

@@ -1,4 +1,4 @@
-"""slurm-spot-prolog-slurmctld (slurm_spot/bootwait.py): when it lets slurmctld launch a job,
+"""slurm-spot-prolog-slurmctld (slurm_spot/lifecycle/bootwait.py): when it lets slurmctld launch a job,
 and what `render` writes for it on each Slurm release."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.bootwait import (
+from slurm_spot.config import load_config
+from slurm_spot.lifecycle.bootwait import (
     node_flags,
     nodes_given_up,
     nodes_ready,
     slurm_conf_from_parent,
     wait_for_nodes,
 )
-from slurm_spot.config import load_config
 from slurm_spot.render import render
 
 DATA = Path(__file__).parent / "data"
@@ -140,7 +140,7 @@ def test_hook_exits_0_when_its_output_cannot_be_written_and_for_odd_job_ids(
 def test_slurm_conf_comes_from_the_parent_process() -> None:
     # slurmctld gives a PrologSlurmctld no SLURM_CONF; its parent (slurmscriptd) has
     # slurmctld's environment.
-    code = ("import os, sys; from slurm_spot.bootwait import slurm_conf_from_parent; "
+    code = ("import os, sys; from slurm_spot.lifecycle.bootwait import slurm_conf_from_parent; "
             "print(slurm_conf_from_parent())")
     env = {**os.environ, "SLURM_CONF": "/etc/x/slurm.conf"}
     parent = subprocess.run(
@@ -192,7 +192,7 @@ def test_a_job_on_other_nodes_of_the_site_is_not_held(tmp_path: Path,
     # returns before asking Slurm anything (its scontrol here is not even there).
     import yaml
 
-    from slurm_spot.bootwait import run
+    from slurm_spot.lifecycle.bootwait import run
 
     config = tmp_path / "spot.yaml"
     config.write_text(yaml.safe_dump({
@@ -215,7 +215,7 @@ def test_a_restarted_jobs_launch_waits_out_the_second_of_its_release() -> None:
     first run, or a restart released earlier, is not held."""
     from datetime import datetime
 
-    from slurm_spot.bootwait import credential_wait_s
+    from slurm_spot.lifecycle.bootwait import credential_wait_s
 
     eligible = datetime.fromisoformat("2026-12-03T16:14:54").timestamp()
     restarted = {"Restarts": "1", "EligibleTime": "2026-12-03T16:14:54"}

@@ -23,8 +23,8 @@ from slurm_spot.jobs.contract import ELASTIC_MARK
 from slurm_spot.jobs.services.rendezvous import HETJOB_PORT_BASE
 from slurm_spot.jobs.submit.sbatch import read_directives, take_option
 from slurm_spot.jsonenvelope import read_envelope
+from slurm_spot.lifecycle.watch import Watcher, source_for
 from slurm_spot.slurm.client import CommandResult, SlurmClient
-from slurm_spot.watch import Watcher, source_for
 
 #: A stand-in for scontrol: the partitions spot and coord exist; a node's address is 127.0.0.1;
 #: ``show hostnames`` prints $NODES.

@@ -93,8 +93,8 @@ def test_one_code_table_per_provider_for_hooks_and_reconciler() -> None:
 
 def test_a_job_beyond_the_quota_is_flagged_naming_quota_and_job_and_held(aws):
     """The issue's input: a 3-node job of 16 vCPU each under a 32 vCPU spot quota."""
-    from slurm_spot import power
     from slurm_spot.events import read_events
+    from slurm_spot.lifecycle import power
     from slurm_spot.slurm.client import SlurmClient
     from tests.fakes.fake_slurm import resuming_slurm
 
@@ -120,7 +120,7 @@ def test_a_job_beyond_the_quota_is_flagged_naming_quota_and_job_and_held(aws):
 
 
 def test_a_job_within_the_quota_is_not_held(aws):
-    from slurm_spot import power
+    from slurm_spot.lifecycle import power
     from slurm_spot.slurm.client import SlurmClient
     from tests.fakes.fake_slurm import resuming_slurm
 
@@ -221,8 +221,8 @@ def test_gce_a_node_set_with_no_offered_pair_fails_permanent_and_starts_no_coold
 ):
     """The resume hook's view: the failure is PERMANENT (never capacity), the nodes are powered
     down with a (Code:...) reason, and the reconciler's history sees no capacity failure."""
-    from slurm_spot import power
     from slurm_spot.events import read_events
+    from slurm_spot.lifecycle import power
     from slurm_spot.slurm.client import SlurmClient
     from tests.fakes.fake_slurm import resuming_slurm
 

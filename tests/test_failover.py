@@ -1,4 +1,4 @@
-"""Failover after a capacity error (issue 24, part 1; slurm_spot.failover) with fakes: when the
+"""Failover after a capacity error (issue 24, part 1; slurm_spot.lifecycle.failover) with fakes: when the
 requeue hold is cleared, which nodes are cooled down, what is recorded; and the node sets'
 capacity state of ``slurm-spot status``."""
 
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.commands.status import failover_rows, last_failovers, node_set_rows
 from slurm_spot.config import SpotConfig, load_config
-from slurm_spot.failover import (
+from slurm_spot.lifecycle.failover import (
     Failover,
     HoldStep,
     candidate_node_sets,
@@ -24,7 +23,8 @@ from slurm_spot.failover import (
     note_text,
     stuck_cleaning,
 )
-from slurm_spot.power import PowerResult
+from slurm_spot.lifecycle.power import PowerResult
+from slurm_spot.lifecycle.status import failover_rows, last_failovers, node_set_rows
 from slurm_spot.providers.base import ErrorClass, LaunchFailure
 from slurm_spot.reconcile.history import INTERRUPTION_ACTIONS
 from slurm_spot.slurm.client import Job, Node
@@ -441,7 +441,7 @@ def test_other_failures_and_other_jobs_are_left_alone(config: SpotConfig) -> Non
 
 
 def test_note_before_the_start_names_the_candidates(config: SpotConfig) -> None:
-    from slurm_spot.failover import Failover
+    from slurm_spot.lifecycle.failover import Failover
 
     move = Failover(7, "cheap", ICE, ("other",), NOW, 0.0)
     assert note_text(move) == (

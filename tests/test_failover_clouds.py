@@ -5,8 +5,8 @@ set (the fake Compute API) and an AWS one.
 The providers are the real ones, built from spot.yaml as the resume hook builds them
 (``providers.<name>.endpoint_url`` / ``api_endpoint``); Slurm is :class:`tests.fakes.fake_slurm.
 FakeSlurm`, which requeues a job when its node goes DOWN as slurmctld 22.05 does. Each test
-runs the resume hook's work for the cheapest node set (:func:`slurm_spot.power.resume`, then
-:func:`slurm_spot.failover.fail_over` with a fake clock) while that node set's region or zone
+runs the resume hook's work for the cheapest node set (:func:`slurm_spot.lifecycle.power.resume`, then
+:func:`slurm_spot.lifecycle.failover.fail_over` with a fake clock) while that node set's region or zone
 has no capacity, then checks what a user and slurmctld see: the failed node's ``(Code:...)``
 reason, the node set's free nodes DOWN under a cooldown reason (so slurmctld does not try it
 again while it lasts), the job's requeue hold cleared with the other node set named as where it
@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from slurm_spot import power
 from slurm_spot.config import SpotConfig, parse_config
-from slurm_spot.failover import FailoverRun, fail_over
+from slurm_spot.lifecycle import power
+from slurm_spot.lifecycle.failover import FailoverRun, fail_over
+from slurm_spot.lifecycle.weights import current_weights
 from slurm_spot.providers.aws.fleet import decode_node
 from slurm_spot.slurm.reasons import COOLDOWN_TEXT, parse_cooldown
-from slurm_spot.weights import current_weights
 from tests.fakes.ec2 import REGION, TEMPLATE, WEST_REGION, WEST_ZONES, World
 from tests.fakes.ec2_proxy import MotoEc2
 from tests.fakes.fake_slurm import FakeSlurm
@@ -305,7 +305,7 @@ def test_two_gce_regions_of_one_project_do_not_make_an_instance_its_own_duplicat
     (``aggregatedList``): the reconciler counts each instance once, under the provider of its
     node set, so an up node's only instance is not terminated as a "duplicate" of itself,
     and ``slurm-spot instances`` / ``status`` list it once."""
-    from slurm_spot.commands.status import status_rows
+    from slurm_spot.lifecycle.status import status_rows
     from slurm_spot.providers import assign_listings, get_provider
     from slurm_spot.reconcile.reconciler import Reconciler
 

@@ -138,7 +138,7 @@ def _settle(c: Cluster) -> None:
     when they were ended can be cooled again by a reconciler pass that read the nodes
     before."""
     from slurm_spot.config import load_config
-    from slurm_spot.weights import static_weights
+    from slurm_spot.lifecycle.weights import static_weights
 
     subprocess.run(["scancel", "-u", "root"], env=c.env, check=False, timeout=30)
     for name in SETS:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm_spot import power
+from slurm_spot.lifecycle import power
 from slurm_spot.providers.base import ErrorClass, LaunchRequest
 from slurm_spot.providers.gcp.errors import (
     GceError,

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from slurm_spot import power
 from slurm_spot.config import GcpProviderConfig, NodeSetConfig
 from slurm_spot.errors import ProviderError
+from slurm_spot.lifecycle import power
 from slurm_spot.providers.base import (
     TAG_CLUSTER,
     TAG_MARKET,

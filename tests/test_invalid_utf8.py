@@ -27,12 +27,12 @@ from slurm_spot.commands.common import AppContext
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.events import EVENTS_FILE, Event, emit, read_events
 from slurm_spot.jsonenvelope import read_envelope
+from slurm_spot.lifecycle.watch import Watcher
 from slurm_spot.providers.base import InstanceState
 from slurm_spot.providers.local.notices import LocalNoticeSource
 from slurm_spot.reconcile.reconciler import Reconciler
 from slurm_spot.slurm.client import SlurmClient
 from slurm_spot.slurm.runner import run_command
-from slurm_spot.watch import Watcher
 from tests.fakes.fake_provider import FakeProvider
 from tests.fakes.fake_slurm import FakeSlurm
 

@@ -13,7 +13,7 @@ from slurm_spot.cli import cli
 from slurm_spot.commands.common import AppContext
 from slurm_spot.config import SpotConfig, load_config
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.node_identity import resolve_node_name
+from slurm_spot.lifecycle.node_identity import resolve_node_name
 from slurm_spot.slurm.client import SlurmClient
 from tests.fakes.fake_slurm import FakeSlurm
 
@@ -178,7 +178,7 @@ def test_cli_env_file_that_cannot_be_written_is_exit_2(config, slurm, tmp_path, 
 def test_cli_exit_2_when_this_host_is_no_node(config, slurm, monkeypatch) -> None:
     monkeypatch.setattr(AppContext, "slurm", lambda self: slurm.client())
     monkeypatch.setattr("socket.gethostname", lambda: "build-box")
-    monkeypatch.setattr("slurm_spot.node_identity.host_addresses", lambda: {"192.168.5.5"})
+    monkeypatch.setattr("slurm_spot.lifecycle.node_identity.host_addresses", lambda: {"192.168.5.5"})
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
     for command in (["node-name"], ["watch", "--once", "--wait", "0"]):
         result = CliRunner().invoke(cli, ["--config", str(config.source_path), *command])
@@ -209,7 +209,7 @@ def _gcp_config(tmp_path: Path) -> SpotConfig:
 
 def test_gce_instance_gives_slurmd_its_name_and_machine_type(tmp_path, monkeypatch) -> None:
     """slurm-spot's GCE instance id is the instance name (what the resume hook records)."""
-    from slurm_spot.node_identity import slurmd_instance_args
+    from slurm_spot.lifecycle.node_identity import slurmd_instance_args
     from tests.fakes.gce_metadata import FakeMetadata
 
     with FakeMetadata() as metadata:
@@ -222,7 +222,7 @@ def test_gce_instance_gives_slurmd_its_name_and_machine_type(tmp_path, monkeypat
 def test_no_instance_args_when_they_cannot_be_known(tmp_path, monkeypatch, caplog) -> None:
     """slurmd must start anyway: an unreachable metadata server, a slurmd that does not answer
     -V, an old slurmd: no arguments, each reason logged (a local node: the CLI test below)."""
-    from slurm_spot.node_identity import slurmd_instance_args
+    from slurm_spot.lifecycle.node_identity import slurmd_instance_args
 
     config = _gcp_config(tmp_path)
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # nothing listens on the discard port

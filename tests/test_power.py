@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_spot import power
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.errors import HostlistError, UnknownNodeError
+from slurm_spot.lifecycle import power
 from slurm_spot.providers.base import (
     ErrorClass,
     LaunchFailure,

@@ -13,15 +13,15 @@ from slurm_spot.checkpoint.commit import commit, new_temp_dir, write_manifest
 from slurm_spot.checkpoint.files import SaveCost, save_costs
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.events import read_events
-from slurm_spot.prewarm import (
+from slurm_spot.lifecycle.prewarm import (
     PREWARM_WEIGHT,
     choose_replacements,
     latest_signal_time,
     weights_to_restore,
 )
+from slurm_spot.lifecycle.watch import Watcher, source_for
 from slurm_spot.slurm.client import CommandResult, Node, SlurmClient
 from slurm_spot.slurm.states import parse_node_state
-from slurm_spot.watch import Watcher, source_for
 
 
 def _config(tmp_path: Path, **preemption: object) -> SpotConfig:

@@ -1,4 +1,4 @@
-"""Prewarm from anywhere (issue 24, part 3; slurm_spot.prewarm): the replacement for a node
+"""Prewarm from anywhere (issue 24, part 3; slurm_spot.lifecycle.prewarm): the replacement for a node
 under notice comes from any node set of the job's partition that has capacity, in the cost
 order, and from the next node set when the chosen one fails to launch."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.events import read_events
-from slurm_spot.prewarm import PREWARM_WEIGHT, Prewarm, choose_replacements
+from slurm_spot.lifecycle.prewarm import PREWARM_WEIGHT, Prewarm, choose_replacements
 from slurm_spot.slurm.client import Node
 from slurm_spot.slurm.reasons import cooldown_reason
 from slurm_spot.slurm.states import parse_node_state

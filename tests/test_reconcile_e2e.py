@@ -177,7 +177,7 @@ def test_capacity_failure_cools_the_pool_down_then_reenables_it(rc: Cluster) -> 
         for node in cooled:  # type: ignore[attr-defined]
             info = rc.node(node)
             # powering down still: the failed node, set DOWN again with the cooldown where
-            # slurmctld kept its job in Reason=Cleaning (slurm_spot/failover.py)
+            # slurmctld kept its job in Reason=Cleaning (slurm_spot/lifecycle/failover.py)
             assert info["State"].startswith("DOWN+") and (
                 "POWERED_DOWN" in info["State"] or "POWERING_DOWN" in info["State"]), info
             reason = info["Reason"].split(" [")[0]

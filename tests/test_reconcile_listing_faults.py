@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.errors import SlurmCommandError
-from slurm_spot.power import _controller_unreachable
+from slurm_spot.lifecycle.power import controller_unreachable
 from slurm_spot.slurm.client import SlurmClient
 from slurm_spot.slurm.runner import run_command
 from tests.test_reconcile_rules import NOW, World
@@ -103,7 +103,7 @@ def test_the_real_sinfo_of_2205_with_its_controller_away_is_a_failed_listing(
     assert "Slurm reported: Unspecified error" in str(failed.value)
     assert "scontrol ping: Slurmctld(primary) at " in str(failed.value)
     assert "is DOWN" in str(failed.value)
-    assert _controller_unreachable(failed.value)
+    assert controller_unreachable(failed.value)
 
 
 def test_squeue_2205_reporting_no_jobs_with_an_error_is_a_failed_read(tmp_path: Path) -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from slurm_spot.config import load_config, parse_config
+from slurm_spot.lifecycle.watch import Watcher, source_for
 from slurm_spot.reconcile.loop import ConfigSource, Loop
 from slurm_spot.reconcile.reconciler import PassResult
 from slurm_spot.sdnotify import Notifier
 from slurm_spot.slurm.client import SlurmClient
-from slurm_spot.watch import Watcher, source_for
 from tests.test_watch import ScriptedSlurm
 
 

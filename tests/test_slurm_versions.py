@@ -16,7 +16,7 @@ from slurm_spot.cli import cli
 from slurm_spot.config import load_config
 from slurm_spot.errors import BadInputError
 from slurm_spot.localcluster.cluster import state_save_dir
-from slurm_spot.reconcile.rules import pick_kept
+from slurm_spot.providers import pick_kept
 from slurm_spot.render import render
 from slurm_spot.slurm.client import Node
 from slurm_spot.slurm.states import parse_node_state

@@ -15,12 +15,7 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
 from slurm_spot.errors import ConfigError
-from slurm_spot.reconcile.reconciler import Reconciler
-from slurm_spot.render import render, suspend_exc_nodes
-from slurm_spot.slurm.client import Node
-from slurm_spot.slurm.reasons import cooldown_reason
-from slurm_spot.slurm.states import parse_node_state
-from slurm_spot.spares import (
+from slurm_spot.lifecycle.spares import (
     HOURS_PER_MONTH,
     is_busy,
     is_spare,
@@ -28,6 +23,11 @@ from slurm_spot.spares import (
     spares_to_power_up,
     suspend_exc_value,
 )
+from slurm_spot.reconcile.reconciler import Reconciler
+from slurm_spot.render import render, suspend_exc_nodes
+from slurm_spot.slurm.client import Node
+from slurm_spot.slurm.reasons import cooldown_reason
+from slurm_spot.slurm.states import parse_node_state
 from tests.test_reconcile_rules import NOW, World
 
 AWS = {"launch_template": "lt-0abc", "subnets": ["subnet-0a1"]}

@@ -12,9 +12,10 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.commands import status as status_module
 from slurm_spot.commands.common import AppContext
-from slurm_spot.commands.status import format_uptime, status_rows
+from slurm_spot.commands.status import format_uptime
 from slurm_spot.config import SpotConfig
 from slurm_spot.jsonenvelope import read_envelope
+from slurm_spot.lifecycle.status import status_rows
 from slurm_spot.providers.base import InstanceState
 from tests.fakes.fake_provider import FakeProvider
 from tests.fakes.fake_slurm import FakeSlurm

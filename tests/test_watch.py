@@ -14,10 +14,10 @@ from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
 from slurm_spot.events import read_events
 from slurm_spot.jsonenvelope import read_envelope
+from slurm_spot.lifecycle.watch import Watcher, source_for
 from slurm_spot.providers.local.notices import LocalNoticeSource
 from slurm_spot.providers.notices import Notice
 from slurm_spot.slurm.client import CommandResult, SlurmClient
-from slurm_spot.watch import Watcher, source_for
 from tests.fakes.fake_slurm import FakeSlurm
 
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.config import SpotConfig
 from slurm_spot.hostlist import natural_compare, slurm_node_order
+from slurm_spot.lifecycle.weights import name_order_warnings, static_weights
 from slurm_spot.slurm.version import SlurmVersion
-from slurm_spot.weights import name_order_warnings, static_weights
 
 OLD = SlurmVersion.parse("22.05.8")
 NEW = SlurmVersion.parse("23.02.0")

@@ -9,7 +9,7 @@ Before 23.02 a node set whose nodes are all powered down gets the reboot weight 
 its Weight (src/slurmctld/node_scheduler.c, ``_build_node_list``) and slurmctld's node table
 is sorted by name (src/slurmctld/read_config.c, ``_sort_node_record_table_ptr``), so the job
 runs on ``alpha-1`` whatever the order of slurm.conf's lines; ``slurm-spot config check``
-says so (:func:`slurm_spot.weights.name_order_warnings`). One cluster, one job.
+says so (:func:`slurm_spot.lifecycle.weights.name_order_warnings`). One cluster, one job.
 """
 
 from __future__ import annotations

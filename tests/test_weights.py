@@ -1,4 +1,4 @@
-"""Slurm's node Weights kept in the cost order (issue 24, part 2; slurm_spot.weights): what
+"""Slurm's node Weights kept in the cost order (issue 24, part 2; slurm_spot.lifecycle.weights): what
 render writes, what a reconciler pass changes when prices or capacity change, what it leaves
 alone (an admin's Weight, a prewarm's 0); and the failover counter (part 6)."""
 
@@ -12,10 +12,10 @@ from prometheus_client import generate_latest
 
 from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.events import Action, Event, emit, read_events
+from slurm_spot.lifecycle.weights import live_weights, static_weights
 from slurm_spot.reconcile.reconciler import Reconciler
 from slurm_spot.render import render
 from slurm_spot.slurm.reasons import cooldown_reason
-from slurm_spot.weights import live_weights, static_weights
 from tests.fakes.fake_provider import FakeProvider
 from tests.fakes.fake_slurm import FakeSlurm
 
@@ -134,7 +134,7 @@ def test_an_admins_hand_set_weight_and_a_prewarm_are_left_alone(tmp_path: Path) 
 
 
 def test_the_last_known_price_stands_in_when_a_lookup_fails(tmp_path: Path) -> None:
-    from slurm_spot.weights import price_lookup
+    from slurm_spot.lifecycle.weights import price_lookup
 
     config = site(tmp_path)
     known = {"dear": 0.05}

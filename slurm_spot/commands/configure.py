@@ -11,10 +11,10 @@ import yaml
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.config import credentials_file_problems, slurm_bin_problems
 from slurm_spot.errors import BadInputError, ConfigError
+from slurm_spot.lifecycle.weights import name_order_warnings
 from slurm_spot.providers import check_config, check_online, cloud_permissions
 from slurm_spot.render import render, slurm_version, write_rendered
 from slurm_spot.slurm.version import SlurmVersion
-from slurm_spot.weights import name_order_warnings
 
 
 @click.group("config")

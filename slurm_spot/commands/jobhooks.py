@@ -1,6 +1,6 @@
 """``slurm-spot prolog|task-prolog|epilog``: run by slurmd with the job's environment (the
 work is in :func:`slurm_spot.hooks.job_hook_lines`, shared with the light hook executables);
-``slurm-spot prolog-slurmctld``: run by slurmctld at allocation (:mod:`slurm_spot.bootwait`)."""
+``slurm-spot prolog-slurmctld``: run by slurmctld at allocation (:mod:`slurm_spot.lifecycle.bootwait`)."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def epilog_command(app: AppContext) -> None:
 @click.command("prolog-slurmctld")
 def prolog_slurmctld_command() -> None:
     """PrologSlurmctld: wait until the job's powered-up nodes registered, so slurmctld
-    launches it at once (slurm_spot/bootwait.py). Always exits 0."""
-    from slurm_spot import bootwait
+    launches it at once (slurm_spot/lifecycle/bootwait.py). Always exits 0."""
+    from slurm_spot.lifecycle import bootwait
 
     bootwait.main()
 

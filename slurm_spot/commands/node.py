@@ -1,4 +1,4 @@
-"""``slurm-spot node-name``: which Slurm node this host is (see :mod:`slurm_spot.node_identity`)."""
+"""``slurm-spot node-name``: which Slurm node this host is (see :mod:`slurm_spot.lifecycle.node_identity`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from slurm_spot.commands.common import AppContext, json_option, pass_app, print_
 from slurm_spot.commands.completion import complete_nodes
 from slurm_spot.commands.progress import waiting
 from slurm_spot.errors import BadInputError
-from slurm_spot.node_identity import resolve_node_name, slurmd_instance_args
+from slurm_spot.lifecycle.node_identity import resolve_node_name, slurmd_instance_args
 
 #: What a value in the env file may not hold: it is read by systemd (EnvironmentFile=) and may
 #: be sourced by a shell, and a value is written in double quotes when it holds spaces.

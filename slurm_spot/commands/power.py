@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import click
 
-from slurm_spot import power
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.hooks import run_detached
 from slurm_spot.hostlist import expand
+from slurm_spot.lifecycle import power
 from slurm_spot.slurm.resume_file import read_resume_file
 
 log = logging.getLogger("slurm_spot.hooks")
@@ -68,9 +68,9 @@ def resume_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) 
 
     SLURM_RESUME_FILE (set by slurmctld) is read first, while it exists: with
     power.all_or_nothing, a job that cannot get all its nodes has the launched ones given back;
-    a job whose nodes got no capacity runs on another node set at once (slurm_spot.failover).
+    a job whose nodes got no capacity runs on another node set at once (slurm_spot.lifecycle.failover).
     """
-    from slurm_spot.failover import resume_and_fail_over
+    from slurm_spot.lifecycle.failover import resume_and_fail_over
 
     jobs = read_resume_file()
     _run_hook(app, "resume", hostlist, detach, as_json,

@@ -12,8 +12,8 @@ import click
 from slurm_spot import __version__
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
 from slurm_spot.commands.completion import complete_nodes
-from slurm_spot.node_identity import resolve_node_name
-from slurm_spot.watch import Watcher, source_for
+from slurm_spot.lifecycle.node_identity import resolve_node_name
+from slurm_spot.lifecycle.watch import Watcher, source_for
 
 
 @click.command("watch")

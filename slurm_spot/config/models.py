@@ -110,7 +110,7 @@ class PreemptionConfig(ConfigModel):
     powered up for each job on the node (same node set, else a compatible one), lets the jobs
     train on while it boots, and signals each job when the replacement is up, or at the latest
     at ``deadline - margin - (the job's checkpoint time + step time) - signal_margin_s``,
-    whichever comes first (:mod:`slurm_spot.prewarm`). The checkpoint and step times come from
+    whichever comes first (:mod:`slurm_spot.lifecycle.prewarm`). The checkpoint and step times come from
     the job's own saves (``save_s`` in each checkpoint's manifest); a job without saves is
     assumed to need ``default_checkpoint_s``. Without ``prewarm`` the jobs are signalled at once
     and their replacement boots after the requeue.
@@ -200,12 +200,12 @@ class PowerConfig(ConfigModel):
     failover: bool = Field(
         True, description="when a node set has no capacity (or quota), cool the whole node "
         "set down and clear Slurm's requeue hold of the jobs it failed, so they start on "
-        "another node set of their partition within seconds (slurm_spot/failover.py); false: "
+        "another node set of their partition within seconds (slurm_spot/lifecycle/failover.py); false: "
         "the failed node alone goes DOWN and its job waits out Slurm's ~121 s requeue hold")
     prolog_slurmctld: bool = Field(
         True, description="render PrologSlurmctld=slurm-spot-prolog-slurmctld, which holds a "
         "job on powered-up nodes until they registered so slurmctld launches it at once, not "
-        "on its next 30 s periodic check (slurm_spot/bootwait.py, docs/admin.md); false on a "
+        "on its next 30 s periodic check (slurm_spot/lifecycle/bootwait.py, docs/admin.md); false on a "
         "Slurm before 24.05 whose slurm.conf has a PrologSlurmctld of its own (one only there)")
     order: Literal["cost", "weight"] = Field(
         "cost", description="how the node sets of a partition are ordered (Slurm's node "

@@ -3,8 +3,8 @@
 Slurm's node ``Weight`` is the mechanism: "jobs will be allocated the nodes with the lowest
 weight which satisfies their requirements", and if the lowest-weight nodes cannot satisfy a
 job "the set of nodes with the next lowest weight is added" (slurm.conf(5), Weight; the 22.05
-text is quoted in :mod:`slurm_spot.prewarm` and docs/admin.md). This module turns what is known
-about each node set into one Weight per node set; :mod:`slurm_spot.weights` gathers the inputs
+text is quoted in :mod:`slurm_spot.lifecycle.prewarm` and docs/admin.md). This module turns what is known
+about each node set into one Weight per node set; :mod:`slurm_spot.lifecycle.weights` gathers the inputs
 (prices, cooldowns) and keeps Slurm's weights in step.
 
 **The rule.** Node sets are sorted by the key
@@ -55,7 +55,7 @@ RESTART_S = 300.0
 #: The Spot Advisor band a spot node set without ``interruption_band`` is taken to have.
 DEFAULT_SPOT_BAND = "5-10%"
 #: The Weight of the first node set; 0 is kept for prewarmed replacements
-#: (:data:`slurm_spot.prewarm.PREWARM_WEIGHT`).
+#: (:data:`slurm_spot.lifecycle.prewarm.PREWARM_WEIGHT`).
 FIRST_WEIGHT = 1
 
 Market = Literal["spot", "on-demand"]

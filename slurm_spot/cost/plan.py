@@ -421,9 +421,9 @@ def simulation(site: SiteConfig, params: SimParams, rate_source: str,
 
 def spares_of(config: SpotConfig) -> list[dict[str, Any]]:
     """The hot spares of ``config``'s node sets with their cost around the clock
-    (:func:`slurm_spot.spares.spares_cost`, catalogue prices: no network); [] when none."""
-    from slurm_spot.spares import spares_cost
-    from slurm_spot.weights import price_lookup
+    (:func:`slurm_spot.lifecycle.spares.spares_cost`, catalogue prices: no network); [] when none."""
+    from slurm_spot.lifecycle.spares import spares_cost
+    from slurm_spot.lifecycle.weights import price_lookup
 
     if not any(ns.spares for ns in config.node_sets):
         return []

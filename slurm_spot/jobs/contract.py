@@ -74,5 +74,5 @@ ENV_FT_HOST = "SLURM_SPOT_FT_HOST"
 ENV_FT_CHECKPOINT_KEY = "SLURM_SPOT_FT_CHECKPOINT_KEY"
 
 #: The line that marks an elastic job's batch script: the watcher releases a departing node
-#: from such a job instead of requeueing it (slurm_spot.watch).
+#: from such a job instead of requeueing it (slurm_spot.lifecycle.watch).
 ELASTIC_MARK = "# slurm-spot: elastic job (one job step per node)"

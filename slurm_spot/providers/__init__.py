@@ -25,11 +25,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
-from typing import cast
+from datetime import timedelta
+from typing import TYPE_CHECKING, cast
 
 from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.errors import ConfigError
 from slurm_spot.providers.base import Finding, Instance, Provider, ProviderPackage
+from slurm_spot.slurm.reasons import parse_slurm_time
+
+if TYPE_CHECKING:
+    from slurm_spot.slurm.client import Node
 
 #: provider type (``providers.<name>.type`` in spot.yaml) -> package implementing it.
 PROVIDER_TYPES: dict[str, str] = {
@@ -168,3 +173,29 @@ def assign_listings(config: SpotConfig,
                 seen.add(inst.instance_id)
                 kept.append(inst)
     return result
+
+
+#: A node's BootTime (second precision) is a little later than its instance's launch.
+BOOT_SLACK = timedelta(seconds=2)
+
+def pick_kept(node: Node, alive: Sequence[Instance]) -> Instance:
+    """The instance Slurm knows among several alive ones for ``node``.
+
+    On Slurm 23.11+ the resume hook records the node's InstanceId, and the instance with that
+    id is the one (an id is never reused; an address can be recycled by the cloud or reported
+    late). Otherwise (older Slurm, or no id recorded) instances whose private IP is the node's
+    NodeAddr are preferred (all of them when none matches, or when all share one address as
+    local instances do). Among those, the newest launched no later than the node's BootTime
+    (+2 s) registered last; without a BootTime, or with every candidate newer, the oldest is
+    kept: it is the first to have booted.
+    """
+    by_id = [i for i in alive if node.instance_id and i.instance_id == node.instance_id]
+    if by_id:
+        return by_id[0]
+    matching = [i for i in alive if i.private_ip and i.private_ip == node.addr] or list(alive)
+    boot = parse_slurm_time(node.boot_time)
+    if boot is not None:
+        before = [i for i in matching if i.launch_time <= boot + BOOT_SLACK]
+        if before:
+            return max(before, key=lambda i: i.launch_time)
+    return min(matching, key=lambda i: i.launch_time)

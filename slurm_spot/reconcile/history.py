@@ -220,7 +220,7 @@ class _Facts:
             elif action == Action.BREAKER:
                 self.last_breaker[node] = when
         if action == Action.COOLDOWN and extra.get("node_set"):
-            # The reconciler's or the resume hook's (failover: slurm_spot.failover): either
+            # The reconciler's or the resume hook's (failover: slurm_spot.lifecycle.failover): either
             # answers the capacity failures before it. Counting only the reconciler's, a
             # cooldown an admin ended (state=RESUME) was started again at the next pass.
             self.last_cooldown[str(extra["node_set"])] = when

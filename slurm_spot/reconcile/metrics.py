@@ -15,7 +15,7 @@ collide. Names follow Prometheus conventions (``_total`` counters, ``_seconds`` 
 - ``slurm_spot_failovers_total{node_set,reason}``: jobs moved off a node set without
   capacity, by that node set and the provider's code (InsufficientInstanceCapacity,
   ZONE_RESOURCE_POOL_EXHAUSTED, ...), one per ``failover`` event the resume hook's worker
-  wrote (:mod:`slurm_spot.failover`; counted from the events file, as the hooks run no server);
+  wrote (:mod:`slurm_spot.lifecycle.failover`; counted from the events file, as the hooks run no server);
 - ``slurm_spot_reconcile_actions_total{action,outcome}``: actions, ``ok`` or ``error``;
 - ``slurm_spot_reconcile_pass_duration_seconds``: histogram of pass durations;
 - ``slurm_spot_reconcile_last_pass_timestamp_seconds``: end of the last complete pass;

@@ -58,8 +58,9 @@ from slurm_spot import events
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import PartialTerminationError, SlurmCommandError
 from slurm_spot.events import Action
-from slurm_spot.power import ProviderFactory, provider_cache
-from slurm_spot.prewarm import restore_weights
+from slurm_spot.lifecycle.power import ProviderFactory, provider_cache
+from slurm_spot.lifecycle.prewarm import restore_weights
+from slurm_spot.lifecycle.weights import PriceOf
 from slurm_spot.providers import assign_listings, get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.providers.events import ProviderEvent, ended_instances
@@ -78,7 +79,6 @@ from slurm_spot.reconcile.rules import (
 )
 from slurm_spot.slurm.client import Node, SlurmClient
 from slurm_spot.slurm.reasons import low_memory_of, parse_interruption
-from slurm_spot.weights import PriceOf
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -173,7 +173,7 @@ class Reconciler:
         self._missing_since: dict[str, datetime] = {}
         self._notes: list[tuple[int, str]] = []
         # the cost order's price lookup (built at the first pass) and the last price of each
-        # node set, kept for passes whose lookup fails (slurm_spot.weights.price_lookup)
+        # node set, kept for passes whose lookup fails (slurm_spot.lifecycle.weights.price_lookup)
         self._price_of: PriceOf | None = None
         self._prices: dict[str, float] = {}
         #: alive instances of the last pass: the provider events worth an early pass
@@ -297,12 +297,12 @@ class Reconciler:
 
     def _keep_spares(self, snap: Snapshot, result: PassResult) -> None:
         """Power nodes up so that each node set with ``spares`` has that many idle nodes up
-        or booting (:func:`slurm_spot.spares.spares_to_power_up`); slurm.conf's
+        or booting (:func:`slurm_spot.lifecycle.spares.spares_to_power_up`); slurm.conf's
         SuspendExcNodes keeps them up once idle (on Slurm 24.05+, whose count includes busy
-        nodes, set each pass to spares + busy: :func:`slurm_spot.spares.suspend_exc_value`).
+        nodes, set each pass to spares + busy: :func:`slurm_spot.lifecycle.spares.suspend_exc_value`).
         One ``spares_powered_up`` event per node set that got some; a refused power-up is an
         error of the pass."""
-        from slurm_spot.spares import spares_to_power_up, suspend_exc_value
+        from slurm_spot.lifecycle.spares import spares_to_power_up, suspend_exc_value
 
         if not any(ns.spares for ns in self.config.node_sets):
             return
@@ -331,10 +331,10 @@ class Reconciler:
                               "had": short.have, "nodes": list(short.power_up)})
 
     def _order_weights(self, snap: Snapshot, result: PassResult) -> None:
-        """Keep Slurm's node Weights in the cost order (:mod:`slurm_spot.weights`): prices
+        """Keep Slurm's node Weights in the cost order (:mod:`slurm_spot.lifecycle.weights`): prices
         (live where the provider gives them, the last known one when a lookup fails) and
         cooldowns of this pass; one ``weights_ordered`` event when a Weight changed."""
-        from slurm_spot.weights import live_weights, price_lookup, sync_weights
+        from slurm_spot.lifecycle.weights import live_weights, price_lookup, sync_weights
 
         if self._price_of is None:
             self._price_of = price_lookup(self.config, live=True, known=self._prices)

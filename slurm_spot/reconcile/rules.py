@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from slurm_spot.config import PowerConfig, ReconcileConfig
+from slurm_spot.providers import pick_kept
 from slurm_spot.providers.base import Instance, normalize_code
 from slurm_spot.slurm.client import Node
 from slurm_spot.slurm.reasons import (
@@ -36,9 +37,6 @@ from slurm_spot.slurm.reasons import (
     parse_slurm_time,
     reason_code,
 )
-
-# A node's BootTime (second precision) is a little later than its instance's launch.
-BOOT_SLACK = timedelta(seconds=2)
 
 
 class Verdict(str, enum.Enum):
@@ -145,28 +143,6 @@ class Cooldown:
     until: datetime
     new: bool
 
-
-def pick_kept(node: Node, alive: Sequence[Instance]) -> Instance:
-    """The instance Slurm knows among several alive ones for ``node``.
-
-    On Slurm 23.11+ the resume hook records the node's InstanceId, and the instance with that
-    id is the one (an id is never reused; an address can be recycled by the cloud or reported
-    late). Otherwise (older Slurm, or no id recorded) instances whose private IP is the node's
-    NodeAddr are preferred (all of them when none matches, or when all share one address as
-    local instances do). Among those, the newest launched no later than the node's BootTime
-    (+2 s) registered last; without a BootTime, or with every candidate newer, the oldest is
-    kept: it is the first to have booted.
-    """
-    by_id = [i for i in alive if node.instance_id and i.instance_id == node.instance_id]
-    if by_id:
-        return by_id[0]
-    matching = [i for i in alive if i.private_ip and i.private_ip == node.addr] or list(alive)
-    boot = parse_slurm_time(node.boot_time)
-    if boot is not None:
-        before = [i for i in matching if i.launch_time <= boot + BOOT_SLACK]
-        if before:
-            return max(before, key=lambda i: i.launch_time)
-    return min(matching, key=lambda i: i.launch_time)
 
 
 def cooldowns(

@@ -194,7 +194,7 @@ class SlurmQueries:
         says no more than "Unspecified error" (tests/data/slurm-json/22.05.8/*-controller-
         unreachable.json) and nothing on stderr, so ``scontrol ping`` is asked whether
         slurmctld answers; its words ("Slurmctld(primary) at HOST is DOWN") go into the
-        error, where :func:`slurm_spot.power._controller_unreachable` and the status command
+        error, where :func:`slurm_spot.lifecycle.power.controller_unreachable` and the status command
         find them."""
         detail = f"Slurm reported: {reported}"
         ping = self.run("scontrol", "ping", check=False)

@@ -197,7 +197,7 @@ class SlurmVersion:
         PrologSlurmctld: "It is possible to configure multiple prolog scripts by including
         this option on multiple lines."; Slurm commit "Allow multiple Prolog/Epilog/
         PrologSlurmctld/EpilogSlurmctld scripts to run.", first in slurm-24-05-0-0rc1).
-        Before, slurm.conf holds one, so slurm-spot's (:mod:`slurm_spot.bootwait`) and a
+        Before, slurm.conf holds one, so slurm-spot's (:mod:`slurm_spot.lifecycle.bootwait`) and a
         site's own cannot both run. Every release needs slurm-spot's: a job on powered-up
         nodes is launched on slurmctld's 30 s periodic check otherwise (docs/admin.md)."""
         return self.at_least(24, 5)

@@ -5,7 +5,7 @@ is submitted ``--no-kill``; its batch script carries
 :data:`~slurm_spot.jobs.contract.ELASTIC_MARK`. When one of its nodes goes, the job must lose
 that node only, never be requeued. Two callers:
 
-- the watcher (:mod:`slurm_spot.watch`), with notice: once the node's ranks saved and left
+- the watcher (:mod:`slurm_spot.lifecycle.watch`), with notice: once the node's ranks saved and left
   (no step of the job is left on the node), it shrinks the job to its other nodes;
 - the reconciler (:mod:`slurm_spot.reconcile.reconciler`), without notice: it sets the dead
   node DOWN first, which for a ``--no-kill`` job removes the node from the job and ends the

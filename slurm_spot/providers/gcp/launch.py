@@ -305,7 +305,7 @@ class LaunchRun:
     def _quota(self, error: GceError) -> tuple[int | None, int | None, str]:
         """(quota limit, what one node of the node set takes of it, unit) for a
         ``QUOTA_EXCEEDED`` error that names its quota (:func:`quota_limit`), so that a job
-        which can never fit is held as on AWS (:func:`slurm_spot.power.flag_jobs_beyond_quota`);
+        which can never fit is held as on AWS (:func:`slurm_spot.lifecycle.power.flag_jobs_beyond_quota`);
         ``(None, None, "")`` otherwise. A node takes the node set's ``cpus`` of a CPU quota,
         its GPU count of a GPU quota, one of INSTANCES."""
         found = quota_limit(error)

@@ -4,14 +4,14 @@ On an interruption notice for its node it:
 
 1. drains the node with reason ``spot-interruption:<action>@<time>`` (no new jobs land);
 2. with ``preemption.prewarm`` (default), has one replacement node per job powered up at once,
-   through slurmctld (:mod:`slurm_spot.prewarm`), so its boot hides behind the notice; it comes
+   through slurmctld (:mod:`slurm_spot.lifecycle.prewarm`), so its boot hides behind the notice; it comes
    from any node set of the job's partition that has capacity, cheapest first, and is chosen
    again from the next node set if it fails to launch (a ``prewarm`` event with ``failed``);
 3. sends every job on the node the preemption signal that job handles (its own ``--signal``,
    else what its processes catch, else spot.yaml's; never one its processes would die of:
    :mod:`slurm_spot.jobs.interruption.signal_choice`): with prewarm when the replacements are up, or at the
    latest at ``deadline - margin - the job's checkpoint + step time - signal_margin_s``
-   (:func:`slurm_spot.prewarm.latest_signal_time`); without prewarm at once. A job with nothing
+   (:func:`slurm_spot.lifecycle.prewarm.latest_signal_time`); without prewarm at once. A job with nothing
    to catch it yet (still in its prolog) is tried again while the watcher waits;
 4. waits until those jobs have left the node, or until ``margin_s`` before the deadline;
 5. for the jobs that left by themselves: requeues each that ended during the interruption,
@@ -65,7 +65,7 @@ from slurm_spot.hostlist import expand
 from slurm_spot.jobs.interruption.elastic_release import RELEASE_REASON, ElasticJobs, release_node
 from slurm_spot.jobs.interruption.requeue import requeue_ended, requeued_since
 from slurm_spot.jobs.interruption.signal_choice import JobSignaller
-from slurm_spot.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
+from slurm_spot.lifecycle.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
 from slurm_spot.providers.notices import Notice, NoticeSource
 from slurm_spot.sdnotify import Notifier
 from slurm_spot.slurm.client import Job, SlurmClient

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from slurm_spot.config import NodeSetConfig, SpotConfig
-from slurm_spot.prewarm import BLOCKING_FLAGS, can_power_up, is_ready_replacement, natural_order
+from slurm_spot.lifecycle.prewarm import BLOCKING_FLAGS, can_power_up, is_ready_replacement, natural_order
 from slurm_spot.slurm.client import Node
 
 HOURS_PER_MONTH = 730.0  # 365 * 24 / 12, the month of cloud price lists
 
 
 def is_spare(node: Node) -> bool:
-    """Idle and up (:func:`slurm_spot.prewarm.is_ready_replacement`), or booting without a
+    """Idle and up (:func:`slurm_spot.lifecycle.prewarm.is_ready_replacement`), or booting without a
     job (``IDLE+POWERING_UP``, not drained or down): it counts as one of its set's spares."""
     if is_ready_replacement(node):
         return True
@@ -102,10 +102,10 @@ def spares_to_power_up(config: SpotConfig, nodes: Sequence[Node], now: datetime,
     Args:
         config: the node sets and their ``spares``.
         nodes: Slurm's nodes now.
-        now: aware UTC, for the cooldowns (:func:`slurm_spot.weights.cooling_node_sets`).
+        now: aware UTC, for the cooldowns (:func:`slurm_spot.lifecycle.weights.cooling_node_sets`).
         unavailable: node sets to leave alone (their provider could not be listed).
     """
-    from slurm_spot.weights import cooling_node_sets
+    from slurm_spot.lifecycle.weights import cooling_node_sets
 
     cooling = cooling_node_sets(config, nodes, now)
     short = []
@@ -133,7 +133,7 @@ def spares_cost(config: SpotConfig, price_of: Callable[[NodeSetConfig], float | 
 
     Args:
         price_of: node set -> its hourly price per node in its market (USD), None when
-            unknown (:func:`slurm_spot.weights.price_lookup`).
+            unknown (:func:`slurm_spot.lifecycle.weights.price_lookup`).
     """
     found: list[dict[str, object]] = []
     for ns in config.node_sets:

@@ -3,7 +3,7 @@ node set of its partition at once, instead of after Slurm's requeue hold.
 
 When the resume hook cannot launch a node for lack of capacity (any provider's capacity or
 quota class: EC2 InsufficientInstanceCapacity, GCE ZONE_RESOURCE_POOL_EXHAUSTED, the local
-provider's limit), it sets the node DOWN (:func:`slurm_spot.power.mark_launch_failed`) and
+provider's limit), it sets the node DOWN (:func:`slurm_spot.lifecycle.power.mark_launch_failed`) and
 slurmctld requeues the node's batch job. A requeued job then waits out Slurm's requeue hold
 (``BeginTime``, about 121 s on 22.05: job_mgr.c sets ``begin_time = now + 120`` plus a pass)
 before the scheduler looks at it again; nothing cleared that hold after a launch failure, so
@@ -56,7 +56,7 @@ from slurm_spot import events
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.hostlist import expand
-from slurm_spot.power import PowerResult
+from slurm_spot.lifecycle.power import PowerResult
 from slurm_spot.providers.base import ErrorClass, LaunchFailure
 from slurm_spot.slurm.client import Job, Node, SlurmClient
 from slurm_spot.slurm.reasons import cooldown_reason, is_clearable, parse_cooldown, utc_stamp
@@ -266,9 +266,9 @@ def candidate_node_sets(config: SpotConfig, partitions: str, exclude: Sequence[s
     """The node sets of the job's ``partitions`` (squeue's comma list) other than
     ``exclude``, lowest Weight first (slurm.conf(5) 22.05: "the lowest weight nodes that
     satisfy the job are allocated first"), then as spot.yaml lists them. ``weights``: node
-    set -> the Weight Slurm has now (:func:`slurm_spot.weights.current_weights`); None:
-    slurm.conf's (:func:`slurm_spot.weights.static_weights`)."""
-    from slurm_spot.weights import static_weights
+    set -> the Weight Slurm has now (:func:`slurm_spot.lifecycle.weights.current_weights`); None:
+    slurm.conf's (:func:`slurm_spot.lifecycle.weights.static_weights`)."""
+    from slurm_spot.lifecycle.weights import static_weights
 
     weight = dict(weights) if weights is not None else static_weights(config)
     wanted = set(partitions.split(","))
@@ -312,7 +312,7 @@ def fail_over(
     them, and record where each went (see the module docstring).
 
     Args:
-        result: the resume's outcome (:func:`slurm_spot.power.resume`).
+        result: the resume's outcome (:func:`slurm_spot.lifecycle.power.resume`).
         jobs: job id -> its nodes, from ``SLURM_RESUME_FILE``; None or empty: no job is known
             (an admin's ``slurm-spot resume``), so only the cooldown is written.
         clock: ``time.time``-like seconds; sleep: seconds -> None (both injectable).
@@ -337,7 +337,7 @@ def fail_over(
     code_of = {n: f.code for f in failures for n in f.nodes}
     # Not a candidate: a node set cooled down now, or still cooling from an earlier failure
     # (a job that already failed over once must not be told it may go back there).
-    from slurm_spot.weights import cooling_node_sets
+    from slurm_spot.lifecycle.weights import cooling_node_sets
 
     cooling = sorted({c.node_set for c in run.cooldowns} | cooling_node_sets(config, nodes, now))
     until_of = {c.node_set: c.until for c in run.cooldowns}
@@ -350,7 +350,7 @@ def fail_over(
         run.moves[job_id] = Failover(job_id, from_set, code_of[lost[0]], (), until_of.get(from_set),
                                      error_at, failed_nodes=tuple(lost))
     if run.moves:
-        from slurm_spot.weights import current_weights
+        from slurm_spot.lifecycle.weights import current_weights
 
         weights = current_weights(config, nodes)
         _clear_holds(config, slurm, run, failed_nodes, cooling, weights, clock, sleep,
@@ -535,13 +535,13 @@ def _record_start(config: SpotConfig, move: Failover, job: Job, now: float) -> N
 
 def resume_and_fail_over(config: SpotConfig, hostlist: str, slurm: SlurmClient,
                          jobs: Mapping[int, Sequence[str]] | None) -> PowerResult:
-    """ResumeProgram's work: :func:`slurm_spot.power.resume`, then :func:`fail_over` for
+    """ResumeProgram's work: :func:`slurm_spot.lifecycle.power.resume`, then :func:`fail_over` for
     the nodes that got no capacity; the failover's errors are added to the result's.
 
     Raises:
         HostlistError, UnknownNodeError: bad input; nothing was launched.
     """
-    from slurm_spot import power
+    from slurm_spot.lifecycle import power
 
     result = power.resume(config, hostlist, slurm, jobs=jobs)
     if config.power.failover:

@@ -35,7 +35,7 @@ crosses (:mod:`slurm_spot.cost.order`), and :func:`weight_updates` only rewrites
 could have written itself (1..N, N = the number of node sets): a node given another Weight by
 hand (``scontrol update nodename=gpu-3 weight=1000``) is left alone until it is set back to
 one of those, or slurmctld reconfigures. A prewarmed replacement's Weight 0 is
-:mod:`slurm_spot.prewarm`'s to restore.
+:mod:`slurm_spot.lifecycle.prewarm`'s to restore.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def current_weights(config: SpotConfig, nodes: Iterable[Node]) -> dict[str, int]
     such node (not listed, or every node prewarmed)."""
     from collections import Counter
 
-    from slurm_spot.prewarm import PREWARM_WEIGHT
+    from slurm_spot.lifecycle.prewarm import PREWARM_WEIGHT
 
     seen: dict[str, Counter[int]] = {}
     for node in nodes:
@@ -184,7 +184,7 @@ def weight_updates(config: SpotConfig, weights: Mapping[str, int],
     """``{Weight: nodes}`` that differ from ``weights`` (node set -> Weight) and are
     slurm-spot's to change (pure): nodes of a node set, Weight known and :func:`ours`
     (a prewarm's 0 and an admin's hand-set Weight are left alone); nodes in name order."""
-    from slurm_spot.prewarm import PREWARM_WEIGHT
+    from slurm_spot.lifecycle.prewarm import PREWARM_WEIGHT
 
     updates: dict[int, list[str]] = {}
     for node in sorted(nodes, key=lambda n: n.name):

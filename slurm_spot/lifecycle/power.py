@@ -314,13 +314,13 @@ def _record_addresses(slurm: SlurmClient, addresses: dict[str, tuple[str, str]],
             slurm.set_addresses(addresses)
             return
         except SlurmCommandError as exc:
-            if wait_s is None or not _controller_unreachable(exc):
+            if wait_s is None or not controller_unreachable(exc):
                 raise
             log.warning("recording node addresses: %s; retrying in %g s", exc, wait_s)
             sleep(wait_s)
 
 
-def _controller_unreachable(exc: SlurmCommandError) -> bool:
+def controller_unreachable(exc: SlurmCommandError) -> bool:
     """scontrol could not talk to slurmctld at all (down, restarting, timed out): Slurm 22.05
     prints "Unable to contact slurm controller (connect failure)" or "Socket timed out";
     ``scontrol ping`` "Slurmctld(primary) at HOST is DOWN" (quoted by

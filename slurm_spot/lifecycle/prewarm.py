@@ -107,11 +107,11 @@ def compatible_node_sets(config: SpotConfig, node_set: NodeSetConfig,
     ``node_set`` is in), ``node_set`` itself included, that have at least its CPUs, memory and
     GPUs (same type) and all its features, and are not in ``exclude`` (node sets cooling down
     after a capacity error, or whose replacement just failed to launch). They are ordered by
-    ``weights`` (node set -> the Weight Slurm has now, :func:`slurm_spot.weights.current_weights`;
+    ``weights`` (node set -> the Weight Slurm has now, :func:`slurm_spot.lifecycle.weights.current_weights`;
     None: slurm.conf's), so the cost order of :mod:`slurm_spot.cost.order` holds; at equal
     Weight ``node_set`` first, then spot.yaml's order.
     """
-    from slurm_spot.weights import static_weights
+    from slurm_spot.lifecycle.weights import static_weights
 
     if partitions is None:
         partitions = [p.name for p in config.partitions if node_set.name in p.node_sets]
@@ -160,7 +160,7 @@ def choose_replacements(config: SpotConfig, noticed: str, nodes: Sequence[Node],
     Candidates come from any node set of the job's ``partitions`` (None: those of the noticed
     node's set) that can run its job and has capacity: :func:`compatible_node_sets`, without
     node sets cooling down at ``now`` (aware UTC; default the current time;
-    :func:`slurm_spot.weights.cooling_node_sets`) or in ``exclude_sets``, in the Weight order
+    :func:`slurm_spot.lifecycle.weights.cooling_node_sets`) or in ``exclude_sets``, in the Weight order
     Slurm has now (read from ``nodes``: the cost order). Nodes already up and idle are taken
     first (nothing to boot), then powered-down nodes, both in that node set order, then name
     order (``spot-2`` before ``spot-10``). The noticed node itself, and nodes drained, down,
@@ -169,7 +169,7 @@ def choose_replacements(config: SpotConfig, noticed: str, nodes: Sequence[Node],
     Raises:
         BadInputError: ``noticed`` is in no node set.
     """
-    from slurm_spot.weights import cooling_node_sets, current_weights
+    from slurm_spot.lifecycle.weights import cooling_node_sets, current_weights
 
     node_set = config.node_set_of(noticed)
     if node_set is None:
@@ -233,9 +233,9 @@ def weights_to_restore(config: SpotConfig, nodes: Iterable[Node]) -> dict[str, i
     SuspendTime powered it down). A replacement still booting, or up and idle, keeps the low
     weight so the requeued job finds it. Other weights (an admin's) are left. The Weight it
     gets back is the one its node set's other nodes have in ``nodes`` (the cost order of the
-    moment, :func:`slurm_spot.weights.current_weights`), else slurm.conf's.
+    moment, :func:`slurm_spot.lifecycle.weights.current_weights`), else slurm.conf's.
     """
-    from slurm_spot.weights import current_weights
+    from slurm_spot.lifecycle.weights import current_weights
 
     listed = list(nodes)
     weights = current_weights(config, listed)
