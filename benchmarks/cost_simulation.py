@@ -19,7 +19,8 @@ sys.path.insert(0, str(ROOT))
 
 from report import write_section  # noqa: E402 - benchmarks/report.py, beside this script
 
-from slurm_spot.cost.planner import band_fraction, rate_from_monthly_fraction  # noqa: E402
+from slurm_spot.config.plain import band_fraction  # noqa: E402
+from slurm_spot.cost.planner import rate_from_monthly_fraction  # noqa: E402
 from slurm_spot.cost.prices import PriceBook  # noqa: E402
 from slurm_spot.cost.simulator import STRATEGIES, SimParams, simulate  # noqa: E402
 

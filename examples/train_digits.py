@@ -55,7 +55,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from slurm_spot.checkpoint import Checkpointer, SkipSampler, TrainState
 from slurm_spot.checkpoint.preemption import PreemptionHandler
-from slurm_spot.jobs.injob import jobenv
+from slurm_spot.contract import jobenv
 from slurm_spot.recovery import process_started
 
 

@@ -81,7 +81,7 @@ from slurm_spot.checkpoint.elastic import (
     steps_per_epoch,
 )
 from slurm_spot.checkpoint.preemption import PreemptionHandler
-from slurm_spot.jobs.injob import jobenv
+from slurm_spot.contract import jobenv
 
 #: Exit code of a rank that stops only because another node leaves or joins: any non-zero
 #: code makes torchrun's agent restart its workers after a new rendezvous; this one says why in

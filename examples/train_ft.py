@@ -67,7 +67,7 @@ from torch import nn
 from slurm_spot.checkpoint.checkpointer import Checkpointer, TrainState
 from slurm_spot.checkpoint.elastic import epoch_order, global_batch_indices, rank_share
 from slurm_spot.checkpoint.preemption import PreemptionHandler
-from slurm_spot.jobs.injob import jobenv
+from slurm_spot.contract import jobenv
 
 #: Samples in scikit-learn's digits data set (``load_digits``): the largest --global-batch.
 DIGITS_SAMPLES = 1797
@@ -224,7 +224,7 @@ def make_manager(args: argparse.Namespace, model: nn.Module,
 
     host = args.host or socket.gethostname()
 
-    class Transport(HTTPTransport):  # type: ignore[type-arg]
+    class Transport(HTTPTransport):
         """torchft's checkpoint server, advertised at ``host``: torchft 0.2.0 advertises
         ``socket.gethostname()``, which other nodes need not resolve (a cloud node's own
         name; the local cluster's nodes, each in its own UTS namespace)."""

@@ -105,3 +105,8 @@ class PartialTerminationError(ProviderError):
         super().__init__(first, f"could not terminate {len(self.failed)} of {total} instances "
                                 f"(the others were terminated): {listed}")
 
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be written or read; the message names the path and the reason.
+    Exported as :class:`slurm_spot.checkpoint.CheckpointError` for training code; here so that
+    the job contract (:mod:`slurm_spot.contract.location`) can raise it too."""

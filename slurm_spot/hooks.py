@@ -108,40 +108,30 @@ def _skip_plugin_loader() -> None:
     sys.modules.setdefault("pydantic.plugin._loader", stub)
 
 
-def resume() -> int:
-    """``slurm-spot-resume HOSTLIST`` (ResumeProgram). Returns the exit code."""
-    return main("resume")
+def _entry_point(name: str, doc: str, returns: str = "Returns the exit code.") -> Callable[[], int]:
+    """The ``console_scripts`` function (pyproject.toml) of hook ``name``: ``main(name)``
+    with the process arguments, returning the exit code; its docstring is ``doc`` and
+    ``returns``."""
+    def entry_point() -> int:
+        return main(name)
+
+    entry_point.__name__ = entry_point.__qualname__ = name.replace("-", "_")
+    entry_point.__doc__ = f"{doc} {returns}"
+    return entry_point
 
 
-def suspend() -> int:
-    """``slurm-spot-suspend HOSTLIST`` (SuspendProgram). Returns the exit code."""
-    return main("suspend")
-
-
-def resume_fail() -> int:
-    """``slurm-spot-resume-fail HOSTLIST`` (ResumeFailProgram). Returns the exit code."""
-    return main("resume-fail")
-
-
-def prolog() -> int:
-    """``slurm-spot-prolog`` (Prolog, as root on the node). Returns the exit code."""
-    return main("prolog")
-
-
-def task_prolog() -> int:
-    """``slurm-spot-task-prolog`` (TaskProlog: prints ``export`` lines). Returns the exit code."""
-    return main("task-prolog")
-
-
-def epilog() -> int:
-    """``slurm-spot-epilog`` (Epilog, as root on the node). Returns the exit code."""
-    return main("epilog")
-
-
-def prolog_slurmctld() -> int:
-    """``slurm-spot-prolog-slurmctld`` (PrologSlurmctld, on the slurmctld host): wait until the
-    job's powered-up nodes registered (:mod:`slurm_spot.lifecycle.bootwait`). Always returns 0."""
-    return main("prolog-slurmctld")
+resume = _entry_point("resume", "``slurm-spot-resume HOSTLIST`` (ResumeProgram).")
+suspend = _entry_point("suspend", "``slurm-spot-suspend HOSTLIST`` (SuspendProgram).")
+resume_fail = _entry_point("resume-fail",
+                           "``slurm-spot-resume-fail HOSTLIST`` (ResumeFailProgram).")
+prolog = _entry_point("prolog", "``slurm-spot-prolog`` (Prolog, as root on the node).")
+task_prolog = _entry_point("task-prolog",
+                           "``slurm-spot-task-prolog`` (TaskProlog: prints ``export`` lines).")
+epilog = _entry_point("epilog", "``slurm-spot-epilog`` (Epilog, as root on the node).")
+prolog_slurmctld = _entry_point(
+    "prolog-slurmctld", "``slurm-spot-prolog-slurmctld`` (PrologSlurmctld, on the slurmctld "
+    "host): wait until the job's powered-up nodes registered "
+    "(:mod:`slurm_spot.lifecycle.bootwait`).", returns="Always returns 0.")
 
 
 def _full_cli(name: str, args: list[str]) -> int:

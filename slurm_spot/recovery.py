@@ -184,7 +184,7 @@ def breakdown(kind: str, interrupted_at: float, step_at_notice: int,
         if record.get("action") == "signalled" and signal_at is None:
             signal_at = datetime.fromisoformat(str(record["time"])).timestamp()
             prewarmed = bool(extra.get("prewarmed"))
-            replacements = list(extra.get("replacements") or [])  # type: ignore[call-overload]
+            replacements = list(extra.get("replacements") or [])
     if kind == "notice":
         preempted = [e for e in events if e.get("event") == "preempted"]
         exit_at = float(preempted[0]["time"]) if preempted else None  # type: ignore[arg-type]

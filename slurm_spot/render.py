@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
-
 from slurm_spot import __version__
 from slurm_spot.config import (
     LocalProviderConfig,
@@ -22,40 +20,13 @@ from slurm_spot.config import (
 )
 from slurm_spot.errors import BadInputError
 from slurm_spot.hostlist import compress
-from slurm_spot.resources import templates
+from slurm_spot.resources import render_template
 from slurm_spot.slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
 HOOK_NAMES = ("resume", "suspend", "resume-fail", "prolog", "task-prolog", "epilog",
               "prolog-slurmctld")
 FRAGMENT_NAME = "slurm-spot.conf"
 GRES_NAME = "gres.conf"
-
-
-def template_env() -> jinja2.Environment:
-    """The jinja2 environment over the shipped templates (:func:`slurm_spot.resources.templates`).
-    Undefined variables are errors; ``comment`` prefixes each line with ``# `` (the name and
-    meaning of Ansible's filter, so the systemd unit templates render in both)."""
-    folder = templates()
-    env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(lambda name: folder.joinpath(name).read_text()),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["comment"] = lambda text: "\n".join(
-        f"# {line}".rstrip() for line in str(text).splitlines())
-    env.filters["dirname"] = lambda path: str(Path(str(path)).parent)
-    return env
-
-
-def render_template(name: str, **context: object) -> str:
-    """Render template ``name`` (``templates/<name>``) with ``context``: every file slurm-spot
-    generates from a template goes through here.
-
-    Raises:
-        jinja2.UndefinedError: the template uses a variable ``context`` lacks (a bug).
-    """
-    return template_env().get_template(name).render(**context)
 
 
 def systemd_unit(name: str, header: str, exec_start: str, user: str,

@@ -63,3 +63,40 @@ class SignalWait:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+class StopWait:
+    """A daemon's wait for its stop, in whichever thread it runs: made in the main thread, the
+    stop signals (:data:`STOP_SIGNALS`, taken as :class:`SignalWait` takes them: blocked from
+    now on, so make it before starting helper threads); made in another thread (a daemon run
+    from a test or a library), ``stop`` being set. A context manager; :meth:`close` restores
+    the signal mask.
+
+    Args:
+        stop: the event that stops a daemon outside the main thread (a new one if None: the
+            daemon then runs until its process ends); the main thread waits for signals only.
+    """
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self._signals = (SignalWait(STOP_SIGNALS)
+                         if threading.current_thread() is threading.main_thread() else None)
+        self._stop = stop or threading.Event()
+
+    def wait(self, timeout_s: float) -> bool:
+        """True as soon as the stop came (a stop signal taken, or ``stop`` set); False when
+        ``timeout_s`` seconds passed without it."""
+        if self._signals is None:
+            return self._stop.wait(timeout_s)
+        return self._signals.wait(timeout_s) is not None
+
+    def close(self) -> None:
+        """Restores the thread's signal mask of before (see :meth:`SignalWait.close`)."""
+        if self._signals is not None:
+            self._signals.close()
+
+    def __enter__(self) -> StopWait:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -67,8 +67,7 @@ def test_prices_are_asked_with_the_providers_credentials_file(tmp_path: Path) ->
     (ProfileNotFound) and no spot price would be had (the catalogue has no AWS spot prices)."""
     from moto import mock_aws
 
-    from slurm_spot.cost.prices import site_prices
-    from slurm_spot.lifecycle.weights import price_books
+    from slurm_spot.cost.prices import price_books, site_prices
 
     creds = tmp_path / "credentials"
     creds.write_text("[burst]\naws_access_key_id = AKIDBURST\naws_secret_access_key = y\n")

@@ -1,4 +1,4 @@
-"""Where checkpoints live (slurm_spot/checkpoint/location.py): which store a root names and
+"""Where checkpoints live (slurm_spot/contract/location.py): which store a root names and
 the per-job layout, the one home the prolog, the job environment, the Checkpointer and
 ``cost`` share (issue 23)."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.checkpoint.location import as_location, is_job_key, is_s3, job_directory, job_key
-from slurm_spot.jobs.injob.jobenv import checkpoint_dir
+from slurm_spot.contract.jobenv import checkpoint_dir
+from slurm_spot.contract.location import as_location, is_job_key, is_s3, job_directory, job_key
 
 
 def test_an_s3_url_stays_a_url_and_a_directory_becomes_a_path() -> None:
@@ -49,7 +49,7 @@ def test_a_checkpointer_on_an_s3_root_keeps_its_url(tmp_path: Path,
 def test_a_new_url_scheme_is_one_line_in_location(monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/DESIGN.md, "Adding a checkpoint store": a store with a URL scheme is registered in
     URL_SCHEMES; its roots stay strings and join with '/' (a Path would fold 'gs://')."""
-    from slurm_spot.checkpoint import location
+    from slurm_spot.contract import location
 
     monkeypatch.setattr(location, "URL_SCHEMES", (*location.URL_SCHEMES, "gs://"))
     assert location.as_location("gs://bucket/ckpt") == "gs://bucket/ckpt"

@@ -79,6 +79,9 @@ class CopyStore:
     def release(self, checkpoint: files.Checkpoint) -> None:
         return None
 
+    def committed(self) -> list[tuple[int, dict[str, Any]]]:
+        return LocalStore(self.remote).committed()
+
 
 def test_a_second_store_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
     remote = tmp_path / "remote"

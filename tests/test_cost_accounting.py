@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_spot.checkpoint.files import FORMAT
 from slurm_spot.config import parse_config
 from slurm_spot.cost.accounting import (
     CheckpointRecord,
@@ -74,7 +75,7 @@ def write_checkpoint(folder: Path, step: int, hhmm: str, size: int) -> None:
     d = folder / f"step_{step:09d}"
     d.mkdir(parents=True)
     (d / "manifest.json").write_text(json.dumps({
-        "format": 1, "step": step, "kind": "torch", "world_size": 2,
+        "format": FORMAT, "step": step, "kind": "torch", "world_size": 2,
         "created_unix_s": at(hhmm).timestamp(), "files": {"model.pt": {"size": size}}}))
 
 
@@ -197,7 +198,7 @@ def test_cost_finds_an_array_tasks_checkpoints_in_its_own_directory(tmp_path: Pa
         folder = tmp_path / "ckpt" / "alice" / key / f"step_{step}"
         folder.mkdir(parents=True)
         (folder / "manifest.json").write_text(json.dumps(
-            {"step": step, "created_unix_s": at("11:00").timestamp(),
+            {"format": FORMAT, "step": step, "created_unix_s": at("11:00").timestamp(),
              "files": {"model.pt": {"size": 123}}}))
     usage = job_usage(config, SlurmClient(str(bin_dir)), 1237, [], None, at("16:00"))
     assert usage.user == "alice"

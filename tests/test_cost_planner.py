@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from slurm_spot.config.plain import band_fraction
 from slurm_spot.cost import planner
 from slurm_spot.errors import BadInputError
 
@@ -28,19 +29,19 @@ def test_daly_falls_back_to_mtbf_when_the_checkpoint_is_too_long() -> None:
 
 def test_band_conversion_under_constant_hazard() -> None:
     # 10-15% stands for 12.5 % a month: rate = -ln(0.875) / 730 h = 1.8292e-4 per hour
-    rate = planner.rate_from_monthly_fraction(planner.band_fraction("10-15%"))
+    rate = planner.rate_from_monthly_fraction(band_fraction("10-15%"))
     assert rate == pytest.approx(-math.log(0.875) / 730)
     assert rate == pytest.approx(1.8292e-4, rel=1e-4)
     # a month at that rate interrupts 12.5 % of nodes again
     assert 1 - math.exp(-rate * 730) == pytest.approx(0.125)
-    assert planner.band_fraction(" < 5 ") == 0.025
-    assert planner.band_fraction(">20%") == 0.25
+    assert band_fraction(" < 5 ") == 0.025
+    assert band_fraction(">20%") == 0.25
 
 
 @pytest.mark.parametrize("bad", ["3%", "", "10-20%"])
 def test_unknown_band_is_named(bad: str) -> None:
     with pytest.raises(BadInputError, match="interruption band"):
-        planner.band_fraction(bad)
+        band_fraction(bad)
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, math.nan])

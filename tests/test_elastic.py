@@ -26,8 +26,8 @@ from slurm_spot.checkpoint.elastic import (
     steps_per_epoch,
 )
 from slurm_spot.cli import cli
+from slurm_spot.contract.names import ELASTIC_MARK
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.contract import ELASTIC_MARK
 from slurm_spot.jobs.injob.torchrun_agent import ElasticSettings, elastic_torchrun_args, parse_nnodes
 from slurm_spot.jobs.services.rendezvous import format_endpoint, parse_endpoint, serve
 from slurm_spot.jsonenvelope import read_envelope

@@ -18,10 +18,11 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
+from slurm_spot.contract.directives import read_directives
+from slurm_spot.contract.names import ELASTIC_MARK
 from slurm_spot.events import read_events
-from slurm_spot.jobs.contract import ELASTIC_MARK
 from slurm_spot.jobs.services.rendezvous import HETJOB_PORT_BASE
-from slurm_spot.jobs.submit.sbatch import read_directives, take_option
+from slurm_spot.jobs.submit.sbatch import take_option
 from slurm_spot.jsonenvelope import read_envelope
 from slurm_spot.lifecycle.watch import Watcher, source_for
 from slurm_spot.slurm.client import CommandResult, SlurmClient

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from slurm_spot.jobs.contract import ELASTIC_MARK
+from slurm_spot.contract.names import ELASTIC_MARK
 from slurm_spot.providers.base import InstanceState
 from tests.test_reconcile_rules import NOW, World
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from slurm_spot import events
 from slurm_spot.events import EVENTS_FILE, Action, read_events, rotated_files
 from slurm_spot.reconcile.history import EventTail, read_tail
-from slurm_spot.render import render_template
+from slurm_spot.resources import render_template
 
 T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
 

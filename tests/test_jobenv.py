@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slurm_spot.contract import jobenv
+from slurm_spot.contract.jobenv import JobEnvError, SignalSpec, parse_signal
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.injob import jobenv
-from slurm_spot.jobs.injob.jobenv import JobEnvError, SignalSpec, parse_signal
 
 CASES = yaml.safe_load((Path(__file__).parent / "data" / "job-env.yaml").read_text())
 USR2 = int(signal.SIGUSR2)

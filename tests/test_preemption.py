@@ -295,7 +295,7 @@ def test_a_signal_during_the_all_reduce_counts_at_the_next_boundary_on_every_ran
 def test_a_handler_without_scontrol_says_so_when_built_not_at_requeue(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Issue 25: scontrol missing from the job's PATH was found only at requeue time."""
-    from slurm_spot.jobs.injob.jobenv import find_scontrol
+    from slurm_spot.contract.jobenv import find_scontrol
 
     env = {"SLURM_JOB_ID": "12", "PATH": str(tmp_path), "SLURM_SPOT_SLURM_BIN_DIR": ""}
     with caplog.at_level("WARNING"):

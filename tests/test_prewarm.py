@@ -14,12 +14,12 @@ from slurm_spot.checkpoint.files import SaveCost, save_costs
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.events import read_events
 from slurm_spot.lifecycle.prewarm import (
-    PREWARM_WEIGHT,
     choose_replacements,
     latest_signal_time,
     weights_to_restore,
 )
 from slurm_spot.lifecycle.watch import Watcher, source_for
+from slurm_spot.lifecycle.weights import PREWARM_WEIGHT
 from slurm_spot.slurm.client import CommandResult, Node, SlurmClient
 from slurm_spot.slurm.states import parse_node_state
 

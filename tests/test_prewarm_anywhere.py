@@ -9,7 +9,8 @@ from pathlib import Path
 
 from slurm_spot.config import SpotConfig, parse_config
 from slurm_spot.events import read_events
-from slurm_spot.lifecycle.prewarm import PREWARM_WEIGHT, Prewarm, choose_replacements
+from slurm_spot.lifecycle.prewarm import Prewarm, choose_replacements
+from slurm_spot.lifecycle.weights import PREWARM_WEIGHT
 from slurm_spot.slurm.client import Node
 from slurm_spot.slurm.reasons import cooldown_reason
 from slurm_spot.slurm.states import parse_node_state

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_spot.checkpoint.location import as_location
 from slurm_spot.config import SpotConfig, parse_config
+from slurm_spot.contract import jobenv
+from slurm_spot.contract.location import as_location
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.injob import jobenv
 from slurm_spot.jobs.node.prolog import checkpoint_dir, prepare_checkpoint_dir, task_prolog_lines
 
 JOB = {"SLURM_JOB_ID": "777", "SLURM_JOB_USER": "nobody", "SLURM_JOB_UID": "65534",
@@ -141,7 +141,7 @@ def test_task_prolog_says_early_when_scontrol_is_not_on_the_jobs_path(tmp_path: 
 
 
 def test_what_the_task_prolog_exports_the_job_reads_back(tmp_path: Path) -> None:
-    """The job contract (slurm_spot.jobs.contract) from both ends: a task whose environment is
+    """The job contract (slurm_spot.contract.names) from both ends: a task whose environment is
     the TaskProlog's ``export`` lines (as slurmd sets it) finds in jobenv the checkpoint
     directory the prolog created, the preemption signal and requeue code of spot.yaml, and
     the scontrol of its slurm_bin_dir; an S3 root's endpoint reaches the job the same way."""

@@ -10,13 +10,9 @@ import yaml
 from click.testing import CliRunner
 
 from slurm_spot.cli import cli
+from slurm_spot.contract.directives import option_values, read_directives
 from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.submit.sbatch import (
-    option_values,
-    plan_submission,
-    read_directives,
-    split_command_line,
-)
+from slurm_spot.jobs.submit.sbatch import plan_submission, split_command_line
 from slurm_spot.jsonenvelope import read_envelope
 
 DATA = Path(__file__).parent / "data"

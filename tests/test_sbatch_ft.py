@@ -14,7 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from slurm_spot.cli import cli
-from slurm_spot.jobs.injob import jobenv
+from slurm_spot.contract import jobenv
 from slurm_spot.jobs.submit.ft_scripts import LIGHTHOUSE_PORT_BASE, LIGHTHOUSE_PORT_TRIES
 from slurm_spot.jsonenvelope import read_envelope
 

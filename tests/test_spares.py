@@ -14,12 +14,12 @@ from click.testing import CliRunner
 
 from slurm_spot.cli import cli
 from slurm_spot.config import parse_config
+from slurm_spot.cost.plan import spares_cost
+from slurm_spot.cost.planner import HOURS_PER_MONTH
 from slurm_spot.errors import ConfigError
 from slurm_spot.lifecycle.spares import (
-    HOURS_PER_MONTH,
     is_busy,
     is_spare,
-    spares_cost,
     spares_to_power_up,
     suspend_exc_value,
 )

@@ -605,7 +605,7 @@ def test_ranks_follow_the_job_steps_node_list_and_an_unknown_node_is_refused() -
     """Every agent of the step reads the same list (the step's, else the job's), so they
     agree on the master and the ranks; an agent that cannot tell its node is refused rather
     than taking rank 0 beside the real one."""
-    from slurm_spot.jobs.injob import jobenv
+    from slurm_spot.contract import jobenv
     from slurm_spot.jobs.injob.torchrun_agent import node_rank, torchrun_args
 
     job = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "spot-[1-4]", "SLURM_JOB_NUM_NODES": "4"}

@@ -17,8 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_spot.cli import cli
-from slurm_spot.render import template_env
-from slurm_spot.resources import templates
+from slurm_spot.resources import template_env, templates
 
 ROOT = Path(__file__).resolve().parent.parent
 HARDENING = ["NoNewPrivileges=true", "PrivateTmp=true",

@@ -73,7 +73,7 @@ def test_preload_list_has_the_agents_imports_not_the_agent(
     script = tmp_path / "train.py"
     script.write_text("import sklearn.datasets\n")
     modules = preload_modules(script)
-    assert "slurm_spot.slurm.client" in modules and "slurm_spot.jobs.injob.jobenv" in modules
+    assert "slurm_spot.slurm.client" in modules and "slurm_spot.contract.jobenv" in modules
     assert "slurm_spot.jobs.injob.torchrun_agent" not in modules
     assert modules[-1] == "sklearn.datasets"
 

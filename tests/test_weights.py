@@ -134,7 +134,7 @@ def test_an_admins_hand_set_weight_and_a_prewarm_are_left_alone(tmp_path: Path) 
 
 
 def test_the_last_known_price_stands_in_when_a_lookup_fails(tmp_path: Path) -> None:
-    from slurm_spot.lifecycle.weights import price_lookup
+    from slurm_spot.cost.prices import price_lookup
 
     config = site(tmp_path)
     known = {"dear": 0.05}

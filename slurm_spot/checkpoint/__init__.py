@@ -13,10 +13,11 @@ ones import it:
   restorable-state check (what a checkpoint holds);
 - :mod:`.snapshot` and :mod:`.writer`: the asynchronous save (the snapshot, :class:`SaveHandle`,
   the writer thread); :mod:`.verify`: restore-side checks (sha256 while loading, shapes);
-- :mod:`.store`: :class:`CheckpointStore` (where checkpoints live), :class:`LocalStore`
-  (a POSIX directory, the default) and :func:`open_store`;
-- :mod:`.location`: which store a root names (a directory, or an ``s3://`` URL kept as a
-  string) and the per-job layout ``<root>/<user>/<key>`` (no torch);
+- :mod:`.store`: :class:`CheckpointStore` (where checkpoints live; ``committed()`` lists them
+  for ``plan`` and ``cost``), :class:`LocalStore` (a POSIX directory, the default) and
+  :func:`open_store` (the store a root names, from the URL scheme's entry in ``URL_STORES``);
+- :mod:`slurm_spot.contract.location`: whether a root is a directory or a store's URL (kept
+  as a string) and the per-job layout ``<root>/<user>/<key>`` (no torch);
 - :mod:`.s3`: :class:`S3Store` (``s3://bucket/prefix``, boto3; no torch): the save protocol,
   on :mod:`.s3objects` (client, listing, manifests, downloads) and :mod:`.s3inflight`;
 - :mod:`.files`: the on-disk layout, validation, :func:`find_latest_valid`; :mod:`.commit`: the

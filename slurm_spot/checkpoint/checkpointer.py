@@ -78,7 +78,6 @@ from slurm_spot.checkpoint.files import (
     CheckpointError,
     find_latest_valid,
 )
-from slurm_spot.checkpoint.location import Location, as_location
 from slurm_spot.checkpoint.restoring import (
     apply_payload,
     check_none_valid,
@@ -103,7 +102,8 @@ from slurm_spot.checkpoint.trainstate import (
     unwrap_model,
 )
 from slurm_spot.checkpoint.writer import SaveHandle, SaveJob, WriterThread
-from slurm_spot.jobs.contract import ENV_START_FRESH_IF_INVALID
+from slurm_spot.contract.location import Location, as_location
+from slurm_spot.contract.names import ENV_START_FRESH_IF_INVALID
 
 __all__ = [
     "META_FILE", "STATE_FILE", "Checkpoint", "CheckpointError", "Checkpointer", "SkipSampler",
@@ -418,7 +418,7 @@ class Checkpointer:
         self._wait_snapshot("restore")  # never overwrite what a snapshot still copies
         found, explicit = checkpoint, checkpoint is not None
         if found is None and resume_from is not None:
-            from slurm_spot.jobs.injob.jobenv import restart_count
+            from slurm_spot.contract.jobenv import restart_count
 
             restarts = restart_count(os.environ)
             if restarts == 0:

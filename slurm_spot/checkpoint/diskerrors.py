@@ -9,7 +9,7 @@ import errno
 import os
 from pathlib import Path
 
-from slurm_spot.checkpoint.location import is_url
+from slurm_spot.contract.location import is_url
 
 #: Free space (bytes) under which a failed write is reported as a full device even when the
 #: error itself does not say so.

@@ -4,7 +4,7 @@ protocol that writes them is :mod:`slurm_spot.checkpoint.commit`).
 No torch here, so the prologue, the CLI and tests can resolve checkpoints without it.
 
 Layout of a checkpoint directory (one per job, ``<root>/<user>/<key>``:
-:mod:`slurm_spot.checkpoint.location`)::
+:mod:`slurm_spot.contract.location`)::
 
     step_000000500/            a committed checkpoint of step 500
         state.pt               everything, one torch.save archive (non-sharded save), or
@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from slurm_spot.errors import CheckpointError
+
 MANIFEST_NAME = "manifest.json"
 #: The payload of a non-sharded checkpoint (``torch.save`` by rank 0: model, optimizer, ...).
 STATE_FILE = "state.pt"
@@ -52,10 +54,6 @@ TEMP_DIR_RE = re.compile(r"^step_\d+\.tmp-[0-9a-f]+$")
 _FILE_RE = re.compile(r"^(?!\.)(?P<stem>.*?)(?P<step>\d+)\.(?:pt|pth|ckpt)$")
 _TEMP_MARKERS = (".tmp", ".partial", ".incomplete", "~")
 _CHUNK = 1 << 20
-
-
-class CheckpointError(Exception):
-    """A checkpoint cannot be written or read; the message names the path and the reason."""
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
+from slurm_spot.contract import jobenv
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.jobs.injob import jobenv
 from slurm_spot.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)

@@ -83,10 +83,10 @@ from slurm_spot.checkpoint.s3objects import (
     MiB,
     S3Objects,
     error_code,
-    parse_s3_url,
 )
 from slurm_spot.checkpoint.store import StagePlan
-from slurm_spot.jobs.contract import ENV_STAGING_DIR
+from slurm_spot.contract.location import parse_s3_url
+from slurm_spot.contract.names import ENV_STAGING_DIR
 
 log = logging.getLogger(__name__)
 
@@ -142,13 +142,51 @@ class S3Store(S3Objects):
         """The store's URL, ``s3://bucket/prefix`` (no trailing ``/``)."""
         return self.url
 
+    @classmethod
+    def options_from_config(cls, settings: Any) -> dict[str, Any]:
+        """The keyword arguments spot.yaml's ``checkpoint`` section (``settings``: a
+        ``CheckpointConfig`` or its cached view) gives the store: ``endpoint_url`` when
+        ``checkpoint.s3.endpoint_url`` is set, ``addressing_style`` when it is not ``auto``
+        (:func:`~slurm_spot.checkpoint.store.open_configured_store`). Left out, the store
+        reads the environment (``SLURM_SPOT_S3_*``) and boto3's defaults. Raises nothing."""
+        s3 = getattr(settings, "s3", None)
+        options: dict[str, Any] = {}
+        endpoint = getattr(s3, "endpoint_url", None)
+        if endpoint:
+            options["endpoint_url"] = endpoint
+        style = getattr(s3, "addressing_style", "auto")
+        if style and style != "auto":
+            options["addressing_style"] = style
+        return options
+
     # -- the CheckpointStore protocol ----------------------------------------------------------
+    def committed(self) -> list[tuple[int, dict[str, Any]]]:
+        """``(step, manifest)`` of every ``step_N/manifest.json`` that parses, newest first
+        (an unreadable one is skipped with a warning); nothing is downloaded or verified.
+
+        Raises:
+            CheckpointError: S3 could not be listed or read (no such bucket, no credentials,
+                a transport error after botocore's retries, boto3 not installed); the message
+                starts with the URL.
+        """
+        transport: tuple[type[BaseException], ...] = (OSError, ImportError)
+        try:
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            transport += (BotoCoreError, ClientError)
+        except ImportError:
+            pass  # then creating the client fails with ImportError, reported the same way
+        try:
+            return super().committed()
+        except transport as exc:
+            raise CheckpointError(f"{self.url}: cannot list the checkpoints: {exc}") from None
+
     def latest(self, verify_checksums: bool = True) -> Checkpoint | None:
         """Download the newest committed checkpoint that passes validation (sizes always,
         sha256 with ``verify_checksums``) into a local directory and return it; a corrupt one
         is skipped with a warning and the previous one tried. The previous download of this
         store is deleted. Changes nothing in the bucket."""
-        for step, manifest in self.committed():
+        for step, manifest in super().committed():  # transport errors as boto raises them
             local = Path(tempfile.mkdtemp(prefix=f"{step_dir_name(step)}.restore-",
                                           dir=self._staging_root()))
             try:

@@ -19,7 +19,6 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from slurm_spot.checkpoint.files import (
     FORMAT,
@@ -29,11 +28,12 @@ from slurm_spot.checkpoint.files import (
     step_dir_name,
     validate,
 )
-from slurm_spot.jobs.contract import ENV_S3_ADDRESSING_STYLE, ENV_S3_ENDPOINT_URL
+from slurm_spot.contract.location import parse_s3_url
+from slurm_spot.contract.names import ENV_S3_ADDRESSING_STYLE, ENV_S3_ENDPOINT_URL
 
 log = logging.getLogger(__name__)
 
-#: The job contract's S3 pair (:mod:`slurm_spot.jobs.contract`), under this module's names.
+#: The job contract's S3 pair (:mod:`slurm_spot.contract.names`), under this module's names.
 ENV_ENDPOINT_URL = ENV_S3_ENDPOINT_URL
 ENV_ADDRESSING_STYLE = ENV_S3_ADDRESSING_STYLE
 MiB = 1 << 20
@@ -46,20 +46,6 @@ def error_code(exc: BaseException) -> str:
     """The S3 error code of a botocore ``ClientError`` ("" for anything else)."""
     response = getattr(exc, "response", None)
     return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
-
-
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """``("bucket", "prefix/")`` of ``s3://bucket/prefix`` (the prefix ends with ``/`` or is
-    empty; percent-escapes are decoded, other characters kept as they are).
-
-    Raises:
-        CheckpointError: not an ``s3://`` URL, or no bucket.
-    """
-    parsed = urlparse(url)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise CheckpointError(f"{url!r} is not an s3://bucket/prefix URL")
-    prefix = unquote(parsed.path).strip("/")
-    return parsed.netloc, f"{prefix}/" if prefix else ""
 
 
 class S3Objects:
@@ -110,7 +96,7 @@ class S3Objects:
 
             self._client = boto3.session.Session().client(
                 "s3", endpoint_url=self.endpoint_url,
-                config=Config(s3={"addressing_style": self.addressing_style},  # type: ignore[typeddict-item,arg-type]
+                config=Config(s3={"addressing_style": self.addressing_style},  # type: ignore[arg-type]
                               retries={"max_attempts": 5, "mode": "standard"},
                               max_pool_connections=max(10, 2 * self.max_concurrency)))
         return self._client

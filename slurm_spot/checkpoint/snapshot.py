@@ -251,7 +251,7 @@ def _rebuild_mapping(v: dict[Any, Any], items: list[tuple[Any, Any]]) -> dict[An
         _set_state(out, state)
         for k, x in items:
             out[k] = x
-        return out  # type: ignore[no-any-return]
+        return out
     except Exception:
         return dict(items)
 
@@ -267,7 +267,7 @@ def _rebuild_list(v: list[Any], walked: list[Any]) -> list[Any]:
         out = func(*copy_module.deepcopy(args))
         _set_state(out, state)
         out.extend(walked)
-        return out  # type: ignore[no-any-return]
+        return out
     except Exception:
         return walked
 

@@ -16,13 +16,18 @@ the bytes live and what "committed" means:
 
 A save goes ``stage`` (rank 0: a token) -> ``local_staging`` (every rank: where to write) ->
 ``upload`` (every rank: its files' sizes and checksums) -> the ranks agree -> ``commit_manifest``
-(rank 0) or ``abort``. No torch here. :func:`open_store` picks the store for a root.
+(rank 0) or ``abort``. No torch here. :func:`open_store` picks the store for a root
+(:data:`URL_STORES`: the store of each URL scheme), :func:`open_configured_store` with the
+site's settings for it; readers of a job's history (``plan --checkpoint-dir``, ``cost``) list
+it with :meth:`CheckpointStore.committed`, whatever the store.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -39,18 +44,32 @@ from slurm_spot.checkpoint.files import (
     CheckpointError,
     as_checkpoint,
     list_candidates,
+    read_manifest,
     root_problem,
     step_dir_name,
     symlinked_steps,
     validate,
 )
-from slurm_spot.checkpoint.location import is_s3
+from slurm_spot.contract.location import (
+    S3_SCHEME,
+    URL_SCHEMES,
+    unknown_url_scheme,
+    url_scheme,
+)
 
 log = logging.getLogger(__name__)
 
 #: What :meth:`CheckpointStore.stage` decided: write into the staging ``path``, ``skip`` (a
 #: valid checkpoint of that step exists at ``path``) or ``error`` (``message`` says why).
 StagePlan = tuple[Literal["write", "skip", "error"], str, str]
+
+#: What :meth:`CheckpointStore.committed` lists: ``(step, manifest)``, newest step first.
+Committed = list[tuple[int, dict[str, Any]]]
+
+
+class StoreNotFound(CheckpointError):
+    """:meth:`CheckpointStore.committed`: the store's location does not exist at all (a local
+    directory never created), as opposed to existing and holding no checkpoint."""
 
 
 class CheckpointStore(Protocol):
@@ -132,15 +151,92 @@ class CheckpointStore(Protocol):
         never the store's own checkpoint."""
         ...
 
+    def committed(self) -> Committed:
+        """``(step, manifest)`` of every committed checkpoint, newest step first: what a reader
+        of the job's history needs (``plan --checkpoint-dir``: ``save_s``; ``cost``:
+        ``created_unix_s`` and the ``size`` of each entry of ``files``; format:
+        :mod:`slurm_spot.checkpoint.files`). A manifest is only parsed, not verified (no
+        sizes, no checksums); one that cannot be read is skipped. Never changes the store.
 
-def open_store(root: str | os.PathLike[str], **s3_options: Any) -> CheckpointStore:
-    """The store for a checkpoint root: :class:`~slurm_spot.checkpoint.s3.S3Store` for
-    ``s3://bucket/prefix`` (``s3_options`` go to it), else :class:`LocalStore`."""
-    if is_s3(root):
-        from slurm_spot.checkpoint.s3 import S3Store
+        Raises:
+            StoreNotFound: the store's location does not exist (a directory never created).
+            CheckpointError: the store cannot be read (a listing refused, a transport error
+                after the client's retries); the message starts with the location.
+        """
+        ...
 
-        return S3Store(str(root), **s3_options)
-    return LocalStore(root)
+
+#: The store class of each URL scheme (:data:`~slurm_spot.contract.location.URL_SCHEMES`), as
+#: ``"module:Class"``: imported only when a root of that scheme is opened (boto3 is not
+#: loaded for a directory). A store with a URL scheme adds its line here (docs/DESIGN.md,
+#: "Adding a checkpoint store"); any other root is a :class:`LocalStore` directory.
+URL_STORES: dict[str, str] = {S3_SCHEME: "slurm_spot.checkpoint.s3:S3Store"}
+
+#: A store class: called with the root (the URL as a string) and the store's own options.
+StoreClass = Callable[..., CheckpointStore]
+
+
+def store_class(root: str | os.PathLike[str]) -> StoreClass:
+    """The class of the store ``root`` names: the one :data:`URL_STORES` registers for its
+    URL scheme, else :class:`LocalStore`.
+
+    Raises:
+        CheckpointError: ``root`` starts with a ``scheme://`` no store implements (it is never
+            taken for a directory), or its scheme's entry names no importable class.
+    """
+    scheme = url_scheme(root)
+    if scheme is None:
+        foreign = unknown_url_scheme(root)
+        if foreign is not None:
+            raise CheckpointError(
+                f"{os.fspath(root)}: no checkpoint store handles {foreign} roots (known: "
+                f"{', '.join(URL_SCHEMES)}, or a directory)")
+        return LocalStore
+    where = URL_STORES.get(scheme)
+    if where is None:
+        raise CheckpointError(f"{os.fspath(root)}: no checkpoint store is registered for "
+                              f"{scheme} roots (slurm_spot.checkpoint.store.URL_STORES)")
+    module, _, name = where.partition(":")
+    try:
+        found: StoreClass = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise CheckpointError(f"the checkpoint store of {scheme} roots ({where}) cannot be "
+                              f"loaded: {exc}") from None
+    return found
+
+
+def open_store(root: str | os.PathLike[str], **options: Any) -> CheckpointStore:
+    """The store for a checkpoint root (:func:`store_class`): for a URL the store of its
+    scheme, e.g. :class:`~slurm_spot.checkpoint.s3.S3Store` for ``s3://bucket/prefix``, built
+    with the URL as a string and ``options`` (S3: ``endpoint_url``, ``addressing_style``,
+    ...); else :class:`LocalStore` (``options`` are not used).
+
+    Raises:
+        CheckpointError: no store handles the root's URL scheme, the store refuses the root
+            (a malformed URL, a path that is not a directory) or its options.
+    """
+    cls = store_class(root)
+    if cls is LocalStore:
+        return LocalStore(root)
+    return cls(os.fspath(root), **options)
+
+
+def open_configured_store(root: str | os.PathLike[str], settings: Any = None) -> CheckpointStore:
+    """The store for ``root`` (:func:`open_store`) with the options the site's checkpoint
+    settings give it: ``settings`` is spot.yaml's ``checkpoint`` section (a
+    :class:`~slurm_spot.config.models.CheckpointConfig` or its cached view), passed to the
+    store class's ``options_from_config`` where it has one (S3: ``checkpoint.s3``'s endpoint
+    and addressing style); None, or a class without it: no options (the store's defaults and
+    environment).
+
+    Raises:
+        CheckpointError: as :func:`open_store`.
+    """
+    cls = store_class(root)
+    from_config = getattr(cls, "options_from_config", None)
+    options: dict[str, Any] = from_config(settings) if settings is not None and from_config \
+        else {}
+    return open_store(root, **options)
 
 
 class LocalStore:
@@ -265,3 +361,26 @@ class LocalStore:
 
     def release(self, checkpoint: Checkpoint) -> None:
         return None
+
+    def committed(self) -> Committed:
+        """``(step, manifest)`` of every ``step_N`` directory with a readable slurm-spot
+        manifest (:func:`~slurm_spot.checkpoint.files.read_manifest`), newest first; symlinks,
+        staging directories, foreign archives and directories without a readable manifest are
+        left out. Reads only the listing and the manifests.
+
+        Raises:
+            StoreNotFound: the directory does not exist.
+            CheckpointError: it is not a directory (or lies under a file), or cannot be listed.
+        """
+        self._check_root()
+        if not os.path.isdir(self.directory):
+            raise StoreNotFound(f"{self.directory}: no such directory")
+        found: Committed = []
+        for candidate in list_candidates(self.directory):
+            if candidate.kind != "dir":
+                continue
+            try:
+                found.append((candidate.step, read_manifest(candidate.path)))
+            except CheckpointError:
+                continue  # not committed (no manifest yet), or not ours
+        return found

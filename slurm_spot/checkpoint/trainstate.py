@@ -53,7 +53,7 @@ def capture_rng_state() -> dict[str, Any]:
     except ImportError:
         pass
     else:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+        kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
         numpy_state = {"kind": str(kind), "keys": [int(k) for k in keys], "pos": int(pos),
                        "has_gauss": int(has_gauss), "gauss": float(gauss)}
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None

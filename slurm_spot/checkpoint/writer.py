@@ -21,8 +21,8 @@ import torch
 
 from slurm_spot.checkpoint.files import CheckpointError
 from slurm_spot.checkpoint.hashing import HashingWriter
-from slurm_spot.checkpoint.location import as_location
 from slurm_spot.checkpoint.snapshot import PendingCopies
+from slurm_spot.contract.location import as_location
 
 if TYPE_CHECKING:
     from slurm_spot.checkpoint.checkpointer import Checkpointer

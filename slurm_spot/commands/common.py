@@ -176,7 +176,7 @@ def add_shared_options(command: click.Command) -> None:
 def json_option(func: F) -> F:
     """Add ``--json``: machine-readable output on stdout, in the envelope of
     :mod:`slurm_spot.jsonenvelope`."""
-    return click.option("--json", "as_json", is_flag=True,  # type: ignore[return-value]
+    return click.option("--json", "as_json", is_flag=True,
                         help="Print JSON: {\"meta\": {schema, version, command}, \"data\": ...} "
                              "(docs/cli.md).")(func)
 

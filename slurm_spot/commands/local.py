@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -37,6 +39,12 @@ _conf_dir_option = click.option(
     "--conf-dir", type=click.Path(file_okay=False, path_type=Path), default=_default_conf_dir,
     show_default="folder of $SLURM_CONF, else /etc/slurm",
     help="Where slurm.conf, slurm-spot.conf, gres.conf and spot.yaml go.")
+
+
+def _local_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """What a command on the local cluster takes last: ``--conf-dir`` (``conf_dir``), ``--json``
+    (``as_json``) and, as its first argument, the app context."""
+    return _conf_dir_option(json_option(pass_app(func)))
 
 
 def _local_provider(config: SpotConfig, node: str) -> LocalProvider:
@@ -92,9 +100,7 @@ def up_command(app: AppContext, conf_dir: Path, keep_state: bool, no_reconcile: 
 
 
 @local_group.command("down")
-@_conf_dir_option
-@json_option
-@pass_app
+@_local_options
 def down_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
     """Stop every instance, the reconciler, slurmctld and munged (if 'up' started it)."""
     stopped = localcluster.down(_config(app, conf_dir))
@@ -134,9 +140,7 @@ def status_command(app: AppContext, conf_dir: Path, as_json: bool, fields: list[
 
 @local_group.command("launch")
 @click.argument("node", shell_complete=complete_nodes)
-@_conf_dir_option
-@json_option
-@pass_app
+@_local_options
 def launch_command(app: AppContext, node: str, conf_dir: Path, as_json: bool) -> None:
     """Start an instance for NODE that Slurm did not ask for (chaos testing)."""
     config = _config(app, conf_dir)
@@ -155,9 +159,7 @@ def launch_command(app: AppContext, node: str, conf_dir: Path, as_json: bool) ->
 @click.argument("node", shell_complete=complete_nodes)
 @click.option("--notice", "notice_s", type=float, default=30.0, show_default=True,
               help="Seconds of notice before the instance is killed (0: no notice).")
-@_conf_dir_option
-@json_option
-@pass_app
+@_local_options
 def preempt_command(app: AppContext, node: str, notice_s: float, conf_dir: Path,
                     as_json: bool) -> None:
     """Publish an interruption notice for NODE, then kill its instance when it runs out."""
@@ -196,9 +198,7 @@ def _count(_ctx: click.Context, _param: click.Parameter, value: int | None) -> i
 @local_group.command("capacity", cls=_CountCommand)
 @click.argument("node_set")
 @click.argument("limit", required=False, type=int, callback=_count)
-@_conf_dir_option
-@json_option
-@pass_app
+@_local_options
 def capacity_command(app: AppContext, node_set: str, limit: int | None, conf_dir: Path,
                      as_json: bool) -> None:
     """Limit NODE_SET to LIMIT alive instances in the simulated spot market (no LIMIT: lift

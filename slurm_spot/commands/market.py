@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
-from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
+from slurm_spot.commands.common import AppContext, print_json
 from slurm_spot.localcluster import market as mk
 from slurm_spot.localcluster import market_report, marketd
 
@@ -21,7 +23,7 @@ def _markets(_ctx: click.Context, _param: click.Parameter,
     return [mk.parse_market(spec) for spec in value]
 
 
-def _market_options(func):  # type: ignore[no-untyped-def]
+def _market_options(func):
     for option in reversed([
         click.option("--node-set", "markets", multiple=True, required=True,
                      callback=_markets, metavar="SPEC", help=_NODE_SET_HELP),
@@ -35,10 +37,12 @@ def _market_options(func):  # type: ignore[no-untyped-def]
     return func
 
 
-def _conf_dir_option(func):  # type: ignore[no-untyped-def]
-    from slurm_spot.commands.local import _conf_dir_option as option
+def _local_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`slurm_spot.commands.local._local_options`, imported when first used (that
+    module imports this one)."""
+    from slurm_spot.commands.local import _local_options as options
 
-    return option(func)
+    return options(func)
 
 
 @click.group("market")
@@ -49,9 +53,7 @@ def market_group() -> None:
 
 @market_group.command("start")
 @_market_options
-@_conf_dir_option
-@json_option
-@pass_app
+@_local_options
 def start_command(app: AppContext, markets: list[mk.NodeSetMarket], seed: int,
                   duration_s: float | None, conf_dir: Path, as_json: bool) -> None:
     """Start the market's daemon on the running local cluster (stopped by 'local market
@@ -71,9 +73,7 @@ def start_command(app: AppContext, markets: list[mk.NodeSetMarket], seed: int,
 
 @market_group.command("plan")
 @_market_options
-@_conf_dir_option
-@json_option
-@pass_app
+@_local_options
 def plan_command(app: AppContext, markets: list[mk.NodeSetMarket], seed: int,
                  duration_s: float | None, conf_dir: Path, as_json: bool) -> None:
     """Print the events a market would apply (default: its first hour), changing nothing."""
@@ -95,9 +95,7 @@ def plan_command(app: AppContext, markets: list[mk.NodeSetMarket], seed: int,
 
 
 @market_group.command("stop")
-@_conf_dir_option
-@json_option
-@pass_app
+@_local_options
 def stop_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
     """Stop the market's daemon and restore the node sets' capacity."""
     from slurm_spot.commands.local import _config
@@ -121,9 +119,7 @@ def stop_command(app: AppContext, conf_dir: Path, as_json: bool) -> None:
               help="Prediction: checkpoint interval, compute seconds [default: Daly's].")
 @click.option("--restart-s", type=click.FloatRange(min=0), default=None,
               help="Prediction: seconds from a node ready to the job computing [default: 15].")
-@_conf_dir_option
-@json_option
-@pass_app
+@_local_options
 def report_command(app: AppContext, job_ids: tuple[int, ...], compute_s: float | None,
                    checkpoint_s: float | None, interval_s: float | None,
                    restart_s: float | None, conf_dir: Path, as_json: bool) -> None:

@@ -13,7 +13,12 @@ from slurm_spot.commands.common import (
     optional_config,
     pass_app,
     print_json,
-    site_events,
+)
+from slurm_spot.commands.model_options import (
+    check_prices,
+    interruption_options,
+    node_rate_of,
+    price_options,
 )
 from slurm_spot.config import SpotConfig
 from slurm_spot.cost import plan, planner
@@ -22,7 +27,6 @@ from slurm_spot.cost.plan import (
     MAX_NODES,
     MAX_SECONDS,
     MAX_STEPS,
-    MAX_USD_H,
     check_number,
     finite,
     unverified_line,
@@ -41,19 +45,9 @@ from slurm_spot.errors import BadInputError
 @click.option("--nodes", type=int, default=1, show_default=True, help="Spot nodes of the job (N).")
 @click.option("--notice-s", type=float, default=120.0, show_default=True,
               help="Interruption notice (AWS: 120 s, GCP: 30 s).")
-@click.option("--interruption-band", "band", default=None,
-              help="AWS Spot Advisor band: <5%, 5-10%, 10-15%, 15-20%, >20%.")
-@click.option("--interruption-rate", "rate", default=None,
-              help="Fraction of nodes interrupted per month (0.08 or 8%), or 'observed' (events).")
-@click.option("--mtbf-h", type=float, default=None, help="One node's mean hours between interruptions.")
+@interruption_options
 @click.option("--job-hours", type=float, default=None, help="Compute hours of the job (L).")
-@click.option("--instance-type", default=None, help="Price the job on this type.")
-@click.option("--spot-usd-h", type=float, default=None, help="Spot USD per node-hour (else looked up).")
-@click.option("--on-demand-usd-h", type=float, default=None,
-              help="On-demand USD per node-hour (else looked up).")
-@click.option("--region", default=None,
-              help="Price for this region (default: the region of spot.yaml's provider of the "
-                   "type); a price from another region or an old catalogue is warned about.")
+@price_options
 @click.option("--compare", is_flag=True, help="Rank --candidate types by expected cost to finish.")
 @click.option("--work-steps", type=float, default=None, help="With --compare: the job's steps.")
 @click.option("--candidate", "candidates", multiple=True,
@@ -77,8 +71,7 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
     check_number("--notice-s", notice_s, MAX_SECONDS, unit=" seconds")
     check_number("--nodes", nodes, MAX_NODES, 1)
     check_number("--job-hours", job_hours, MAX_JOB_HOURS, low_ok=False, unit=" hours")
-    check_number("--spot-usd-h", spot_usd_h, MAX_USD_H, unit=" USD per node-hour")
-    check_number("--on-demand-usd-h", on_demand_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_prices(spot_usd_h, on_demand_usd_h)
     check_number("--work-steps", work_steps, MAX_STEPS, low_ok=False)
     check_number("--deadline-h", deadline_h, 1000 * MAX_JOB_HOURS, low_ok=False, unit=" hours")
     if not compare:
@@ -103,13 +96,12 @@ def plan_command(app: AppContext, checkpoint_s: float | None, checkpoint_dir: st
     if compare:
         if work_steps is None:
             raise BadInputError("--compare needs --work-steps (the job's total steps)")
-        default = (plan.node_rate(band, rate, mtbf_h, site_events(app))
-                   if (band or rate or mtbf_h) else None)
+        default = node_rate_of(app, band, rate, mtbf_h) if (band or rate or mtbf_h) else None
         found = plan.compare_candidates(site, checkpoint_s, restart_s, nodes, default,
                                         work_steps, candidates, deadline_h, region)
         _print_comparison(found, as_json, measured)
         return
-    rate_h = plan.node_rate(band, rate, mtbf_h, site_events(app))
+    rate_h = node_rate_of(app, band, rate, mtbf_h)
     data = plan.plan_figures(site, checkpoint_s, restart_s, nodes, notice_s, rate_h, job_hours,
                              instance_type, spot_usd_h, on_demand_usd_h, region, measured)
     config = optional_config(app)

@@ -9,12 +9,12 @@ process group at ResumeTimeout) and logs to ``<log_dir>/hooks.log``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import click
 
 from slurm_spot.commands.common import AppContext, json_option, pass_app, print_json
-from slurm_spot.hooks import run_detached
+from slurm_spot.hooks import power_action, run_detached
 from slurm_spot.hostlist import expand
 from slurm_spot.lifecycle import power
 from slurm_spot.slurm.resume_file import read_resume_file
@@ -22,11 +22,10 @@ from slurm_spot.slurm.resume_file import read_resume_file
 log = logging.getLogger("slurm_spot.hooks")
 
 
-def _run_hook(
-    app: AppContext, name: str, hostlist: str, detach: bool, as_json: bool,
-    action: Callable[[], power.PowerResult],
-) -> None:
+def _run_hook(app: AppContext, name: str, hostlist: str, detach: bool, as_json: bool,
+              jobs: Mapping[int, Sequence[str]] | None = None) -> None:
     config = app.config
+    action = power_action(config, name, hostlist, jobs)
     if detach:
         run_detached(config, name, hostlist, action)
         return
@@ -58,11 +57,17 @@ _detach_option = click.option(
     help="Return at once and do the work in a detached process (how slurmctld runs hooks).")
 
 
-@click.command("resume")
-@click.argument("hostlist")
-@_detach_option
-@json_option
-@pass_app
+def _hook_command(name: str) -> Callable[[Callable[..., None]], click.Command]:
+    """``@click.command(name)`` of a power-saving hook: the decorated function gets the app
+    context, then HOSTLIST, ``--detach`` and ``--json`` (``detach``, ``as_json``)."""
+    def command(func: Callable[..., None]) -> click.Command:
+        return click.command(name)(click.argument("hostlist")(
+            _detach_option(json_option(pass_app(func)))))
+
+    return command
+
+
+@_hook_command("resume")
 def resume_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) -> None:
     """ResumeProgram: launch instances for HOSTLIST such as 'gpu-[1-4]'.
 
@@ -70,33 +75,19 @@ def resume_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) 
     power.all_or_nothing, a job that cannot get all its nodes has the launched ones given back;
     a job whose nodes got no capacity runs on another node set at once (slurm_spot.lifecycle.failover).
     """
-    from slurm_spot.lifecycle.failover import resume_and_fail_over
-
-    jobs = read_resume_file()
-    _run_hook(app, "resume", hostlist, detach, as_json,
-              lambda: resume_and_fail_over(app.config, hostlist, app.slurm(), jobs))
+    _run_hook(app, "resume", hostlist, detach, as_json, read_resume_file())
 
 
-@click.command("suspend")
-@click.argument("hostlist")
-@_detach_option
-@json_option
-@pass_app
+@_hook_command("suspend")
 def suspend_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) -> None:
     """SuspendProgram: terminate the instances behind HOSTLIST (idempotent)."""
-    _run_hook(app, "suspend", hostlist, detach, as_json,
-              lambda: power.suspend(app.config, hostlist))
+    _run_hook(app, "suspend", hostlist, detach, as_json)
 
 
-@click.command("resume-fail")
-@click.argument("hostlist")
-@_detach_option
-@json_option
-@pass_app
+@_hook_command("resume-fail")
 def resume_fail_command(app: AppContext, hostlist: str, detach: bool, as_json: bool) -> None:
     """ResumeFailProgram: terminate what is behind nodes that failed to resume (idempotent)."""
-    _run_hook(app, "resume-fail", hostlist, detach, as_json,
-              lambda: power.resume_fail(app.config, hostlist))
+    _run_hook(app, "resume-fail", hostlist, detach, as_json)
 
 
 COMMANDS = [resume_command, suspend_command, resume_fail_command]

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from slurm_spot.commands.common import AppContext, pass_app, print_json
+from slurm_spot.contract.sbatch_options import CommandLine, parse_command_line
 from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.submit.sbatch import (
     JOB_ENV_OPTIONS,
@@ -19,7 +20,6 @@ from slurm_spot.jobs.submit.sbatch import (
     check_job_environment,
     plan_submission,
 )
-from slurm_spot.jobs.submit.sbatch_options import CommandLine, parse_command_line
 from slurm_spot.jobs.submit.torchrun_scripts import (
     check_coordinator_partition,
     check_nodes_within,

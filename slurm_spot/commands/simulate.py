@@ -12,16 +12,19 @@ from slurm_spot.commands.common import (
     optional_config,
     pass_app,
     print_json,
-    site_events,
+)
+from slurm_spot.commands.model_options import (
+    check_prices,
+    interruption_options,
+    node_rate_of,
+    price_options,
 )
 from slurm_spot.cost.plan import (
     MAX_JOB_HOURS,
     MAX_NODES,
     MAX_SECONDS,
-    MAX_USD_H,
     SAME_TRACE,
     check_number,
-    node_rate,
     simulation,
 )
 from slurm_spot.cost.simulator import STRATEGIES, SimParams
@@ -50,21 +53,8 @@ MAX_RUNS = 100_000
                    "(SlurmdTimeout).")
 @click.option("--requeue-delay-s", type=float, default=121.0, show_default=True,
               help="Plain Slurm: seconds a requeued job is held before it may start again.")
-@click.option("--interruption-band", "band", default=None,
-              help="AWS Spot Advisor band: <5%, 5-10%, 10-15%, 15-20%, >20%.")
-@click.option("--interruption-rate", "rate", default=None,
-              help="Fraction of nodes interrupted per month (0.08 or 8%), or 'observed' "
-                   "(events).")
-@click.option("--mtbf-h", type=float, default=None,
-              help="One node's mean hours between interruptions.")
-@click.option("--instance-type", default=None, help="Price the nodes as this type.")
-@click.option("--spot-usd-h", type=float, default=None,
-              help="Spot USD per node-hour (else looked up for --instance-type).")
-@click.option("--on-demand-usd-h", type=float, default=None,
-              help="On-demand USD per node-hour (else looked up for --instance-type).")
-@click.option("--region", default=None,
-              help="Price for this region (default: the region of spot.yaml's provider of the "
-                   "type); a price from another region or an old catalogue is warned about.")
+@interruption_options
+@price_options
 @click.option("--strategy", "strategies", multiple=True, type=click.Choice(STRATEGIES),
               help="Only these strategies (repeat; default all).")
 @click.option("--runs", type=int, default=200, show_default=True,
@@ -101,8 +91,7 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
                             ("--boot-s", boot_s), ("--slurmd-timeout-s", slurmd_timeout_s),
                             ("--requeue-delay-s", requeue_delay_s)):
         check_number(option, seconds, MAX_SECONDS, unit=" seconds")
-    check_number("--spot-usd-h", spot_usd_h, MAX_USD_H, unit=" USD per node-hour")
-    check_number("--on-demand-usd-h", on_demand_usd_h, MAX_USD_H, unit=" USD per node-hour")
+    check_prices(spot_usd_h, on_demand_usd_h)
     check_number("--runs", runs, MAX_RUNS, 2)
     out = None
     if plot_path is not None:
@@ -110,7 +99,7 @@ def simulate_command(app: AppContext, nodes: int, on_demand_nodes: int, job_hour
 
         out = check_png_path(plot_path)
         require_matplotlib()
-    node_rate_h, source = node_rate(band, rate, mtbf_h, site_events(app))
+    node_rate_h, source = node_rate_of(app, band, rate, mtbf_h)
     params = SimParams(nodes=nodes, on_demand_nodes=on_demand_nodes, job_hours=job_hours,
                        checkpoint_s=checkpoint_s, restart_s=restart_s, interval_s=interval_s,
                        notice_s=notice_s, boot_s=boot_s, slurmd_timeout_s=slurmd_timeout_s,

@@ -67,7 +67,7 @@ def table_options(fields: Sequence[str]) -> Callable[[F], F]:
             "-o", "--format", "fields", default=None, callback=check, metavar="FIELDS",
             help="Columns to show, comma-separated, each optionally %WIDTH (as sacct "
                  f"--format): {', '.join(fields)}.")(func)
-        return click.option(  # type: ignore[return-value]
+        return click.option(
             "-n", "--noheader", is_flag=True,
             help="No header line (squeue/sinfo -h, sacct -n; -h is help on every "
                  "slurm-spot command).")(func)

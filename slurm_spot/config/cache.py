@@ -327,8 +327,11 @@ class CheckpointView(ConfigRecord):
 
     @property
     def is_s3(self) -> bool:
-        """True when ``root`` is an ``s3://`` URL."""
-        return isinstance(self.root, str)
+        """True when ``root`` is an ``s3://`` URL (:func:`slurm_spot.contract.location.is_s3`,
+        as :attr:`~.models.CheckpointConfig.is_s3` answers it)."""
+        from slurm_spot.contract.location import is_s3
+
+        return is_s3(self.root)
 
 
 class SpotConfigView(ConfigRecord):

@@ -182,7 +182,7 @@ class CheckpointConfig(ConfigModel):
     @property
     def is_s3(self) -> bool:
         """True when ``root`` is an ``s3://`` URL."""
-        from slurm_spot.checkpoint.location import is_s3
+        from slurm_spot.contract.location import is_s3
 
         return is_s3(self.root)
 

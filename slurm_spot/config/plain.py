@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from slurm_spot.errors import BadInputError
+
 DEFAULT_CONFIG_PATH = Path("/etc/slurm/spot.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/slurm-spot")
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,40}$"
@@ -25,6 +27,26 @@ NODE_SET_PATTERN = r"^[a-z][a-z0-9._-]{0,40}$"
 MAX_TIME_PATTERN = r"^(INFINITE|UNLIMITED|[0-9]+(-[0-9]{1,2})?(:[0-9]{1,2}){0,2})$"
 SIGNAL_NAMES = {"USR1": 10, "USR2": 12, "TERM": 15, "INT": 2, "HUP": 1, "QUIT": 3, "URG": 23}
 S3_ROOT_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+# AWS Spot Advisor bands -> the monthly interruption fraction each stands for (its midpoint;
+# the open-ended top band is taken as 25 %).
+BANDS: dict[str, float] = {
+    "<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25,
+}
+
+
+def band_fraction(band: str) -> float:
+    """The monthly interruption fraction (0-1) an AWS Spot Advisor band such as ``<5%`` or
+    ``10-15%`` stands for (see :data:`BANDS`; spaces and a missing ``%`` are accepted).
+
+    Raises:
+        BadInputError: not one of the five bands.
+    """
+    key = re.sub(r"\s+", "", band)
+    if key and not key.endswith("%"):
+        key += "%"
+    if key not in BANDS:
+        raise BadInputError(f"interruption band {band!r}: use one of {', '.join(BANDS)}")
+    return BANDS[key]
 
 
 class NamedSet(Protocol):

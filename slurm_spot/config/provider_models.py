@@ -75,7 +75,8 @@ class GcpProviderConfig(ConfigModel):
 #: The settings of one ``providers:`` entry, whichever its type. A provider type is one model
 #: here (its ``type`` Literal is the name) and one package in the registry
 #: (:data:`slurm_spot.providers.PROVIDER_TYPES`, which must name the same types:
-#: tests/test_provider_registry.py); every other list of types is derived from this union.
+#: tests/test_provider_registry.py); every other list of types is derived from this union
+#: (tests/test_change_cost_provider.py adds a type to it and to the registry, and nothing else).
 ProviderSettings = LocalProviderConfig | AwsProviderConfig | GcpProviderConfig
 ProviderConfig = Annotated[ProviderSettings, Field(discriminator="type")]
 #: The provider type names spot.yaml accepts, in the order of :data:`ProviderSettings`.
@@ -172,10 +173,10 @@ class NodeSetConfig(ConfigModel):
     @field_validator("interruption_band")
     @classmethod
     def _known_band(cls, value: str | None) -> str | None:
-        """One of the five Spot Advisor bands (slurm_spot/cost/planner.py BANDS)."""
+        """One of the five Spot Advisor bands (slurm_spot/config/plain.py BANDS)."""
         if value is None:
             return None
-        from slurm_spot.cost.planner import band_fraction
+        from slurm_spot.config.plain import band_fraction
         from slurm_spot.errors import BadInputError
 
         try:

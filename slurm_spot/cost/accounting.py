@@ -19,7 +19,6 @@ next run's start.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -27,7 +26,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from slurm_spot.config import SpotConfig
@@ -259,35 +257,46 @@ def _local_time(text: str) -> datetime | None:
     return when.astimezone(timezone.utc) if when.tzinfo is None else when
 
 
-def read_checkpoints(directory: Path) -> list[CheckpointRecord]:
-    """Committed checkpoints under ``directory``, oldest first, from the ``manifest.json`` of
-    each ``step_*`` directory (format of :mod:`slurm_spot.checkpoint.files`; read here without
-    importing the checkpoint package, which imports torch). Symlinks, temporary directories and
-    unreadable manifests are skipped; a missing directory gives ``[]``."""
+def checkpoint_records(committed: Iterable[tuple[int, Mapping[str, Any]]]
+                       ) -> list[CheckpointRecord]:
+    """The :class:`CheckpointRecord` of each ``(step, manifest)`` a store lists
+    (:meth:`~slurm_spot.checkpoint.store.CheckpointStore.committed`), oldest first: when it was
+    committed (the manifest's ``created_unix_s``, seconds since the epoch) and its bytes (the
+    sum of the ``size`` of each entry of ``files``; a size that is not a non-negative integer
+    counts 0). A manifest without a numeric ``created_unix_s`` or an integer ``step`` is left
+    out. Reads nothing."""
     found = []
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return []
-    for entry in entries:
-        if (entry.is_symlink() or not entry.name.startswith("step_") or "." in entry.name
-                or not entry.is_dir(follow_symlinks=False)):
-            continue
-        try:
-            fd = os.open(Path(entry.path) / "manifest.json", os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, encoding="utf-8") as fh:
-                manifest = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        if not isinstance(manifest, dict):
-            continue
+    for _, manifest in committed:
         files = manifest.get("files")
-        size = sum(int(f.get("size", 0)) for f in files.values()
-                   if isinstance(f, dict)) if isinstance(files, dict) else 0
+        sizes = [f.get("size") for f in files.values() if isinstance(f, dict)] \
+            if isinstance(files, dict) else []
+        size = sum(v for v in sizes if isinstance(v, int) and not isinstance(v, bool) and v >= 0)
         created, step = manifest.get("created_unix_s"), manifest.get("step")
         if isinstance(created, int | float) and isinstance(step, int):
             found.append(CheckpointRecord(datetime.fromtimestamp(created, timezone.utc), step, size))
     return sorted(found, key=lambda c: c.time)
+
+
+def read_checkpoints(location: str | os.PathLike[str], settings: Any = None
+                     ) -> list[CheckpointRecord]:
+    """Committed checkpoints at ``location`` (a job's checkpoint directory, or a store's URL
+    such as ``s3://bucket/prefix/<user>/<key>``), oldest first (:func:`checkpoint_records`),
+    listed by the store the location names
+    (:func:`~slurm_spot.checkpoint.store.open_configured_store` with ``settings``, spot.yaml's
+    ``checkpoint`` section, for the store's options; ``committed()``): the checkpoint
+    package's one reading of the layout. A location that does not exist gives ``[]``.
+
+    Raises:
+        CheckpointError: no store handles the location's URL scheme, or the store cannot be
+            read (the message starts with the location and says why).
+    """
+    from slurm_spot.checkpoint.store import StoreNotFound, open_configured_store
+
+    try:
+        committed = open_configured_store(location, settings).committed()
+    except StoreNotFound:
+        return []
+    return checkpoint_records(committed)
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from slurm_spot.config.plain import band_fraction
 from slurm_spot.cost.planner import (
-    band_fraction,
     daly_interval_s,
     rate_from_monthly_fraction,
     waste_fraction,
@@ -55,7 +55,7 @@ RESTART_S = 300.0
 #: The Spot Advisor band a spot node set without ``interruption_band`` is taken to have.
 DEFAULT_SPOT_BAND = "5-10%"
 #: The Weight of the first node set; 0 is kept for prewarmed replacements
-#: (:data:`slurm_spot.lifecycle.prewarm.PREWARM_WEIGHT`).
+#: (:data:`slurm_spot.lifecycle.weights.PREWARM_WEIGHT`).
 FIRST_WEIGHT = 1
 
 Market = Literal["spot", "on-demand"]

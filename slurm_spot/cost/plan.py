@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from slurm_spot.checkpoint.location import is_s3
-from slurm_spot.config import CostConfig, SpotConfig
+from slurm_spot.config import CostConfig, NodeSetConfig, SpotConfig
+from slurm_spot.config.plain import band_fraction
+from slurm_spot.contract.location import is_url
 from slurm_spot.cost import planner
-from slurm_spot.cost.prices import PriceBook, site_prices
+from slurm_spot.cost.prices import PriceBook, price_lookup, site_prices
 from slurm_spot.cost.simulator import STRATEGIES, Baseline, SimParams, StrategyResult, simulate
 from slurm_spot.errors import BadInputError
 from slurm_spot.providers import PROVIDER_TYPES, instance_types, package_for_type
@@ -66,7 +67,7 @@ def node_rate(band: str | None, rate: str | None, mtbf_h: float | None,
         raise BadInputError("give exactly one of --interruption-band, --interruption-rate, "
                             f"--mtbf-h (got {', '.join(given) or 'none'})")
     if band is not None:
-        fraction = planner.band_fraction(band)
+        fraction = band_fraction(band)
         return (planner.rate_from_monthly_fraction(fraction),
                 f"AWS Spot Advisor band {band} taken as {fraction:.1%} of nodes interrupted a month")
     if mtbf_h is not None:
@@ -220,7 +221,7 @@ def parse_candidate(text: str, default_rate: tuple[float, str] | None
                                 f"number >= 0 and at most {MAX_USD_H:g} USD per node-hour")
         spot = price
     if band is not None:
-        rate = planner.rate_from_monthly_fraction(planner.band_fraction(band))
+        rate = planner.rate_from_monthly_fraction(band_fraction(band))
     elif default_rate is not None:
         rate = default_rate[0]
     else:
@@ -248,13 +249,10 @@ def checkpoint_cost(site: SiteConfig, checkpoint_s: float | None,
     from slurm_spot.cost.saves import median_save_s
 
     assert checkpoint_dir is not None
-    options: dict[str, Any] = {}
-    config = site() if is_s3(checkpoint_dir) else None
-    if config is not None and config.checkpoint.s3.endpoint_url:
-        options["endpoint_url"] = config.checkpoint.s3.endpoint_url
-    if config is not None and config.checkpoint.s3.addressing_style != "auto":
-        options["addressing_style"] = config.checkpoint.s3.addressing_style
-    median, saves = median_save_s(checkpoint_dir, **options)
+    # a store's URL is opened with spot.yaml's settings for it (an S3 endpoint, its addressing)
+    config = site() if is_url(checkpoint_dir) else None
+    settings = config.checkpoint if config is not None else None
+    median, saves = median_save_s(checkpoint_dir, settings)
     return median, {"location": checkpoint_dir, "median_save_s": median,
                     "checkpoints": [asdict(s) for s in saves]}
 
@@ -421,10 +419,31 @@ def simulation(site: SiteConfig, params: SimParams, rate_source: str,
 
 def spares_of(config: SpotConfig) -> list[dict[str, Any]]:
     """The hot spares of ``config``'s node sets with their cost around the clock
-    (:func:`slurm_spot.lifecycle.spares.spares_cost`, catalogue prices: no network); [] when none."""
-    from slurm_spot.lifecycle.spares import spares_cost
-    from slurm_spot.lifecycle.weights import price_lookup
-
+    (:func:`spares_cost`, catalogue prices: no network); [] when none."""
     if not any(ns.spares for ns in config.node_sets):
         return []
     return spares_cost(config, price_lookup(config, live=False))
+
+
+def spares_cost(config: SpotConfig, price_of: Callable[[NodeSetConfig], float | None]
+                ) -> list[dict[str, object]]:
+    """What each node set's spares cost, up around the clock whether or not a job runs: one
+    entry per node set with ``spares``: ``node_set``, ``spares``, ``market``,
+    ``usd_per_node_h`` (its hourly price, None when unknown), ``usd_per_h`` (``spares *
+    usd_per_node_h``) and ``usd_per_month`` (times
+    :data:`slurm_spot.cost.planner.HOURS_PER_MONTH`), both None when the price is unknown.
+
+    Args:
+        price_of: node set -> its hourly price per node in its market (USD), None when
+            unknown (:func:`slurm_spot.cost.prices.price_lookup`).
+    """
+    found: list[dict[str, object]] = []
+    for ns in config.node_sets:
+        if ns.spares <= 0:
+            continue
+        price = price_of(ns)
+        per_h = None if price is None else ns.spares * price
+        found.append({"node_set": ns.name, "spares": ns.spares, "market": ns.market,
+                      "usd_per_node_h": price, "usd_per_h": per_h,
+                      "usd_per_month": None if per_h is None else per_h * planner.HOURS_PER_MONTH})
+    return found

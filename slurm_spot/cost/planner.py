@@ -24,7 +24,6 @@ and in the CLI: that share is ``1 - exp(-lambda * 730 h)`` for a constant hazard
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from slurm_spot.errors import BadInputError
@@ -32,28 +31,6 @@ from slurm_spot.errors import BadInputError
 HOURS_PER_MONTH = 730.0
 # Waste at or above this (wall time >= 1000 x the compute time) reads "never finishes".
 NEVER_FINISHES_WASTE = 0.999  # 365 days * 24 h / 12
-# AWS Spot Advisor bands -> the monthly interruption fraction each stands for (its midpoint;
-# the open-ended top band is taken as 25 %).
-BANDS: dict[str, float] = {
-    "<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25,
-}
-
-
-def band_fraction(band: str) -> float:
-    """The monthly interruption fraction (0-1) an AWS Spot Advisor band such as ``<5%`` or
-    ``10-15%`` stands for (see :data:`BANDS`; spaces and a missing ``%`` are accepted).
-
-    Raises:
-        BadInputError: not one of the five bands.
-    """
-    key = re.sub(r"\s+", "", band)
-    if key and not key.endswith("%"):
-        key += "%"
-    if key not in BANDS:
-        raise BadInputError(f"interruption band {band!r}: use one of {', '.join(BANDS)}")
-    return BANDS[key]
-
-
 def rate_from_monthly_fraction(fraction: float) -> float:
     """Interruptions per node-hour for a monthly interruption fraction ``0 <= p < 1`` under a
     constant hazard: ``-ln(1 - p) / 730``.

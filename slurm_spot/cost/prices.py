@@ -9,14 +9,17 @@ checkpoint storage and egress prices are spot.yaml's only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any
 
-from slurm_spot.config import CostConfig, SpotConfig
-from slurm_spot.providers import package_for, package_for_type
+from slurm_spot.config import CostConfig, NodeSetConfig, SpotConfig
+from slurm_spot.providers import instance_types, package_for, package_for_type
 from slurm_spot.providers.prices import Market, Price, PriceSource, UnknownPriceError, price_of, utc_today
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,22 +79,27 @@ class PriceBook:
 
         Raises:
             UnknownPriceError: not configured."""
-        if provider_name not in self.cost.storage_usd_per_gb_month:
-            raise UnknownPriceError(
-                f"no storage price for provider {provider_name!r}: set "
-                f"cost.storage_usd_per_gb_month.{provider_name} in spot.yaml")
-        return self.cost.storage_usd_per_gb_month[provider_name]
+        return self._configured("storage", "storage_usd_per_gb_month", provider_name)
 
     def egress_usd_per_gb(self, provider_name: str) -> float:
         """Egress price of a provider (config only).
 
         Raises:
             UnknownPriceError: not configured."""
-        if provider_name not in self.cost.egress_usd_per_gb:
+        return self._configured("egress", "egress_usd_per_gb", provider_name)
+
+    def _configured(self, what: str, setting: str, provider_name: str) -> float:
+        """spot.yaml's ``cost.<setting>.<provider_name>`` (a per-provider price in USD, of
+        the unit the setting's name says); ``what`` names the price in the error.
+
+        Raises:
+            UnknownPriceError: not configured (the message names the setting to set)."""
+        prices: Mapping[str, float] = getattr(self.cost, setting)
+        if provider_name not in prices:
             raise UnknownPriceError(
-                f"no egress price for provider {provider_name!r}: set "
-                f"cost.egress_usd_per_gb.{provider_name} in spot.yaml")
-        return self.cost.egress_usd_per_gb[provider_name]
+                f"no {what} price for provider {provider_name!r}: set "
+                f"cost.{setting}.{provider_name} in spot.yaml")
+        return prices[provider_name]
 
 
 def price_dict(price: Price) -> dict[str, Any]:
@@ -116,3 +124,48 @@ def site_prices(config: SpotConfig, live_spot: bool = True) -> PriceBook:
                 config, name, live=live_spot, live_on_demand=live_spot)
     return PriceBook(config.cost, sources, {name: p.type for name, p in config.providers.items()},
                      config.checkpoint.keep)
+
+
+#: A node set -> its price in USD per node-hour, or None when none can be had.
+PriceOf = Callable[[NodeSetConfig], "float | None"]
+
+
+def price_books(config: SpotConfig, live: bool) -> dict[str, PriceBook]:
+    """One :class:`PriceBook` per provider name, for that provider's region; with ``live``,
+    AWS spot prices come from ``DescribeSpotPriceHistory`` of each AWS provider (its profile,
+    credentials file, region and endpoint; boto3 is imported only when a price is first
+    asked); on-demand prices are never asked of the Price List API here (the reconciler would
+    ask it every pass where it is refused).
+
+    Raises:
+        ConfigError: a provider's type has no package."""
+    books = {}
+    for name, settings in config.providers.items():
+        source = package_for(config, name).price_source(config, name, live=live)
+        books[name] = PriceBook(config.cost, {settings.type: source}, {name: settings.type})
+    return books
+
+
+def price_lookup(config: SpotConfig, live: bool,
+                 known: MutableMapping[str, float] | None = None) -> PriceOf:
+    """A :data:`PriceOf` over :func:`price_books`: the cheapest of the node set's types in its
+    market; a type without a price anywhere is skipped; a node set with none at all gets
+    ``known``'s last price (when given: it is updated with every price found), else None."""
+    books = price_books(config, live)
+
+    def price_of(ns: NodeSetConfig) -> float | None:
+        book = books[ns.provider]
+        kind = config.providers[ns.provider].type
+        prices = []
+        for instance_type in instance_types(config, ns):
+            try:
+                prices.append(book.instance(kind, ns.market, instance_type).usd_per_h)
+            except UnknownPriceError as exc:
+                log.info("cost order: %s: %s", ns.name, exc)
+        if prices:
+            if known is not None:
+                known[ns.name] = min(prices)
+            return min(prices)
+        return known.get(ns.name) if known is not None else None
+
+    return price_of

@@ -3,12 +3,13 @@ its checkpoints) priced with the site's price book (:mod:`.accounting`, :mod:`.p
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from slurm_spot.checkpoint.location import Location, is_job_key, is_s3, job_directory
 from slurm_spot.config import SpotConfig
+from slurm_spot.contract.location import Location, is_job_key, job_directory
 from slurm_spot.cost.accounting import (
     CostReport,
     JobUsage,
@@ -19,18 +20,23 @@ from slurm_spot.cost.accounting import (
     usage_from_sacct,
 )
 from slurm_spot.cost.prices import site_prices
-from slurm_spot.errors import SlurmCommandError
+from slurm_spot.errors import CheckpointError, SlurmCommandError
 from slurm_spot.events import read_events
 from slurm_spot.slurm.client import SlurmClient
+
+log = logging.getLogger(__name__)
 
 
 def job_usage(config: SpotConfig, slurm: SlurmClient, job_id: int, events: list[dict[str, Any]],
               checkpoint_dir: Path | None, now: datetime) -> JobUsage:
     """The job's usage: sacct's runs where accounting answers, else the events; checkpoints
     from ``checkpoint_dir``, or from the job's own directory under ``checkpoint.root``
-    (:func:`~slurm_spot.checkpoint.location.job_directory`: ``<root>/<user>/<key>``, the key
-    ``<array job>_<task>`` for an array task) when sacct names the user. Checkpoints under an
-    ``s3://`` root are not listed here (their storage then counts 0).
+    (:func:`~slurm_spot.contract.location.job_directory`: ``<root>/<user>/<key>``, the key
+    ``<array job>_<task>`` for an array task) when sacct names the user, listed by the store
+    the location names (:func:`~.accounting.read_checkpoints`: a directory, ``s3://``, any
+    store with a URL scheme, with ``checkpoint``'s settings). A location no store handles, or
+    a store that cannot be read, adds a note (and a logged warning) saying that storage,
+    egress and lost compute are counted without its checkpoints: never a silent 0.
 
     Raises:
         BadInputError: neither source knows the job."""
@@ -48,8 +54,14 @@ def job_usage(config: SpotConfig, slurm: SlurmClient, job_id: int, events: list[
         shown = rows[0].get("JobID", "") if rows else ""
         key = shown if "_" in shown and is_job_key(shown) else str(job_id)
         folder = job_directory(config.checkpoint.root, usage.user, key)
-    if folder is not None and not is_s3(folder):
-        usage.checkpoints = read_checkpoints(Path(folder))
+    if folder is not None:
+        try:
+            usage.checkpoints = read_checkpoints(folder, config.checkpoint)
+        except CheckpointError as exc:
+            note = (f"checkpoints not read ({exc}): their storage and egress are not counted, "
+                    "and lost compute is counted without them")
+            log.warning("job %s: %s", job_id, note)
+            usage.notes.append(note)
     return usage
 
 

@@ -5,10 +5,11 @@ Every checkpoint the library commits records in its manifest how long the save t
 is (``size_bytes``); :func:`slurm_spot.checkpoint.commit.build_manifest` writes them (inside
 ``meta`` for checkpoints of older code, which :func:`~slurm_spot.checkpoint.files.save_costs`
 reads the same way). This module reads the manifests of every committed checkpoint of one job
-directory, local (``<root>/<user>/<job key>`` with ``step_N/`` directories) or on S3
-(``s3://bucket/prefix``, through :class:`~slurm_spot.checkpoint.s3.S3Store`), and gives their
-median ``save_s``: one slow save (a cold file system cache, a throttled upload) does not set
-the checkpoint interval for the whole job. Nothing is written, no checksum is computed.
+directory, local (``<root>/<user>/<job key>``) or in any store a URL names (``s3://...``),
+through the store's own listing (:meth:`~slurm_spot.checkpoint.store.CheckpointStore.committed`
+of :func:`~slurm_spot.checkpoint.store.open_store`), and gives their median ``save_s``: one
+slow save (a cold file system cache, a throttled upload) does not set the checkpoint interval
+for the whole job. Nothing is written, no checksum is computed.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_spot.checkpoint.location import is_s3
-from slurm_spot.errors import BadInputError
+from slurm_spot.errors import BadInputError, CheckpointError
 
 #: ``save_s`` values outside [0, MAX_SAVE_S) are not believed (the manifest is the job's).
 MAX_SAVE_S = 86400.0
@@ -50,64 +50,46 @@ def _recorded(step: int, manifest: dict[str, Any]) -> RecordedSave | None:
     return RecordedSave(step, float(save_s), size if size_ok else None)
 
 
-def recorded_saves(location: str | os.PathLike[str], **s3_options: Any) -> list[RecordedSave]:
+def recorded_saves(location: str | os.PathLike[str], settings: Any = None,
+                   **store_options: Any) -> list[RecordedSave]:
     """The recorded saves of every committed checkpoint in ``location`` (a job's checkpoint
-    directory, or ``s3://bucket/prefix``), newest step first; checkpoints whose manifest has no
-    plausible ``save_s`` are left out. ``s3_options`` go to
-    :class:`~slurm_spot.checkpoint.s3.S3Store` (``endpoint_url``, ``addressing_style``).
+    directory, or a store's URL such as ``s3://bucket/prefix``), newest step first;
+    checkpoints whose manifest has no plausible ``save_s`` are left out. ``store_options`` go
+    to the store (:func:`~slurm_spot.checkpoint.store.open_store`; S3: ``endpoint_url``,
+    ``addressing_style``); without them, ``settings`` (spot.yaml's ``checkpoint`` section,
+    or None) gives the store its options
+    (:func:`~slurm_spot.checkpoint.store.open_configured_store`).
 
     Raises:
-        BadInputError: the directory does not exist or cannot be listed, or S3 cannot be read
-            (the message names the location and the cause).
+        BadInputError: the directory does not exist, no store handles the URL, or the store
+            cannot be read (the message names the location and the cause).
     """
-    from slurm_spot.checkpoint.files import CheckpointError, list_candidates, read_manifest
+    from slurm_spot.checkpoint.store import StoreNotFound, open_configured_store, open_store
 
     text = os.fspath(location)
-    found: list[RecordedSave] = []
-    if is_s3(text):
-        for step, manifest in _s3_manifests(text, s3_options):
-            if (save := _recorded(step, manifest)) is not None:
-                found.append(save)
-        return found
-    if not os.path.isdir(text):
-        raise BadInputError(f"--checkpoint-dir {text}: no such directory")
     try:
-        candidates = [c for c in list_candidates(text) if c.kind == "dir"]
-    except CheckpointError as exc:
+        store = open_store(text, **store_options) if store_options \
+            else open_configured_store(text, settings)
+        committed = store.committed()
+    except StoreNotFound:
+        raise BadInputError(f"--checkpoint-dir {text}: no such directory") from None
+    except CheckpointError as exc:  # its message starts with the location
         raise BadInputError(f"--checkpoint-dir {text}: {exc}") from None
-    for cand in candidates:
-        try:
-            save = _recorded(cand.step, read_manifest(cand.path))
-        except CheckpointError:
-            continue  # not committed (no manifest yet) or not ours
-        if save is not None:
-            found.append(save)
-    return found
+    found = (_recorded(step, manifest) for step, manifest in committed)
+    return [save for save in found if save is not None]
 
 
-def _s3_manifests(url: str, options: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from slurm_spot.checkpoint.files import CheckpointError
-    from slurm_spot.checkpoint.s3 import S3Store
-
-    try:
-        return S3Store(url, **options).committed()
-    except (CheckpointError, ClientError, BotoCoreError) as exc:
-        raise BadInputError(f"--checkpoint-dir {url}: cannot read the checkpoints: {exc}") \
-            from None
-
-
-def median_save_s(location: str | os.PathLike[str], **s3_options: Any
-                  ) -> tuple[float, list[RecordedSave]]:
+def median_save_s(location: str | os.PathLike[str], settings: Any = None,
+                  **store_options: Any) -> tuple[float, list[RecordedSave]]:
     """The median ``save_s`` (seconds) of the checkpoints in ``location`` and the saves it
-    is the median of (see :func:`recorded_saves`).
+    is the median of (see :func:`recorded_saves`, which takes ``settings`` and
+    ``store_options``).
 
     Raises:
         BadInputError: ``location`` cannot be read, or no checkpoint there records a save
             time (the message says what to do instead).
     """
-    saves = recorded_saves(location, **s3_options)
+    saves = recorded_saves(location, settings, **store_options)
     if not saves:
         raise BadInputError(
             f"--checkpoint-dir {os.fspath(location)}: no committed checkpoint there records "

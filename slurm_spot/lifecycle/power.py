@@ -195,23 +195,17 @@ def give_back_incomplete_jobs(
         node_set = config.node_set_of(node)
         if node_set is not None:
             by_set[node_set.name].append(launched[node])
+
+    def why(inst: Instance) -> tuple[tuple[int, ...], str]:
+        job = victims[inst.node or ""]
+        return (job,), (f"all-or-nothing: job {job} could not get all its nodes "
+                        f"({','.join(sorted(failed & set(jobs[job])))} failed)")
+
     for set_name, instances in by_set.items():
-        ns = config.node_set(set_name)
-        ids = [i.instance_id for i in instances]
-        try:
-            providers(config, ns.provider).terminate_instances(ids)
-        except ProviderError as exc:
-            result.errors.append(f"all-or-nothing: could not terminate {', '.join(ids)}: {exc}")
+        if not _give_back(config, config.node_set(set_name), providers, instances, result,
+                          why=why, failed="all-or-nothing: could not terminate {ids}: {exc}"):
             continue
         names = [i.node for i in instances if i.node]
-        result.launched = [i for i in result.launched if i.instance_id not in set(ids)]
-        result.terminated.extend(instances)
-        for inst in instances:
-            job = victims[inst.node or ""]
-            events.emit(config.log_dir, events.Event(
-                events.Action.TERMINATED, "resume", node=inst.node, instance=inst.instance_id,
-                job_ids=(job,), reason=f"all-or-nothing: job {job} could not get all its "
-                f"nodes ({','.join(sorted(failed & set(jobs[job])))} failed)"))
         try:
             slurm.set_state(names, "POWER_DOWN_FORCE")
         except SlurmCommandError as exc:
@@ -285,11 +279,13 @@ def _resume_node_set(
     }
     if addresses:
         try:
-            _record_addresses(slurm, addresses, sleep)  # type: ignore[arg-type]
+            _record_addresses(slurm, addresses, sleep)
         except SlurmCommandError as exc:
             # An instance Slurm cannot reach is a leak: give it back now, tell the caller.
             result.errors.append(f"{exc}; terminating the instances just launched")
-            _give_back(config, node_set, providers, launched, result)
+            _give_back(config, node_set, providers, launched, result,
+                       why=lambda _: ((), "Slurm did not accept the node's address"),
+                       failed="could not terminate {ids}: {exc}; the reconciler will")
     _record_instances(slurm, [i for i in launched if i in result.launched], result)
     for failure in failures:
         mark_launch_failed(config, slurm, failure, result)
@@ -346,19 +342,35 @@ def _record_instances(slurm: SlurmClient, launched: list[Instance], result: Powe
 
 
 def _give_back(config: SpotConfig, node_set: NodeSetConfig, providers: ProviderFactory,
-               launched: list[Instance], result: PowerResult) -> None:
+               launched: list[Instance], result: PowerResult, *,
+               why: Callable[[Instance], tuple[tuple[int, ...], str]],
+               failed: str) -> bool:
+    """Terminate the instances ``launched`` for ``node_set`` just now: they leave
+    ``result.launched`` for ``result.terminated``, each with a ``terminated`` event whose job
+    ids and reason are ``why(instance)``.
+
+    Args:
+        failed: the line added to ``result.errors`` when the provider refuses, a
+            :meth:`str.format` template of ``{ids}`` (the instance ids) and ``{exc}``.
+
+    Returns:
+        True if terminated; False if the provider raised :class:`ProviderError` (caught: one
+        line in ``result.errors``, ``result`` otherwise unchanged, no event).
+    """
     ids = [i.instance_id for i in launched]
     try:
         providers(config, node_set.provider).terminate_instances(ids)
     except ProviderError as exc:
-        result.errors.append(f"could not terminate {', '.join(ids)}: {exc}; the reconciler will")
-        return
+        result.errors.append(failed.format(ids=", ".join(ids), exc=exc))
+        return False
     result.launched = [i for i in result.launched if i.instance_id not in set(ids)]
     result.terminated.extend(launched)
     for inst in launched:
+        job_ids, reason = why(inst)
         events.emit(config.log_dir, events.Event(
             events.Action.TERMINATED, "resume", node=inst.node, instance=inst.instance_id,
-            reason="Slurm did not accept the node's address"))
+            job_ids=job_ids, reason=reason))
+    return True
 
 
 def mark_launch_failed(

@@ -49,12 +49,16 @@ from pathlib import Path
 from slurm_spot.checkpoint.files import SaveCost
 from slurm_spot.config import NodeSetConfig, SpotConfig
 from slurm_spot.errors import BadInputError, SlurmCommandError
+from slurm_spot.lifecycle.weights import (
+    PREWARM_WEIGHT,
+    cooling_node_sets,
+    current_weights,
+    static_weights,
+)
 from slurm_spot.slurm.client import Job, Node, SlurmClient
 
 log = logging.getLogger(__name__)
 
-#: The Weight a replacement has while it waits for its job (the lowest Slurm accepts).
-PREWARM_WEIGHT = 0
 BLOCKING_FLAGS = frozenset({"DRAIN", "FAIL", "NOT_RESPONDING", "MAINTENANCE", "RESERVED",
                              "REBOOT_REQUESTED", "REBOOT_ISSUED", "POWER_DOWN", "POWERING_DOWN",
                              "INVALID", "PLANNED"})
@@ -111,8 +115,6 @@ def compatible_node_sets(config: SpotConfig, node_set: NodeSetConfig,
     None: slurm.conf's), so the cost order of :mod:`slurm_spot.cost.order` holds; at equal
     Weight ``node_set`` first, then spot.yaml's order.
     """
-    from slurm_spot.lifecycle.weights import static_weights
-
     if partitions is None:
         partitions = [p.name for p in config.partitions if node_set.name in p.node_sets]
     wanted = set(partitions)
@@ -169,8 +171,6 @@ def choose_replacements(config: SpotConfig, noticed: str, nodes: Sequence[Node],
     Raises:
         BadInputError: ``noticed`` is in no node set.
     """
-    from slurm_spot.lifecycle.weights import cooling_node_sets, current_weights
-
     node_set = config.node_set_of(noticed)
     if node_set is None:
         raise BadInputError(f"node {noticed!r} belongs to no node set of {config.source_path}")
@@ -235,8 +235,6 @@ def weights_to_restore(config: SpotConfig, nodes: Iterable[Node]) -> dict[str, i
     gets back is the one its node set's other nodes have in ``nodes`` (the cost order of the
     moment, :func:`slurm_spot.lifecycle.weights.current_weights`), else slurm.conf's.
     """
-    from slurm_spot.lifecycle.weights import current_weights
-
     listed = list(nodes)
     weights = current_weights(config, listed)
     result = {}

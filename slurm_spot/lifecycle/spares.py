@@ -22,15 +22,13 @@ launches would fail).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from slurm_spot.config import NodeSetConfig, SpotConfig
+from slurm_spot.config import SpotConfig
 from slurm_spot.lifecycle.prewarm import BLOCKING_FLAGS, can_power_up, is_ready_replacement, natural_order
 from slurm_spot.slurm.client import Node
-
-HOURS_PER_MONTH = 730.0  # 365 * 24 / 12, the month of cloud price lists
 
 
 def is_spare(node: Node) -> bool:
@@ -121,27 +119,3 @@ def spares_to_power_up(config: SpotConfig, nodes: Sequence[Node], now: datetime,
         short.append(SpareShortfall(ns.name, ns.spares, have,
                                     tuple(n.name for n in cold[:ns.spares - have])))
     return short
-
-
-def spares_cost(config: SpotConfig, price_of: Callable[[NodeSetConfig], float | None]
-                ) -> list[dict[str, object]]:
-    """What each node set's spares cost, up around the clock whether or not a job runs: one
-    entry per node set with ``spares``: ``node_set``, ``spares``, ``market``,
-    ``usd_per_node_h`` (its hourly price, None when unknown), ``usd_per_h`` (``spares *
-    usd_per_node_h``) and ``usd_per_month`` (times :data:`HOURS_PER_MONTH`), both None when
-    the price is unknown.
-
-    Args:
-        price_of: node set -> its hourly price per node in its market (USD), None when
-            unknown (:func:`slurm_spot.lifecycle.weights.price_lookup`).
-    """
-    found: list[dict[str, object]] = []
-    for ns in config.node_sets:
-        if ns.spares <= 0:
-            continue
-        price = price_of(ns)
-        per_h = None if price is None else ns.spares * price
-        found.append({"node_set": ns.name, "spares": ns.spares, "market": ns.market,
-                      "usd_per_node_h": price, "usd_per_h": per_h,
-                      "usd_per_month": None if per_h is None else per_h * HOURS_PER_MONTH})
-    return found

@@ -19,7 +19,7 @@ On an interruption notice for its node it:
    (``scontrol update jobid=N StartTime=now``), waits briefly for their new allocation and
    restores the replacements' Weight;
    An *elastic* job (``slurm-spot sbatch --torchrun --elastic``: one job step per node, marked
-   by :data:`~slurm_spot.jobs.contract.ELASTIC_MARK` in its batch script) goes on without
+   by :data:`~slurm_spot.contract.names.ELASTIC_MARK` in its batch script) goes on without
    this node: once its steps here have ended (this node's ranks saved and left) and its batch
    script runs elsewhere, the node is released from the job (``scontrol update JobId=N
    NodeList=<the other nodes>``, scontrol(1) 22.05: "Change the nodes allocated to a running
@@ -62,7 +62,7 @@ from slurm_spot.config import (
 )
 from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.hostlist import expand
-from slurm_spot.jobs.interruption.elastic_release import RELEASE_REASON, ElasticJobs, release_node
+from slurm_spot.jobs.interruption.elastic_release import RELEASE_REASON, ElasticJobs, release_elastic
 from slurm_spot.jobs.interruption.requeue import requeue_ended, requeued_since
 from slurm_spot.jobs.interruption.signal_choice import JobSignaller
 from slurm_spot.lifecycle.prewarm import Prewarm, job_checkpoint_dir, latest_signal_time
@@ -380,16 +380,10 @@ class Watcher:
         """Release this node from each elastic job whose steps here have ended and whose batch
         script runs on another node (see the module docstring, step 5, and
         :mod:`slurm_spot.jobs.interruption.elastic_release`, shared with the reconciler)."""
-        for job in jobs:
-            if job in outcome.released or not self.signaller.signalled(job):
-                continue
-            try:
-                if not self._elastic.is_elastic(job):
-                    continue
-                remaining = release_node(self.slurm, job, self.node, after_steps=True)
-            except (SlurmCommandError, ValueError) as exc:
-                outcome.errors.append(f"releasing {self.node} from job {job}: {exc}")
-                continue
+        ready = (job for job in jobs
+                 if job not in outcome.released and self.signaller.signalled(job))
+        for job, remaining in release_elastic(self._elastic, ready, self.node, outcome.errors,
+                                              after_steps=True):
             if remaining is None:
                 continue  # this node's ranks are still saving, or the job cannot go on
             outcome.released.append(job)

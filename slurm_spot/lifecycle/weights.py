@@ -41,68 +41,25 @@ one of those, or slurmctld reconfigures. A prewarmed replacement's Weight 0 is
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping, MutableMapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
 
-from slurm_spot.config import NodeSetConfig, SpotConfig
+from slurm_spot.config import SpotConfig
 from slurm_spot.cost.order import DEFAULT_SPOT_BAND, FIRST_WEIGHT, Offer, band_rate_per_h, order_weights
-from slurm_spot.cost.prices import PriceBook
+from slurm_spot.cost.prices import PriceOf, price_lookup
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.hostlist import slurm_node_order
-from slurm_spot.providers import instance_types, package_for
-from slurm_spot.providers.prices import UnknownPriceError
 from slurm_spot.slurm.client import Node, SlurmClient
 from slurm_spot.slurm.reasons import parse_cooldown
 from slurm_spot.slurm.version import SlurmVersion
 
 log = logging.getLogger(__name__)
 
-#: A node set -> its price in USD per node-hour, or None when none can be had.
-PriceOf = Callable[[NodeSetConfig], "float | None"]
-
-
-def price_books(config: SpotConfig, live: bool) -> dict[str, PriceBook]:
-    """One :class:`PriceBook` per provider name, for that provider's region; with ``live``,
-    AWS spot prices come from ``DescribeSpotPriceHistory`` of each AWS provider (its profile,
-    credentials file, region and endpoint; boto3 is imported only when a price is first
-    asked); on-demand prices are never asked of the Price List API here (the reconciler would
-    ask it every pass where it is refused).
-
-    Raises:
-        ConfigError: a provider's type has no package."""
-    books = {}
-    for name, settings in config.providers.items():
-        source = package_for(config, name).price_source(config, name, live=live)
-        books[name] = PriceBook(config.cost, {settings.type: source}, {name: settings.type})
-    return books
-
-
-def price_lookup(config: SpotConfig, live: bool,
-                 known: MutableMapping[str, float] | None = None) -> PriceOf:
-    """A :data:`PriceOf` over :func:`price_books`: the cheapest of the node set's types in its
-    market; a type without a price anywhere is skipped; a node set with none at all gets
-    ``known``'s last price (when given: it is updated with every price found), else None."""
-    books = price_books(config, live)
-
-    def price_of(ns: NodeSetConfig) -> float | None:
-        book = books[ns.provider]
-        kind = config.providers[ns.provider].type
-        prices = []
-        for instance_type in instance_types(config, ns):
-            try:
-                prices.append(book.instance(kind, ns.market, instance_type).usd_per_h)
-            except UnknownPriceError as exc:
-                log.info("cost order: %s: %s", ns.name, exc)
-        if prices:
-            if known is not None:
-                known[ns.name] = min(prices)
-            return min(prices)
-        return known.get(ns.name) if known is not None else None
-
-    return price_of
-
+#: The Weight a prewarmed replacement has while it waits for its job (the lowest Slurm accepts);
+#: :mod:`slurm_spot.lifecycle.prewarm` sets it and restores the cost order's.
+PREWARM_WEIGHT = 0
 
 def cooling_node_sets(config: SpotConfig, nodes: Iterable[Node], now: datetime) -> set[str]:
     """Node sets with a node DOWN under a cooldown reason that ends after ``now`` (aware
@@ -153,8 +110,6 @@ def current_weights(config: SpotConfig, nodes: Iterable[Node]) -> dict[str, int]
     such node (not listed, or every node prewarmed)."""
     from collections import Counter
 
-    from slurm_spot.lifecycle.prewarm import PREWARM_WEIGHT
-
     seen: dict[str, Counter[int]] = {}
     for node in nodes:
         ns = config.node_set_of(node.name)
@@ -184,8 +139,6 @@ def weight_updates(config: SpotConfig, weights: Mapping[str, int],
     """``{Weight: nodes}`` that differ from ``weights`` (node set -> Weight) and are
     slurm-spot's to change (pure): nodes of a node set, Weight known and :func:`ours`
     (a prewarm's 0 and an admin's hand-set Weight are left alone); nodes in name order."""
-    from slurm_spot.lifecycle.prewarm import PREWARM_WEIGHT
-
     updates: dict[int, list[str]] = {}
     for node in sorted(nodes, key=lambda n: n.name):
         ns = config.node_set_of(node.name)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_spot.errors import SlurmSpotError
+from slurm_spot.localcluster.daemons import Under, socket_answers
 from slurm_spot.slurm.client import CommandResult, run_command
 
 MARIADBD = Path("/usr/sbin/mariadbd")
@@ -40,40 +41,19 @@ class DbPaths:
     """The private database server's files under ``<state_dir>/mysql``."""
 
     root: Path
-
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def socket(self) -> Path:
-        return self.root / "mysqld.sock"
-
-    @property
-    def tmp(self) -> Path:
-        """The server's own temporary directory (``--tmpdir``), not the shared /tmp: there
-        another MariaDB (a Slurm root's, whose pids may be the same numbers in its own pid
-        namespace) made and removed ``#sql-temptable-<pid>-...`` files of the same names,
-        and ``mariadb-install-db`` failed ("Unknown table 'mysql.tmp_user_nopasswd'")."""
-        return self.root / "tmp"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.root / "mysqld.pid"
+    data = Under("root", "data")
+    socket = Under("root", "mysqld.sock")
+    #: The server's own temporary directory (``--tmpdir``), not the shared /tmp: there
+    #: another MariaDB (a Slurm root's, whose pids may be the same numbers in its own pid
+    #: namespace) made and removed ``#sql-temptable-<pid>-...`` files of the same names,
+    #: and ``mariadb-install-db`` failed ("Unknown table 'mysql.tmp_user_nopasswd'").
+    tmp = Under("root", "tmp")
+    pid_file = Under("root", "mysqld.pid")
 
 
 def _run(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> CommandResult:
     """The one command runner; a timeout or a missing program is a SlurmSpotError."""
     return run_command(argv, timeout_s, env)
-
-
-def _socket_answers(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX) as sock:
-        try:
-            sock.connect(str(path))
-        except OSError:
-            return False
-    return True
 
 
 def _port_answers(port: int) -> bool:
@@ -114,7 +94,7 @@ def start_database(state_dir: Path, log_dir: Path, fresh: bool = True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
     deadline = time.monotonic() + timeout_s
-    while not _socket_answers(db.socket):
+    while not socket_answers(db.socket):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise SlurmSpotError(f"the local MariaDB server did not start; see {err_log}")

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,9 @@ import yaml
 from slurm_spot.config import LocalProviderConfig, SpotConfig, load_config
 from slurm_spot.errors import BadInputError, ConfigError, SlurmCommandError, SlurmSpotError
 from slurm_spot.localcluster import accounting as dbd
-from slurm_spot.render import render, render_template, slurm_version, write_rendered
+from slurm_spot.localcluster.daemons import Under, socket_answers, terminate
+from slurm_spot.render import render, slurm_version, write_rendered
+from slurm_spot.resources import render_template
 from slurm_spot.slurm.client import CommandResult, SlurmClient, run_command
 from slurm_spot.slurm.version import SlurmVersion
 
@@ -47,18 +48,9 @@ class LocalClusterPaths:
 
     conf_dir: Path
     state_dir: Path
-
-    @property
-    def slurm_conf(self) -> Path:
-        return self.conf_dir / "slurm.conf"
-
-    @property
-    def spot_yaml(self) -> Path:
-        return self.conf_dir / "spot.yaml"
-
-    @property
-    def record(self) -> Path:
-        return self.state_dir / "local" / "cluster.json"
+    slurm_conf = Under("conf_dir", "slurm.conf")
+    spot_yaml = Under("conf_dir", "spot.yaml")
+    record = Under("state_dir", "local/cluster.json")
 
 
 def _run(argv: list[str], timeout_s: float = 30) -> CommandResult:
@@ -73,14 +65,7 @@ def _run(argv: list[str], timeout_s: float = 30) -> CommandResult:
 
 
 def _munge_running() -> bool:
-    if not MUNGE_SOCKET.exists():
-        return False
-    with socket.socket(socket.AF_UNIX) as sock:
-        try:
-            sock.connect(str(MUNGE_SOCKET))
-        except OSError:
-            return False
-    return True
+    return socket_answers(MUNGE_SOCKET)
 
 
 def start_munge() -> int | None:
@@ -337,12 +322,7 @@ def _stop(pid: object, timeout_s: float = 10) -> None:
     if not _alive(pid):
         return
     assert isinstance(pid, int)
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
+    terminate(pid, lambda: _alive(pid), timeout_s)
 
 
 def down(config: SpotConfig) -> list[str]:

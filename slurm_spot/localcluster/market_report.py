@@ -39,6 +39,7 @@ from slurm_spot.localcluster.market import CAPACITY, INTERRUPT, NodeSetMarket
 from slurm_spot.localcluster.marketd import MarketPaths, read_plan, running
 from slurm_spot.providers import capacity_codes
 from slurm_spot.providers.base import normalize_code
+from slurm_spot.recovery import slurm_time
 
 
 @dataclass(frozen=True)
@@ -84,16 +85,6 @@ def _job_fields(config: SpotConfig, job_id: int) -> dict[str, str]:
         return {}
 
 
-def _slurm_time(text: str | None) -> float | None:
-    """A Slurm time (``2025-01-02T03:04:05``, local time) as epoch seconds; None if unset."""
-    if not text or text in ("Unknown", "None", "(null)"):
-        return None
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
-
-
 def measured_goodput(compute_s: float, fields: dict[str, str], now: float | None = None,
                      first_seen: float | None = None) -> tuple[float | None, float | None]:
     """``(wall seconds, goodput)`` of a job from its ``scontrol show job`` fields: wall from
@@ -101,11 +92,11 @@ def measured_goodput(compute_s: float, fields: dict[str, str], now: float | None
     ``compute_s / wall``; ``(None, None)`` when neither time is known. Slurm resets
     SubmitTime when it requeues a job, so the first submission is the earlier of SubmitTime
     and ``first_seen`` (epoch seconds: the first event or market line that named the job)."""
-    times = [t for t in (_slurm_time(fields.get("SubmitTime")), first_seen) if t is not None]
+    times = [t for t in (slurm_time(fields.get("SubmitTime")), first_seen) if t is not None]
     if not times:
         return None, None
     submit = min(times)
-    end = _slurm_time(fields.get("EndTime")) if fields.get("JobState") in (
+    end = slurm_time(fields.get("EndTime")) if fields.get("JobState") in (
         "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else None
     wall = (end if end is not None else (now or time.time())) - submit
     return wall, (compute_s / wall if wall > 0 else None)
@@ -331,5 +322,5 @@ def summary_lines(data: dict[str, object]) -> list[str]:
             lines.append(f"  goodput simulated {prediction['goodput']} (wall "
                          f"{prediction['wall_s']} s; {prediction['note']}); the same with:")
             for key in ("with_notice", "without_notice"):
-                lines.append(f"    {prediction[key]['command']}")  # type: ignore[index]
+                lines.append(f"    {prediction[key]['command']}")
     return lines

@@ -39,6 +39,7 @@ from types import FrameType
 from slurm_spot.config import LocalProviderConfig, SpotConfig, load_config
 from slurm_spot.errors import BadInputError, SlurmCommandError, SlurmSpotError
 from slurm_spot.localcluster import cluster as localcluster
+from slurm_spot.localcluster.daemons import Under, terminate
 from slurm_spot.localcluster.market import CAPACITY, MarketEvent, NodeSetMarket, events
 from slurm_spot.providers.local.provider import (
     LocalProvider,
@@ -53,17 +54,12 @@ class MarketPaths:
 
     root: Path
 
+    plan = Under("root", "plan.json")
+    log = Under("root", "log.jsonl")
+
     @classmethod
     def of(cls, config: SpotConfig) -> MarketPaths:
         return cls(config.state_dir / "local" / "market")
-
-    @property
-    def plan(self) -> Path:
-        return self.root / "plan.json"
-
-    @property
-    def log(self) -> Path:
-        return self.root / "log.jsonl"
 
 
 def read_plan(config: SpotConfig) -> dict:
@@ -146,13 +142,7 @@ def stop(config: SpotConfig, timeout_s: float = 10.0) -> bool:
     plan = read_plan(config)
     was_running = running(plan)
     if was_running:
-        pid = int(plan["pid"])
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while running(plan) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if running(plan):
-            os.kill(pid, signal.SIGKILL)
+        terminate(int(plan["pid"]), lambda: running(plan), timeout_s)
     _restore(config, read_plan(config))  # unless the daemon did: a SIGKILL leaves it to us
     return was_running
 

@@ -16,9 +16,12 @@ way round a mismatch is loud at run time too: a type the config accepts but the 
 is a ConfigError here, a type registered without a model is rejected by the config.
 
 Adding a provider type (docs/DESIGN.md, "Adding a provider"): a package under ``providers/``,
-one line in :data:`PROVIDER_TYPES`, and its settings model (and node-set section, if it has
-one) in :mod:`slurm_spot.config.provider_models`. An unknown type is a configuration error that names
-the field, never a fallback to another provider.
+one line in :data:`PROVIDER_TYPES`, its settings model (and node-set section, if it has one)
+in :mod:`slurm_spot.config.provider_models`, and its cloud library as the pyproject.toml extra
+named after the type (the Ansible role installs ``slurm-spot[<type>]`` for every configured
+type but ``local``, so it lists none). tests/test_change_cost_provider.py registers a made-up
+type this way and fails when anything else would need an edit. An unknown type is a
+configuration error that names the field, never a fallback to another provider.
 """
 
 from __future__ import annotations

@@ -246,7 +246,9 @@ class Finding:
 class ProviderPackage(Protocol):
     """What the package of one provider type (``providers/<type>/__init__.py``) offers the
     rest of slurm-spot; the registry in :mod:`slurm_spot.providers` finds it by type. Each
-    function imports the provider's modules (and cloud library) only when called."""
+    function imports the provider's modules (and cloud library) only when called. A cloud
+    type's library is the package extra named after the type (``pip install
+    slurm-spot[<type>]``, what the Ansible role installs for it; tests/test_change_cost_provider.py)."""
 
     def make_provider(self, config: SpotConfig, name: str, settings: ProviderSettings) -> Provider:
         """The provider called ``name``, whose settings are ``settings``.

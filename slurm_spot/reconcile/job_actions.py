@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from slurm_spot.config import SpotConfig
 from slurm_spot.errors import SlurmCommandError
 from slurm_spot.events import Action
-from slurm_spot.jobs.interruption.elastic_release import RELEASE_REASON, ElasticJobs, release_node
+from slurm_spot.jobs.interruption.elastic_release import RELEASE_REASON, ElasticJobs, release_elastic
 from slurm_spot.jobs.interruption.requeue import requeue_ended_on, restarts_at_notice
 from slurm_spot.reconcile.held_jobs import (
     bad_constraint_jobs,
@@ -112,14 +112,8 @@ class JobActions:
         it in): one ``released`` event each. Returns their ids; a job that cannot be read is
         left to the usual path (requeue), with an error."""
         released = []
-        for job in d.jobs:
-            try:
-                if not self._elastic.is_elastic(job):
-                    continue
-                remaining = release_node(self.slurm, job, d.node, after_steps=False)
-            except (SlurmCommandError, ValueError) as exc:
-                result.errors.append(f"{d.node}: releasing it from job {job}: {exc}")
-                continue
+        for job, remaining in release_elastic(self._elastic, d.jobs, d.node, result.errors,
+                                              after_steps=False):
             if remaining is None:  # its batch script ran there, or that was its last node
                 self._requeue_headless(d, job, result)
                 continue
@@ -245,13 +239,9 @@ class JobActions:
                                               settings.max_fast_requeues,
                                               settings.fast_requeue_window_s)
         for held in release:
-            try:
-                self.slurm.release(held.job_id)
-            except SlurmCommandError as exc:
-                result.errors.append(f"job {held.job_id}: release: {exc}")
-                self.metrics.action("release", ok=False)
+            if not self.metrics.slurm_action("release", result.errors, f"job {held.job_id}: release",
+                                             self.slurm.release, held.job_id):
                 continue
-            self.metrics.action("release", ok=True)
             self.emit(result, Action.JOB_RELEASED, job_ids=(held.job_id,),
                       reason="launch_failed_requeued_held on a spot partition",
                       extra={"restarts": held.restarts, "releases": held.releases + 1})

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
 
+from slurm_spot.errors import SlurmCommandError
 from slurm_spot.providers.base import Instance
 from slurm_spot.reconcile.latency import (
     LAUNCH,
@@ -137,6 +138,23 @@ class ReconcileMetrics:
     def action(self, action: str, ok: bool) -> None:
         """Count one action and its outcome."""
         self.actions.labels(action, "ok" if ok else "error").inc()
+
+    def slurm_action(self, action: str, errors: list[str], what: str,
+                     call: Callable[..., object], *args: object) -> bool:
+        """Run ``call(*args)`` (a Slurm command of one action) and count ``action``'s outcome.
+
+        Returns:
+            True if it ran; False if it raised :class:`~slurm_spot.errors.SlurmCommandError`
+            (caught: counted as an error, ``"<what>: <the error>"`` added to ``errors``).
+        """
+        try:
+            call(*args)
+        except SlurmCommandError as exc:
+            errors.append(f"{what}: {exc}")
+            self.action(action, ok=False)
+            return False
+        self.action(action, ok=True)
+        return True
 
     def write_textfile(self, path: Path) -> None:
         """Write the registry for node-exporter's textfile collector, atomically (a temp file

@@ -56,11 +56,11 @@ from datetime import datetime, timezone
 
 from slurm_spot import events
 from slurm_spot.config import SpotConfig
+from slurm_spot.cost.prices import PriceOf
 from slurm_spot.errors import PartialTerminationError, SlurmCommandError
 from slurm_spot.events import Action
 from slurm_spot.lifecycle.power import ProviderFactory, provider_cache
 from slurm_spot.lifecycle.prewarm import restore_weights
-from slurm_spot.lifecycle.weights import PriceOf
 from slurm_spot.providers import assign_listings, get_provider
 from slurm_spot.providers.base import Instance
 from slurm_spot.providers.events import ProviderEvent, ended_instances
@@ -173,7 +173,7 @@ class Reconciler:
         self._missing_since: dict[str, datetime] = {}
         self._notes: list[tuple[int, str]] = []
         # the cost order's price lookup (built at the first pass) and the last price of each
-        # node set, kept for passes whose lookup fails (slurm_spot.lifecycle.weights.price_lookup)
+        # node set, kept for passes whose lookup fails (slurm_spot.cost.prices.price_lookup)
         self._price_of: PriceOf | None = None
         self._prices: dict[str, float] = {}
         #: alive instances of the last pass: the provider events worth an early pass
@@ -317,13 +317,10 @@ class Reconciler:
         for short in spares_to_power_up(self.config, snap.nodes, snap.now, snap.unavailable_sets):
             if not short.power_up:
                 continue
-            try:
-                self.slurm.power_up(short.power_up)
-            except SlurmCommandError as exc:
-                result.errors.append(f"node set {short.node_set}: spares not powered up: {exc}")
-                self.metrics.action("spares", ok=False)
+            if not self.metrics.slurm_action(
+                    "spares", result.errors, f"node set {short.node_set}: spares not powered up",
+                    self.slurm.power_up, short.power_up):
                 continue
-            self.metrics.action("spares", ok=True)
             self._emit(result, Action.SPARES, node=",".join(short.power_up),
                        reason=f"{short.node_set} keeps {short.wanted} hot spare(s), had "
                               f"{short.have}",
@@ -334,7 +331,8 @@ class Reconciler:
         """Keep Slurm's node Weights in the cost order (:mod:`slurm_spot.lifecycle.weights`): prices
         (live where the provider gives them, the last known one when a lookup fails) and
         cooldowns of this pass; one ``weights_ordered`` event when a Weight changed."""
-        from slurm_spot.lifecycle.weights import live_weights, price_lookup, sync_weights
+        from slurm_spot.cost.prices import price_lookup
+        from slurm_spot.lifecycle.weights import live_weights, sync_weights
 
         if self._price_of is None:
             self._price_of = price_lookup(self.config, live=True, known=self._prices)

@@ -49,8 +49,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
+from slurm_spot.contract import jobenv
 from slurm_spot.errors import SlurmCommandError
-from slurm_spot.jobs.injob import jobenv
 from slurm_spot.slurm.client import SlurmClient
 from slurm_spot.slurm.jobtext import job_fields_with_user_text, split_job_records
 

@@ -39,7 +39,7 @@ def _as_bytes(value: str | bytes) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-class RendezvousStore(dist.Store):  # type: ignore[misc]
+class RendezvousStore(dist.Store):
     """Job ``job``'s keys in the service at ``host:port``.
 
     Connects (and authenticates) on first use and again after a lost connection.
@@ -154,7 +154,7 @@ def create_handler(params: Any) -> Any:
     host, port = parse_endpoint(params.endpoint, "--rdzv-endpoint")
     timeout = timedelta(seconds=float(params.get("read_timeout", CONNECT_TIMEOUT_S)))
     store = RendezvousStore(host, port, job_of_run(params.run_id), timeout=timeout)
-    class Backend(C10dRendezvousBackend):  # type: ignore[misc]
+    class Backend(C10dRendezvousBackend):
         """torch's c10d backend under this backend's name (torchrun checks the name)."""
 
         @property

@@ -82,9 +82,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import NoReturn
 
+from slurm_spot.contract import jobenv
 from slurm_spot.errors import BadInputError
 from slurm_spot.hostlist import expand
-from slurm_spot.jobs.injob import jobenv
 from slurm_spot.slurm.client import SlurmClient
 
 #: When this module's imports were done (seconds since the epoch): the agent's start, before
@@ -378,7 +378,7 @@ def run_torchrun(targs: list[str], requeue_code: int, elastic: bool = False,
     agent's exit status: 0, ``requeue_code`` when a worker exited with it (or, ``elastic``,
     when the rendezvous could not be formed again), 128 + the signal when a death signal
     stopped the agent, else 1 (a worker failed). ``elastic``: workers whose last exit was
-    :data:`~slurm_spot.jobs.injob.jobenv.REJOIN_EXIT_CODE` (the world changed) when torchrun's
+    :data:`~slurm_spot.contract.jobenv.REJOIN_EXIT_CODE` (the world changed) when torchrun's
     ``--max-restarts`` were spent also give the requeue code. ``joining`` (a replacement's agent): a
     rendezvous already closed means the run is over, exit 0 (nothing to requeue: the
     replacement's job is not the elastic job).
@@ -525,7 +525,7 @@ def _use_warm_context() -> None:
 
         _slurm_spot_warm = True
 
-        def _start(self):  # type: ignore[no-untyped-def]
+        def _start(self):
             # A subprocess worker gets the agent's environment as it is at the launch plus
             # torch's per-rank variables (SubprocessContext); a fork of the fork server has
             # the environment the server started with, and torch's worker wrapper adds the
@@ -537,7 +537,7 @@ def _use_warm_context() -> None:
             self.envs = {rank: {**agent, **env} for rank, env in envs.items()}
             return super()._start()
 
-        def _poll(self):  # type: ignore[no-untyped-def]
+        def _poll(self):
             result = super()._poll()
             if result is None and self._pc is not None:
                 exited = [rank for rank, proc in enumerate(self._pc.processes)

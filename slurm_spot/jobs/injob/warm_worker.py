@@ -196,7 +196,7 @@ def run_script(reset_signals: str, script: str, *args: str) -> None:
     # No start method chosen yet, as in a new interpreter: the fork server's child inherits
     # its parent's, and a script's own multiprocessing.set_start_method("spawn") (a common
     # line in training scripts) would raise "context has already been set".
-    multiprocessing.set_start_method(None, force=True)  # type: ignore[arg-type]
+    multiprocessing.set_start_method(None, force=True)
     _unbuffered()
     sys.argv = [script, *args]
     folder = script_folder(script)
@@ -274,7 +274,7 @@ def _unbuffered() -> None:
             continue  # no file descriptor (a redirect to an object): leave it
         stream.flush()
         raw = io.FileIO(fd, "w", closefd=False)
-        setattr(sys, name, io.TextIOWrapper(raw, encoding=stream.encoding,  # type: ignore[arg-type]
+        setattr(sys, name, io.TextIOWrapper(raw, encoding=stream.encoding,
                                             errors=stream.errors, write_through=True))
 
 
@@ -385,14 +385,14 @@ def fork_fork_server(modules: list[str], ignore: list[int], folder: str) -> int:
     import inspect
 
     # Private attributes (the clients read them; typeshed does not list them).
-    server: Any = forkserver._forkserver  # type: ignore[attr-defined]
+    server: Any = forkserver._forkserver
     with_key = "authkey_r" in inspect.signature(forkserver.main).parameters
     resource_tracker.ensure_running()  # as ensure_running: its fd goes to every worker
     listener = socket.socket(socket.AF_UNIX)
     try:
         address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
         listener.bind(address)
-        if not util.is_abstract_socket_namespace(address):  # type: ignore[attr-defined]
+        if not util.is_abstract_socket_namespace(address):
             os.chmod(address, 0o600)
         listener.listen()
         alive_r, alive_w = os.pipe()

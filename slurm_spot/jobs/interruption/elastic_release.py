@@ -2,7 +2,7 @@
 
 An *elastic* job (``slurm-spot sbatch --torchrun --elastic``) runs one job step per node and
 is submitted ``--no-kill``; its batch script carries
-:data:`~slurm_spot.jobs.contract.ELASTIC_MARK`. When one of its nodes goes, the job must lose
+:data:`~slurm_spot.contract.names.ELASTIC_MARK`. When one of its nodes goes, the job must lose
 that node only, never be requeued. Two callers:
 
 - the watcher (:mod:`slurm_spot.lifecycle.watch`), with notice: once the node's ranks saved and left
@@ -20,8 +20,11 @@ Both record the release as a ``released`` event with :data:`RELEASE_REASON` and
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
+from slurm_spot.contract.names import ELASTIC_MARK
+from slurm_spot.errors import SlurmCommandError
 from slurm_spot.hostlist import compress, expand
-from slurm_spot.jobs.contract import ELASTIC_MARK
 from slurm_spot.slurm.client import SlurmClient
 
 #: The ``reason`` of every ``released`` event.
@@ -114,3 +117,25 @@ def release_node(slurm: SlurmClient, job: int, node: str, *, after_steps: bool) 
     if len(remaining) < len(nodes):
         slurm.run("scontrol", "update", f"JobId={job}", f"NodeList={compress(remaining)}")
     return compress(remaining)
+
+
+def release_elastic(elastic: ElasticJobs, jobs: Iterable[int], node: str, errors: list[str], *,
+                    after_steps: bool) -> Iterator[tuple[int, str | None]]:
+    """``(job, remaining)`` for each elastic one of ``jobs``, ``node`` released from it as
+    :func:`release_node` does (``remaining``: its nodes after, None when it does not go on
+    without ``node``); jobs that are not elastic are passed over. ``jobs`` is read lazily,
+    one job per step of the iteration.
+
+    A job whose batch script or record cannot be read or updated is passed over too, with one
+    line in ``errors`` (``<node>: releasing it from job <job>: <why>``): this raises nothing
+    of Slurm's (:class:`SlurmCommandError`) and no bad hostlist (:class:`ValueError`).
+    """
+    for job in jobs:
+        try:
+            if not elastic.is_elastic(job):
+                continue
+            remaining = release_node(elastic.slurm, job, node, after_steps=after_steps)
+        except (SlurmCommandError, ValueError) as exc:
+            errors.append(f"{node}: releasing it from job {job}: {exc}")
+            continue
+        yield job, remaining

@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_spot.config import SIGNAL_NAMES
+from slurm_spot.contract.directives import option_values, read_directives
+from slurm_spot.contract.jobenv import JobEnvError, SignalSpec, parse_signal
 from slurm_spot.errors import BadInputError, SlurmCommandError
 from slurm_spot.events import Action
-from slurm_spot.jobs.injob.jobenv import JobEnvError, SignalSpec, parse_signal
-from slurm_spot.jobs.submit.sbatch import option_values, read_directives
 from slurm_spot.rawtext import decode
 from slurm_spot.slurm.client import SlurmClient
 
@@ -175,7 +175,7 @@ def choose_signal(requested: SignalSpec | None, procs: Sequence[ProcInfo],
 
 
 def signal_number(name: str) -> int:
-    """The number of signal ``name`` as :class:`~slurm_spot.jobs.injob.jobenv.SignalSpec`
+    """The number of signal ``name`` as :class:`~slurm_spot.contract.jobenv.SignalSpec`
     names it: a name without ``SIG`` (``USR1``, and every one sbatch's ``--signal`` takes:
     ``ALRM``, ``XCPU``, ...) or a number as text (``40``, a real-time signal).
 

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_spot import events
-from slurm_spot.checkpoint.location import job_directory
 from slurm_spot.config.plain import S3_ROOT_PATTERN  # pydantic-free: hooks use the cache
-from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.contract import (
+from slurm_spot.contract.jobenv import checkpoint_key, find_scontrol, restart_count
+from slurm_spot.contract.location import is_s3, job_directory, local_path
+from slurm_spot.contract.names import (
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_ROOT,
     ENV_PREEMPT_SIGNAL,
@@ -46,7 +46,7 @@ from slurm_spot.jobs.contract import (
     ENV_S3_ENDPOINT_URL,
     ENV_SLURM_BIN_DIR,
 )
-from slurm_spot.jobs.injob.jobenv import checkpoint_key, find_scontrol, restart_count
+from slurm_spot.errors import BadInputError
 
 if TYPE_CHECKING:
     from slurm_spot.config import SpotConfig
@@ -206,9 +206,9 @@ def prepare_checkpoint_dir(config: SpotConfig, env: Mapping[str, str]) -> Path |
             created below a refused component.
     """
     target = checkpoint_dir(config, env)
-    if isinstance(target, str):
+    path = local_path(target)
+    if path is None:  # a store's URL: the job's own processes create what they write there
         return target
-    path = target
     user = path.parent.name
     try:
         account = pwd.getpwnam(user)
@@ -267,7 +267,7 @@ def task_prolog_lines(config: SpotConfig, env: Mapping[str, str]) -> list[str]:
     ``SLURM_SPOT_S3_ADDRESSING_STYLE``) unless the job set its own; never credentials."""
     target = checkpoint_dir(config, env)
     s3_lines = []
-    if isinstance(target, str):
+    if is_s3(target):
         s3 = config.checkpoint.s3
         # slurmd takes the text after "NAME=" literally (no shell quoting): no newlines here
         endpoint = _one_line(env.get(ENV_S3_ENDPOINT_URL)) or s3.endpoint_url

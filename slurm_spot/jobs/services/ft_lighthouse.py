@@ -187,24 +187,17 @@ def serve(host: str, port: int, min_replicas: int, timeouts: LighthouseTimeouts,
     Raises:
         BadInputError, TorchftMissingError: see :class:`Lighthouse`.
     """
-    from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
+    from slurm_spot.stopsignals import StopWait
 
-    signals = SignalWait(STOP_SIGNALS) if threading.current_thread() is threading.main_thread() \
-        else None
-    stop = stop or threading.Event()
-    try:
+    with StopWait(stop) as stopped:
         lighthouse = Lighthouse(host, port, min_replicas, timeouts)
         try:
             if ready is not None:
                 ready(lighthouse.address)
-            while not (stop.wait(1.0) if signals is None
-                       else signals.wait(1.0) is not None):
+            while not stopped.wait(1.0):
                 pass
         finally:
             lighthouse.shutdown()
-    finally:
-        if signals is not None:
-            signals.close()
 
 
 def listen_free_port(host: str, port: int, tries: int = 1) -> socket.socket:
@@ -259,7 +252,7 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
     """
     from slurm_spot.jobs.rendezvous_wire import MungeAuthenticator
     from slurm_spot.jobs.services.ft_front_door import LighthouseFrontDoor
-    from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
+    from slurm_spot.stopsignals import StopWait
 
     host = refuse_every_interface(host, "lighthouse address")
     if owner_of is None:
@@ -276,10 +269,7 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
         raise BadInputError(f"--job {job}: the job is uid {owner}'s, not yours (uid {me}): only "
                             "its owner (or root) hosts its lighthouse, and its replicas accept "
                             "no other")
-    signals = SignalWait(STOP_SIGNALS) if threading.current_thread() is threading.main_thread() \
-        else None
-    stop = stop or threading.Event()
-    try:
+    with StopWait(stop) as stopped:
         sock = listen_free_port(host, port, port_tries)
         try:
             lighthouse = Lighthouse("127.0.0.1", 0, min_replicas, timeouts)
@@ -292,12 +282,8 @@ def serve_authenticated(host: str, port: int, job: str, min_replicas: int,
             threading.Thread(target=door.serve_forever, daemon=True).start()
             if ready is not None:
                 ready(format_endpoint(host, door.port), owner)
-            while not (stop.wait(1.0) if signals is None
-                       else signals.wait(1.0) is not None):
+            while not stopped.wait(1.0):
                 pass
         finally:
             door.close()
             lighthouse.shutdown()
-    finally:
-        if signals is not None:
-            signals.close()

@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 
 from slurm_spot.jobs.services.rendezvous_store import RendezvousServer, StoreLimits
 from slurm_spot.slurm.client import SlurmClient
-from slurm_spot.stopsignals import STOP_SIGNALS, SignalWait
+from slurm_spot.stopsignals import StopWait
 
 log = logging.getLogger(__name__)
 
@@ -288,23 +288,16 @@ def serve(host: str, port: int, ready: Callable[[int], None] | None = None,
     # In the main thread the signals are blocked before the accept thread starts, so SIGTERM
     # waits for the main thread, which takes it at once (slurm_spot.stopsignals: a handler
     # ran only after the 600 s wait when the kernel chose the accept thread).
-    signals = SignalWait(STOP_SIGNALS) if threading.current_thread() is threading.main_thread() \
-        else None
-    stop = stop or threading.Event()
-    try:
+    with StopWait(stop) as stopped:
         server = open_server(host, port, limits, client)
         try:
             threading.Thread(target=server.serve_forever, daemon=True).start()
             if ready is not None:
                 ready(server.port)
-            while not (stop.wait(DROP_ENDED_EVERY_S) if signals is None
-                       else signals.wait(DROP_ENDED_EVERY_S) is not None):
+            while not stopped.wait(DROP_ENDED_EVERY_S):
                 try:
                     server.drop_ended_jobs()
                 except Exception as exc:
                     log.warning("slurm-spot rendezvous: cannot drop ended jobs: %s", exc)
         finally:
             server.close()
-    finally:
-        if signals is not None:
-            signals.close()

@@ -19,7 +19,7 @@
   ``NAME-g<N-1>``.
 
 The groups share one checkpoint directory, the lighthouse job's (``<root>/<user>/<its id>``:
-:func:`slurm_spot.jobs.injob.jobenv.ft_checkpoint_dir`), for when every group is lost.
+:func:`slurm_spot.contract.jobenv.ft_checkpoint_dir`), for when every group is lost.
 docs/ml-engineer.md, "Fault-tolerant training", is the user's description.
 """
 
@@ -33,16 +33,16 @@ from pathlib import Path
 
 from slurm_spot import __version__
 from slurm_spot.config import SpotConfig
-from slurm_spot.errors import BadInputError
-from slurm_spot.jobs.contract import (
+from slurm_spot.contract.names import (
     ENV_FT_CHECKPOINT_KEY,
     ENV_FT_GROUP,
     ENV_FT_HOST,
     ENV_FT_LIGHTHOUSE_JOB,
 )
+from slurm_spot.errors import BadInputError
 from slurm_spot.jobs.submit.sbatch import Submission, plan_submission, take_option
 from slurm_spot.jobs.submit.torchrun_scripts import one_line, split_hetjob_options
-from slurm_spot.render import render_template
+from slurm_spot.resources import render_template
 from slurm_spot.slurm.client import SlurmClient
 
 #: The lighthouse of lighthouse job J listens on the first free port from

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from slurm_spot import __version__
 from slurm_spot.config import SpotConfig
+from slurm_spot.contract.directives import option_values, read_directives
+from slurm_spot.contract.jobenv import parse_signal
+from slurm_spot.contract.names import ELASTIC_MARK, ENV_RENDEZVOUS
 from slurm_spot.errors import BadInputError, SlurmCommandError
-from slurm_spot.jobs.contract import ELASTIC_MARK, ENV_RENDEZVOUS
-from slurm_spot.jobs.injob.jobenv import parse_signal
 from slurm_spot.jobs.services.rendezvous import (
     DEFAULT_PORT,
     HETJOB_PORT_BASE,
@@ -23,9 +24,9 @@ from slurm_spot.jobs.services.rendezvous import (
     parse_endpoint,
     parse_host,
 )
-from slurm_spot.jobs.submit.sbatch import option_values, read_directives, take_option
+from slurm_spot.jobs.submit.sbatch import take_option
 from slurm_spot.rawtext import decode
-from slurm_spot.render import render_template
+from slurm_spot.resources import render_template
 from slurm_spot.slurm.client import SlurmClient
 
 

@@ -185,11 +185,11 @@ def _document(statements: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _store_location(config: SpotConfig | None) -> tuple[str, str]:
     """(bucket, key prefix ending in ``/`` or "") of an ``s3://`` checkpoint root, as the S3
-    store reads it (:func:`slurm_spot.checkpoint.s3.parse_s3_url`: percent-escapes decoded);
+    store reads it (:func:`slurm_spot.contract.location.parse_s3_url`: percent-escapes decoded);
     ``*`` and "" without one."""
     if config is None or not config.checkpoint.is_s3:
         return "*", ""
-    from slurm_spot.checkpoint.s3 import parse_s3_url
+    from slurm_spot.contract.location import parse_s3_url
 
     return parse_s3_url(str(config.checkpoint.root))
 

@@ -393,13 +393,7 @@ class FleetLauncher:
     def _without_unoffered(self, available: list[Pool], errors: list[FleetError]) -> list[Pool]:
         """``available`` without the pools EC2 called ``Unsupported`` (the instance type is not
         offered in that zone), which are remembered for every later launch."""
-        unoffered = [
-            p for p in available
-            for e in errors
-            if e.error_class is ErrorClass.PERMANENT
-            and e.instance_type in ("", p.instance_type)
-            and e.subnet in ("", p.subnet)
-        ]
+        unoffered = _pools_named(available, errors, ErrorClass.PERMANENT)
         if unoffered and self._unoffered is not None:
             self._unoffered.remember(
                 (p.instance_type, zone) for p in unoffered
@@ -415,13 +409,7 @@ class FleetLauncher:
         if not any(e.error_class is ErrorClass.CAPACITY for e in errors) and any(
                 e.error_class is ErrorClass.PERMANENT for e in errors):
             return available
-        failed = [
-            p for p in available
-            for e in errors
-            if e.error_class is ErrorClass.CAPACITY
-            and e.instance_type in ("", p.instance_type)
-            and e.subnet in ("", p.subnet)
-        ]
+        failed = _pools_named(available, errors, ErrorClass.CAPACITY)
         if not failed:  # errors name no pool we asked for: none of them is worth asking again
             failed = list(available)
         for pool in failed:
@@ -522,6 +510,20 @@ class FleetLauncher:
             self.ops.terminate_instances(instance_ids)
         except ProviderError as exc:
             log.error("cannot terminate %s (the reconciler will): %s", instance_ids, exc)
+
+
+def _pools_named(available: list[Pool], errors: list[FleetError],
+                 error_class: ErrorClass) -> list[Pool]:
+    """The pools of ``available`` that an error of ``error_class`` names: the same instance
+    type and subnet, where the error gives them (a whole-call error, with neither, names every
+    pool). A pool named by several errors is listed once per error. Never raises."""
+    return [
+        p for p in available
+        for e in errors
+        if e.error_class is error_class
+        and e.instance_type in ("", p.instance_type)
+        and e.subnet in ("", p.subnet)
+    ]
 
 
 def _throttled_without_instances(result: Attempt) -> bool:

@@ -157,14 +157,10 @@ class ImdsNoticeSource:
         now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> None:
         self.client = client or ImdsClient(endpoint)
-        self._interval_s = interval_s
+        #: Seconds between polls.
+        self.interval_s = interval_s
         self.rebalance = rebalance
         self._now = now
-
-    @property
-    def interval_s(self) -> float:
-        """Seconds between polls."""
-        return self._interval_s
 
     def poll(self) -> Notice | None:
         """The published notice, or None; never raises (an unreachable IMDS is "no notice")."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from slurm_spot.config import AwsProviderConfig, NodeSetConfig, SpotConfig
@@ -172,31 +173,20 @@ class _Checker:
 
     def template(self, where: str, ns: NodeSetConfig) -> bool:
         """True if the launch template and its version exist."""
-        from botocore.exceptions import ClientError
-
         assert ns.aws is not None
         name = ns.aws.launch_template
         by_id = re.fullmatch(r"lt-[0-9a-f]+", name) is not None
         key = {"LaunchTemplateIds": [name]} if by_id else {"LaunchTemplateNames": [name]}
-        try:
-            found = self.ec2.describe_launch_templates(**key).get("LaunchTemplates", [])
-        except ClientError as exc:
-            if "NotFound" not in _code(exc) and "Malformed" not in _code(exc):
-                raise
-            found = []
+        found = _described(lambda: self.ec2.describe_launch_templates(**key),
+                           "LaunchTemplates", ("NotFound", "Malformed"))
         if not found:
             self.error(f"{where}.aws.launch_template", f"launch template {name!r} does not exist "
                        f"in region {self.settings.region}")
             return False
         version = ns.aws.launch_template_version
-        try:
-            versions = self.ec2.describe_launch_template_versions(
-                LaunchTemplateId=found[0]["LaunchTemplateId"], Versions=[version],
-            ).get("LaunchTemplateVersions", [])
-        except ClientError as exc:
-            if "NotFound" not in _code(exc) and "VersionNotFound" not in _code(exc):
-                raise
-            versions = []
+        versions = _described(lambda: self.ec2.describe_launch_template_versions(
+            LaunchTemplateId=found[0]["LaunchTemplateId"], Versions=[version]),
+            "LaunchTemplateVersions", ("NotFound",))
         if not versions:
             self.error(f"{where}.aws.launch_template_version", f"launch template {name!r} has "
                        f"no version {version!r}")
@@ -317,6 +307,25 @@ class _Checker:
 
 def _code(exc: Any) -> str:
     return str(getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__))
+
+
+def _described(describe: Callable[[], dict[str, Any]], key: str,
+               missing: tuple[str, ...]) -> list[Any]:
+    """The list ``key`` of the answer of ``describe`` (an EC2 ``Describe*`` call), ``[]``
+    when the answer lacks it or EC2 refuses with an error code holding one of ``missing``
+    (``NotFound``: what was asked for does not exist).
+
+    Raises:
+        botocore.exceptions.ClientError: any other refusal.
+    """
+    from botocore.exceptions import ClientError
+
+    try:
+        return list(describe().get(key, []))
+    except ClientError as exc:
+        if not any(part in _code(exc) for part in missing):
+            raise
+        return []
 
 
 def _describe(exc: BaseException) -> str:

@@ -142,18 +142,16 @@ class ComputeApi:
         except self._exceptions.RetryError as exc:
             raise GceCallError(None, (), f"gave up retrying: {exc.cause}") from None
         except self._auth_errors.GoogleAuthError as exc:
-            error = GceError("AUTH_ERROR", f"credentials refused: {type(exc).__name__}")
-            raise GceCallError(None, (error,), error.message) from None
+            raise _auth_refused(exc) from None
         except OSError as exc:  # requests' ConnectionError/Timeout derive from OSError
-            error = GceError("ENDPOINT_UNREACHABLE", f"cannot reach the Compute API: {exc}")
-            raise GceCallError(None, (error,), error.message) from None
+            raise _unreachable("the Compute API", exc) from None
 
     def _dict(self, message: Any) -> dict[str, Any]:
         """``message`` as its REST JSON object (camelCase keys, enums by name), as
         ``json.loads(to_json(message))`` gives it without the text in between: proto-plus's
         ``to_json`` indents, which makes ``json.dumps`` take its pure-Python encoder (~1 ms of
         CPU per listed instance, more than parsing the HTTP answer)."""
-        return type(message).to_dict(  # type: ignore[no-any-return]
+        return type(message).to_dict(
             message, use_integers_for_enums=False, preserving_proto_field_name=False)
 
     def bulk_insert(self, body: Mapping[str, Any], zone: str | None, region: str,
@@ -197,18 +195,9 @@ class ComputeApi:
         """
         request = self._v1.AggregatedListInstancesRequest(
             project=self.project, filter=filter_, max_results=PAGE_SIZE)
-        found: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            request.page_token = token
-            page = self._call(self._instances.aggregated_list, request=request,
-                              retry=self._read_retry, timeout=self.call_timeout_s)
-            response = self._dict(next(iter(page.pages)))
-            for scoped in response.get("items", {}).values():
-                found.extend(scoped.get("instances", []))
-            token = response.get("nextPageToken", "")
-            if not token:
-                return found
+        return [instance for response in self._pages(self._instances.aggregated_list, request)
+                for scoped in response.get("items", {}).values()
+                for instance in scoped.get("instances", [])]
 
     def list_zone_operations(self, zone: str, filter_: str) -> list[dict[str, Any]]:
         """``zoneOperations.list`` in ``zone`` with ``filter_``, every page (one counted call
@@ -219,17 +208,27 @@ class ComputeApi:
         """
         request = self._v1.ListZoneOperationsRequest(
             project=self.project, zone=zone, filter=filter_, max_results=PAGE_SIZE)
-        found: list[dict[str, Any]] = []
+        return [op for response in self._pages(self._zone_ops.list, request)
+                for op in response.get("items", [])]
+
+    def _pages(self, list_call: Callable[..., Any], request: Any) -> list[dict[str, Any]]:
+        """Every page of a list call (``list_call(request=request)``, a ``*List*Request`` whose
+        ``page_token`` this sets), each the REST JSON of one response, one counted read call
+        (retried as reads are) per page, until one has no ``nextPageToken``.
+
+        Raises:
+            GceCallError: a page could not be read (no page is returned then).
+        """
+        responses: list[dict[str, Any]] = []
         token = ""
         while True:
             request.page_token = token
-            page = self._call(self._zone_ops.list, request=request,
+            page = self._call(list_call, request=request,
                               retry=self._read_retry, timeout=self.call_timeout_s)
-            response = self._dict(next(iter(page.pages)))
-            found.extend(response.get("items", []))
-            token = response.get("nextPageToken", "")
+            responses.append(self._dict(next(iter(page.pages))))
+            token = responses[-1].get("nextPageToken", "")
             if not token:
-                return found
+                return responses
 
     def delete(self, zone: str, name: str, request_id: str = "") -> OperationStatus | None:
         """``instances.delete``; None if the instance is already gone (404).
@@ -320,12 +319,10 @@ class ResourceReader:
         except self._exceptions.GoogleAPICallError as exc:
             raise _call_error(exc) from None
         except self._auth_errors.GoogleAuthError as exc:
-            error = GceError("AUTH_ERROR", f"credentials refused: {type(exc).__name__}")
-            raise GceCallError(None, (error,), error.message) from None
+            raise _auth_refused(exc) from None
         except OSError as exc:
-            error = GceError("ENDPOINT_UNREACHABLE", f"cannot reach the Compute API: {exc}")
-            raise GceCallError(None, (error,), error.message) from None
-        return type(found).to_dict(  # type: ignore[no-any-return]
+            raise _unreachable("the Compute API", exc) from None
+        return type(found).to_dict(
             found, use_integers_for_enums=False, preserving_proto_field_name=False)
 
     def granted(self, permissions: list[str]) -> set[str]:
@@ -351,11 +348,9 @@ class ResourceReader:
             reply = session.post(f"{base}/v1/projects/{self.project}:testIamPermissions",
                                  json={"permissions": permissions}, timeout=self.call_timeout_s)
         except self._auth_errors.GoogleAuthError as exc:
-            error = GceError("AUTH_ERROR", f"credentials refused: {type(exc).__name__}")
-            raise GceCallError(None, (error,), error.message) from None
+            raise _auth_refused(exc) from None
         except OSError as exc:
-            error = GceError("ENDPOINT_UNREACHABLE", f"cannot reach {base}: {exc}")
-            raise GceCallError(None, (error,), error.message) from None
+            raise _unreachable(base, exc) from None
         if reply.status_code != 200:
             error = GceError(f"HTTP_{reply.status_code}", reply.text[:300])
             raise GceCallError(reply.status_code, (error,), error.message)
@@ -390,6 +385,20 @@ def _environment_once(client: Any) -> None:
     if bundle and session.verify is True:
         session.verify = bundle
     session.trust_env = False
+
+
+def _auth_refused(exc: BaseException) -> GceCallError:
+    """The error of a call whose credentials google-auth refused (``exc``, a
+    ``GoogleAuthError``): code ``AUTH_ERROR``, no HTTP status."""
+    error = GceError("AUTH_ERROR", f"credentials refused: {type(exc).__name__}")
+    return GceCallError(None, (error,), error.message)
+
+
+def _unreachable(where: str, exc: OSError) -> GceCallError:
+    """The error of a call that never reached ``where`` (an endpoint or API, as the message
+    names it; ``exc``: the connection's error): code ``ENDPOINT_UNREACHABLE``, no HTTP status."""
+    error = GceError("ENDPOINT_UNREACHABLE", f"cannot reach {where}: {exc}")
+    return GceCallError(None, (error,), error.message)
 
 
 def _call_error(exc: Any) -> GceCallError:

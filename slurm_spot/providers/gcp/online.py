@@ -100,7 +100,7 @@ class _NodeSet:
     def get(self, field: str, kind: str, **names: str) -> dict[str, Any] | None:
         """The resource, or None; a refused read becomes a warning on ``field``."""
         try:
-            return self.reader.get(kind, **names)  # type: ignore[no-any-return]
+            return self.reader.get(kind, **names)
         except ProviderError as exc:
             self.add(field, f"cannot read it (not checked): {exc}", "warning")
             return {}

@@ -22,11 +22,8 @@ class LocalNoticeSource:
 
     def __init__(self, path: Path, interval_s: float = 1.0) -> None:
         self.path = path
-        self._interval_s = interval_s
-
-    @property
-    def interval_s(self) -> float:
-        return self._interval_s
+        #: Seconds between polls.
+        self.interval_s = interval_s
 
     def poll(self) -> Notice | None:
         """The published notice, or None (missing or half-written file: no notice yet)."""

@@ -18,6 +18,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from slurm_spot.errors import CheckpointError
 
 #: A checkpoint location: a directory, or a store's URL (``s3://...``) as a string.
 Location = Path | str
@@ -40,6 +43,32 @@ URL_SCHEMES: tuple[str, ...] = (S3_SCHEME,)
 def is_url(location: str | os.PathLike[str]) -> bool:
     """True when ``location`` names a store by URL (:data:`URL_SCHEMES`), not a directory."""
     return os.fspath(location).startswith(URL_SCHEMES)
+
+
+def local_path(location: Location) -> Path | None:
+    """The directory ``location`` names, or None when it names a store by URL
+    (:func:`is_url`): how code outside the checkpoint package tells the two apart, with the
+    type checker following."""
+    return None if is_url(location) else Path(location)
+
+
+def url_scheme(location: str | os.PathLike[str]) -> str | None:
+    """The scheme of :data:`URL_SCHEMES` that ``location`` starts with (``"s3://"``), or None
+    for a directory. The checkpoint package opens the store registered for it."""
+    raw = os.fspath(location)
+    return next((scheme for scheme in URL_SCHEMES if raw.startswith(scheme)), None)
+
+
+_ANY_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def unknown_url_scheme(location: str | os.PathLike[str]) -> str | None:
+    """The ``scheme://`` that ``location`` starts with when it is not one of
+    :data:`URL_SCHEMES` (``"gs://"`` while no store has that scheme), else None: such a text
+    names a store nobody implements and must be refused, never taken for a directory (a
+    :class:`~pathlib.Path` would fold it into the relative ``gs:/bucket``)."""
+    match = _ANY_SCHEME.match(os.fspath(location))
+    return match[0] if match and not is_url(location) else None
 
 
 def as_location(text: str | os.PathLike[str]) -> Location:
@@ -77,3 +106,17 @@ def job_directory(root: Location, user: str, key: str) -> Location:
     if isinstance(root, str) or is_url(root):
         return f"{os.fspath(root).rstrip('/')}/{user}/{key}"
     return root / user / key
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``("bucket", "prefix/")`` of ``s3://bucket/prefix`` (the prefix ends with ``/`` or is
+    empty; percent-escapes are decoded, other characters kept as they are).
+
+    Raises:
+        CheckpointError: not an ``s3://`` URL, or no bucket.
+    """
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise CheckpointError(f"{url!r} is not an s3://bucket/prefix URL")
+    prefix = unquote(parsed.path).strip("/")
+    return parsed.netloc, f"{prefix}/" if prefix else ""

@@ -11,14 +11,14 @@ cannot drift apart. Who writes and who reads each:
 - :data:`ENV_CHECKPOINT_DIR`, :data:`ENV_RESTART_COUNT`, :data:`ENV_PREEMPT_SIGNAL`,
   :data:`ENV_REQUEUE_EXIT_CODE`, :data:`ENV_SLURM_BIN_DIR`: exported by the TaskProlog into
   every task (``export NAME=value`` lines, slurm.conf(5) TaskProlog); read inside the job by
-  :mod:`slurm_spot.jobs.injob.jobenv`, the torchrun agent and the checkpoint library;
+  :mod:`slurm_spot.contract.jobenv`, the torchrun agent and the checkpoint library;
 - :data:`ENV_RENDEZVOUS`: set by the user (or the admin's profile) for ``slurm-spot sbatch
   --elastic``, ``HOST:PORT`` of ``slurm-spot rendezvous``;
 - :data:`ENV_FT_LIGHTHOUSE_JOB`, :data:`ENV_FT_GROUP`: written by ``slurm-spot sbatch
   --torchrun --fault-tolerant`` into each replica group's job (``--export``); read by the
   group's batch script (which finds the lighthouse from the job id and exports
   ``TORCHFT_LIGHTHOUSE``, :data:`ENV_FT_HOST` and :data:`ENV_FT_CHECKPOINT_KEY`) and by the
-  training (``examples/train_ft.py``, :func:`slurm_spot.jobs.injob.jobenv.ft_checkpoint_dir`);
+  training (``examples/train_ft.py``, :func:`slurm_spot.contract.jobenv.ft_checkpoint_dir`);
 - :data:`ELASTIC_MARK`: the line ``slurm-spot sbatch --elastic`` writes into the batch
   script; the watcher and the reconciler read it back (``scontrol write batch_script``) to
   release a departing node from the job instead of requeueing it
