@@ -104,11 +104,41 @@ def test_unset_shape_is_filled_from_the_instance_type():
     assert resolved.gpus is not None and (resolved.gpus.type, resolved.gpus.count) == ("a10g", 4)
 
 
-def test_explicit_values_win_and_several_types_take_the_smallest():
+def test_written_values_that_fit_every_type_win():
     resolved = resolve_node_set_shape(
-        node_set(instance_types=["g5.2xlarge", "g5.4xlarge"], cpus=6))
-    assert resolved.cpus == 6 and resolved.memory_mib == int(32768 * 0.95)
-    assert resolved.gpus is not None and resolved.gpus.count == 1
+        node_set(instance_types=["g5.2xlarge", "g5.4xlarge"], cpus=6, memory_mib=30000))
+    assert resolved.cpus == 6 and resolved.memory_mib == 30000
+    assert resolved.gpus is not None and (resolved.gpus.type, resolved.gpus.count) == ("a10g", 1)
+
+
+def test_types_of_different_shapes_are_refused_not_rendered_with_the_smallest():
+    """A g5.12xlarge (4 GPUs) on a line written for a g5.xlarge (1 GPU) would show Slurm 1 of
+    its 4 GPUs: the node set is refused, each type's shape named, until it is split or the
+    field is written."""
+    with pytest.raises(ConfigError) as err:
+        resolve_node_set_shape(node_set(instance_types=["g5.xlarge", "g5.12xlarge"]),
+                               where="node_sets.1")
+    problems = err.value.problems
+    assert [p.split(":")[0] for p in problems] == [
+        "node_sets.1.cpus", "node_sets.1.memory_mib", "node_sets.1.gpus"]
+    assert "g5.xlarge (4 CPUs, 16384 MiB, 1 a10g); g5.12xlarge (48 CPUs, 196608 MiB, 4 a10g)" \
+        in problems[0]
+    assert all("split the node set (one per shape)" in p for p in problems)
+
+
+def test_types_within_five_percent_of_memory_share_one_line():
+    resolved = resolve_node_set_shape(node_set(instance_types=["g4dn.xlarge", "g4dn.xlarge"]))
+    assert resolved.memory_mib == int(16384 * 0.95)
+
+
+def test_a_written_shape_larger_than_a_type_names_both():
+    with pytest.raises(ConfigError) as err:
+        resolve_node_set_shape(node_set(instance_types=["g5.xlarge"], cpus=8, memory_mib=20000,
+                                        gpus={"type": "a10g", "count": 2}), where="node_sets.0")
+    assert err.value.problems == [
+        "node_sets.0.cpus: 8 is more than g5.xlarge (4 CPUs, 16384 MiB, 1 a10g) has",
+        "node_sets.0.memory_mib: 20000 MiB is more than g5.xlarge (4 CPUs, 16384 MiB, 1 a10g) has",
+        "node_sets.0.gpus: 2 GPUs are more than g5.xlarge (4 CPUs, 16384 MiB, 1 a10g) has"]
 
 
 def test_different_gpu_models_need_explicit_gpus():
@@ -116,8 +146,9 @@ def test_different_gpu_models_need_explicit_gpus():
         resolve_node_set_shape(node_set(instance_types=["g5.xlarge", "g6.xlarge"]),
                                where="node_sets.0")
     assert err.value.problems == [
-        "node_sets.0.gpus: instance types g5.xlarge, g6.xlarge have different GPU models "
-        "(a10g, l4); set gpus explicitly"]
+        "node_sets.0.gpus: g5.xlarge, g6.xlarge have different GPUs; split the node set (one "
+        "per shape) or set gpus explicitly (instance_types: g5.xlarge (4 CPUs, 16384 MiB, "
+        "1 a10g); g6.xlarge (4 CPUs, 16384 MiB, 1 l4))"]
     explicit = node_set(instance_types=["g5.xlarge", "g6.xlarge"],
                         gpus={"type": "gpu24g", "count": 1})
     assert resolve_node_set_shape(explicit).gpus == explicit.gpus

@@ -33,7 +33,9 @@ def write(tmp_path: Path, world: World, *, subnets: list[str] | None = None,
           template: str | None = None, version: str = "$Default",
           types: tuple[str, ...] = ("g5.xlarge", "p4d.24xlarge"), count: int = 4,
           shape: bool = False) -> Path:
-    """spot.yaml with one AWS node set; its lines are fixed (the tests name them)."""
+    """spot.yaml with one AWS node set; its lines are fixed (the tests name them). Types of
+    different shapes get a written shape that fits them all (else ``config check`` refuses
+    them before it asks AWS); ``shape``: the one written for types AWS may not know."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for command in SLURM_COMMANDS:
@@ -62,7 +64,8 @@ def write(tmp_path: Path, world: World, *, subnets: list[str] | None = None,
         + "    instance_types:\n"                                    # 18
         + type_lines                                                 # 19, 20
         + ("    cpus: 4\n    memory_mib: 1000\n    gpus: {type: a100, count: 8}\n"
-           if shape else "")
+           if shape else "    cpus: 4\n    memory_mib: 1000\n    gpus: {type: gpu, count: 1}\n"
+           if len(set(types)) > 1 else "")
         + "partitions: [{name: gpu, node_sets: [gpu]}]\n")
     return path
 

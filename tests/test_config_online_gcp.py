@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from slurm_spot.cli import cli
 from slurm_spot.config import SLURM_COMMANDS
 from slurm_spot.jsonenvelope import read_envelope
+from slurm_spot.providers.gcp.shapes import catalogue
 from tests.fakes.gce_api import FakeCompute
 
 
@@ -53,6 +54,9 @@ def write(tmp_path: Path, fake: FakeCompute, *, zones: tuple[str, ...] = ("us-ce
         f"      subnetwork: {subnetwork}\n"                                 # 15
         "      zones:\n"                                                    # 16
         + zone_lines                                                        # 17, 18
+        # a machine type outside the shipped catalogue needs its shape written (after the
+        # lines the tests name)
+        + ("" if machine in catalogue() else "    cpus: 8\n    memory_mib: 30000\n")
         + "partitions: [{name: gpu, node_sets: [gpu]}]\n")
     return path
 

@@ -84,15 +84,27 @@ def get_provider(config: SpotConfig, name: str) -> Provider:
 
 
 def check_config(config: SpotConfig) -> list[str]:
-    """Problems the schema cannot see, from each node set's provider (empty list: fine).
-    Each problem is one line naming the field (``node_sets.0.aws.subnets``) and the reason.
+    """Problems the schema cannot see, from each node set's provider (empty list: fine):
+    its own checks, then, for a node set they pass, its shape
+    (:meth:`ProviderPackage.node_shape`: machine types that differ, a written shape beyond a
+    type's, a type whose shape nobody knows), so that ``config check`` refuses what ``render``
+    would. Each problem is one line naming the field (``node_sets.0.aws.subnets``) and the
+    reason.
 
     Raises:
         ConfigError: a node set's provider has an unknown type.
     """
     problems: list[str] = []
     for index, ns in enumerate(config.node_sets):
-        problems.extend(package_for(config, ns.provider).check_node_set(config, index))
+        package = package_for(config, ns.provider)
+        found = package.check_node_set(config, index)
+        problems.extend(found)
+        if found:
+            continue
+        try:
+            package.node_shape(config, index)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
     return problems
 
 

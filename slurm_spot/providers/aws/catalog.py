@@ -14,19 +14,14 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import yaml
 
-from slurm_spot.config import AwsProviderConfig, GpuSpec, NodeSetConfig
+from slurm_spot.config import AwsProviderConfig, NodeSetConfig
 from slurm_spot.errors import BadInputError, ConfigError
-
-#: Slurm RealMemory as a fraction of the EC2 memory: the kernel and firmware keep some of it,
-#: and slurmd drains a node whose RealMemory exceeds what it sees (ParallelCluster's
-#: SchedulableMemory default is the same 95 %).
-DEFAULT_MEMORY_FRACTION = 0.95
+from slurm_spot.providers.shapes import DEFAULT_MEMORY_FRACTION, NodeShape, fill_node_set_shape
 
 
 class UnknownInstanceTypeError(BadInputError):
@@ -39,33 +34,6 @@ class UnknownInstanceTypeError(BadInputError):
     def __init__(self, instance_type: str, detail: str) -> None:
         self.instance_type = instance_type
         super().__init__(f"unknown EC2 instance type {instance_type!r}: {detail}")
-
-
-@dataclass(frozen=True)
-class NodeShape:
-    """What one instance of a type offers.
-
-    Attributes:
-        instance_type: ``g5.xlarge``.
-        vcpus: vCPUs (Slurm CPUs).
-        memory_mib: instance memory, MiB (EC2 ``MemoryInfo.SizeInMiB``), not Slurm RealMemory.
-        gpu_type: lower-case GPU model for ``Gres=gpu:<type>:<n>`` (``a10g``), None without GPUs.
-        gpu_count: GPUs per instance (0 without).
-        gpu_memory_mib: memory of one GPU, MiB (0 if unknown).
-        source: ``catalogue`` or ``api``.
-    """
-
-    instance_type: str
-    vcpus: int
-    memory_mib: int
-    gpu_type: str | None = None
-    gpu_count: int = 0
-    gpu_memory_mib: int = 0
-    source: str = "catalogue"
-
-    def real_memory_mib(self, fraction: float = DEFAULT_MEMORY_FRACTION) -> int:
-        """Slurm RealMemory (MiB) for this type: ``fraction`` of the instance memory."""
-        return max(1, int(self.memory_mib * fraction))
 
 
 @functools.lru_cache(maxsize=1)
@@ -190,11 +158,9 @@ def resolve_node_set_shape(
     memory_fraction: float = DEFAULT_MEMORY_FRACTION,
 ) -> NodeSetConfig:
     """``node_set`` with ``cpus``, ``memory_mib`` and ``gpus`` filled from its instance types
-    wherever the admin left them unset (explicit values always win).
-
-    With several instance types the node line must fit each of them: the smallest vCPUs,
-    memory and GPU count are used; GPU models must agree. Memory is Slurm RealMemory:
-    ``memory_fraction`` of the instance memory (MiB).
+    wherever the admin left them unset, by the rule of :mod:`slurm_spot.providers.shapes`
+    (types that differ in a field left unset are refused; a written field must fit every
+    type). Memory is Slurm RealMemory: ``memory_fraction`` of the instance memory (MiB).
 
     Args:
         node_set: the node set as configured.
@@ -204,12 +170,12 @@ def resolve_node_set_shape(
         memory_fraction: RealMemory / instance memory.
 
     Raises:
-        ConfigError: an instance type is unknown, or the GPU models differ while ``gpus`` is
-            unset; each problem names the field.
+        ConfigError: an instance type is unknown (and a shape field is unset), the types'
+            shapes differ, or a written field exceeds a type's; each problem names the field.
     """
     where = where or f"node_sets[{node_set.name}]"
     explicit = node_set.model_fields_set
-    if not node_set.instance_types or {"cpus", "memory_mib", "gpus"} <= explicit:
+    if not node_set.instance_types:
         return node_set
     resolver = resolver or ShapeResolver()
     shapes, problems = [], []
@@ -220,21 +186,9 @@ def resolve_node_set_shape(
             problems.append(
                 f"{where}.instance_types.{k}: {exc}; set cpus, memory_mib and gpus explicitly"
             )
+    if problems and {"cpus", "memory_mib", "gpus"} <= explicit:
+        return node_set  # a written shape of types nobody knows: the admin's word
     if problems:
         raise ConfigError(path, problems)
-    update: dict[str, Any] = {}
-    if "cpus" not in explicit:
-        update["cpus"] = min(s.vcpus for s in shapes)
-    if "memory_mib" not in explicit:
-        update["memory_mib"] = min(s.real_memory_mib(memory_fraction) for s in shapes)
-    if "gpus" not in explicit:
-        models = sorted({s.gpu_type or "none" for s in shapes})
-        if len(models) > 1:
-            raise ConfigError(path, [
-                f"{where}.gpus: instance types {', '.join(node_set.instance_types)} have "
-                f"different GPU models ({', '.join(models)}); set gpus explicitly"
-            ])
-        count = min(s.gpu_count for s in shapes)
-        gpu_type = shapes[0].gpu_type
-        update["gpus"] = GpuSpec(type=gpu_type, count=count) if gpu_type and count else None
-    return node_set.model_copy(update=update)
+    return fill_node_set_shape(node_set, shapes, where=where, path=path,
+                               memory_fraction=memory_fraction)

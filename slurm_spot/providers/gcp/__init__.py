@@ -62,8 +62,13 @@ def check_online(config: SpotConfig, name: str) -> list[Finding]:
 
 
 def node_shape(config: SpotConfig, index: int) -> NodeSetConfig:
-    """The node set as written (no machine-type catalogue yet)."""
-    return config.node_sets[index]
+    """CPUs, memory and GPUs filled from the node set's machine types where the admin left
+    them unset (:func:`.shapes.resolve_node_set_shape`)."""
+    from slurm_spot.providers.gcp.shapes import resolve_node_set_shape
+
+    node_set = config.node_sets[index]
+    return resolve_node_set_shape(node_set, instance_types(config, node_set),
+                                  where=f"node_sets.{index}", path=str(config.source_path))
 
 
 def notice_source(config: SpotConfig, node: str, settings: ProviderSettings) -> NoticeSource:
