@@ -33,6 +33,7 @@ from slurm_spot.cost.report import job_usage
 from slurm_spot.cost.saves import median_save_s
 from slurm_spot.errors import BadInputError, CheckpointError, ConfigError
 from slurm_spot.slurm.client import SlurmClient
+from tests.test_cost_accounting import site as accounting_site
 from tests.test_one_home import ROOT, _listed
 
 SCHEME = "mem://"
@@ -120,19 +121,8 @@ def memstore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 
 def _site(tmp_path: Path) -> dict[str, Any]:
-    return {
-        "cluster": "store",
-        "providers": {"aws": {"type": "aws", "region": "us-east-1"}},
-        "node_sets": [{"name": "gpu", "provider": "aws", "count": 2,
-                       "instance_types": ["g5.xlarge"],
-                       "aws": {"launch_template": "lt-1", "subnets": ["subnet-1"]}}],
-        "partitions": [{"name": "gpu", "node_sets": ["gpu"]}],
-        "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log"),
-        "checkpoint": {"root": str(tmp_path / "ckpt"), "keep": 2},
-        "cost": {"spot_usd_per_hour": {"g5.xlarge": 0.40},
-                 "on_demand_usd_per_hour": {"g5.xlarge": 1.00},
-                 "storage_usd_per_gb_month": {"aws": 0.023}, "egress_usd_per_gb": {"aws": 0.01}},
-    }
+    """The cost tests' site (tests/test_cost_accounting.py), as the store's."""
+    return {**accounting_site(tmp_path), "cluster": "store"}
 
 
 JOB = 4711
