@@ -41,6 +41,7 @@ from tests.fakes.gce_metadata import FakeMetadata
 
 pytestmark = pytest.mark.e2e
 
+SHAPE = {"cpus": 1, "memory_mib": 1000, "gpus": None}
 REGION = "us-central1"
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 EXHAUSTED = "ZONE_RESOURCE_POOL_EXHAUSTED"
@@ -75,10 +76,12 @@ def gcp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcpCloud]:
             root,
             providers={"gcp": {"type": "gcp", "project": fake.project, "region": REGION,
                                "api_endpoint": fake.endpoint}},
+            # the "instances" are this machine's slurmd processes, not an n1-standard-4: their
+            # shape is written (else render takes the machine type's, and slurmd registers less)
             node_sets=[
-                {"name": "gpu", "provider": "gcp", "count": 4, "fallback": "on-demand",
+                {"name": "gpu", "provider": "gcp", "count": 4, "fallback": "on-demand", **SHAPE,
                  "gcp": {"zones": [A, B], "machine_type": "n1-standard-4", "image": IMAGE}},
-                {"name": "cpu", "provider": "gcp", "count": 2,
+                {"name": "cpu", "provider": "gcp", "count": 2, **SHAPE,
                  "gcp": {"zones": [C], "machine_type": "n1-standard-2", "image": IMAGE}},
             ],
             partitions=[{"name": "gcp", "node_sets": ["gpu"], "default": True},

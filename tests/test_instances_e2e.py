@@ -40,7 +40,7 @@ def test_instances_json_has_the_same_fields_for_aws_and_gcp(tmp_path: Path) -> N
             "node_sets": [
                 {"name": "ec2", "provider": "aws", "count": 2, "instance_types": ["g5.xlarge"],
                  **SHAPE, "aws": {"launch_template": TEMPLATE, "subnets": moto.world.subnets}},
-                {"name": "gce", "provider": "gcp", "count": 2,
+                {"name": "gce", "provider": "gcp", "count": 2, **SHAPE,
                  "gcp": {"zones": ["us-central1-a"], "machine_type": "n1-standard-4",
                          "image": "projects/debian-cloud/global/images/family/debian-12"}},
             ],
